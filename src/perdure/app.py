@@ -1,0 +1,391 @@
+"""``App``: the one object a program builds to register agents, start them and run a node."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar, overload
+
+from perdure._keys import default_key_dir, default_node_id, load_or_create_key, public_bytes
+from perdure.core.backoff import RetryPolicy
+from perdure.core.chain import Signer, VerifyReport, seal, verify_chain
+from perdure.core.codec import decode, encode
+from perdure.core.cycle import LocalPolicy
+from perdure.core.intent import Context, Intent
+from perdure.core.lifecycle import Status
+from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft
+from perdure.engine.run import is_async
+from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
+from perdure.errors import (
+    ConfigurationError,
+    ObjectNotFoundError,
+    RecordDecodeError,
+    UnknownAgentError,
+)
+from perdure.handle import Handle, ObjectInfo, info_from_row
+from perdure.stores import Store, open_store
+from perdure.stores.base import NewObject
+
+__all__ = ["App", "step"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+log = logging.getLogger("perdure")
+
+
+def step(
+    *,
+    name: str | None = None,
+    idempotent: bool = True,
+    retry: RetryPolicy | None = None,
+) -> Callable[[F], F]:
+    """Set a step function's defaults for ``run.step``: name, idempotency, retry policy."""
+
+    def mark(fn: F) -> F:
+        fn.__perdure_step__ = {"name": name, "idempotent": idempotent, "retry": retry}  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+class App:
+    """A perdure application: a store, this node's identity, and registered agents.
+
+    ``store`` is a URL (``sqlite:///agents.db``) or an open ``Store``. ``node_id``
+    defaults to ``hostname-keyfingerprint``; ``key_dir`` holds the node's Ed25519
+    key pair (created on first use, default ``~/.perdure/keys``).
+    """
+
+    def __init__(
+        self,
+        store: str | Store = "sqlite:///perdure.db",
+        *,
+        node_id: str | None = None,
+        key_dir: str | Path | None = None,
+        policy: LocalPolicy | None = None,
+        lease_seconds: float = 30.0,
+        poll_interval: float = 0.1,
+    ) -> None:
+        self._store_arg = store
+        self._store: Store | None = None if isinstance(store, str) else store
+        self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
+        self._node_id = node_id
+        self._signer: Signer | None = None
+        self.policy = policy or LocalPolicy()
+        self.lease_seconds = lease_seconds
+        self.poll_interval = poll_interval
+        self._agents: dict[str, AgentDef] = {}
+        self._lock = threading.Lock()
+        self._registered = False
+
+    # -- wiring ---------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The open store (opened on first use)."""
+        with self._lock:
+            if self._store is None:
+                assert isinstance(self._store_arg, str)
+                self._store = open_store(self._store_arg)
+            return self._store
+
+    @property
+    def signer(self) -> Signer:
+        """This node's id and signing key (created on first use)."""
+        with self._lock:
+            if self._signer is None:
+                key = load_or_create_key(self._key_dir)
+                self._signer = Signer(self._node_id or default_node_id(key), key)
+            return self._signer
+
+    @property
+    def node_id(self) -> str:
+        """This node's id."""
+        return self.signer.node_id
+
+    def _ensure_node(self) -> Signer:
+        signer = self.signer
+        if not self._registered:
+            self.store.register_node(signer.node_id, public_bytes(signer.private_key), time.time())
+            self._registered = True
+        return signer
+
+    def close(self) -> None:
+        """Close the store if this App opened it."""
+        if self._store is not None and isinstance(self._store_arg, str):
+            self._store.close()
+            self._store = None
+
+    # -- agents -------------------------------------------------------------------
+
+    @overload
+    def agent(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+    @overload
+    def agent(
+        self,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        requires: set[str] | frozenset[str] | None = None,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def agent(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        requires: set[str] | frozenset[str] | None = None,
+    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register an agent: ``@app.agent()`` or ``@app.agent(name=..., version=...)``.
+
+        The function takes a ``Run`` (``async def``) or ``SyncRun`` (``def``) first,
+        then the JSON-encodable arguments given to ``start``.
+        """
+
+        def register(func: Callable[P, R]) -> Callable[P, R]:
+            agent_name = name or func.__qualname__
+            if agent_name in self._agents and self._agents[agent_name].fn is not func:
+                raise ConfigurationError(f"agent {agent_name!r} is registered twice")
+            self._agents[agent_name] = AgentDef(
+                name=agent_name,
+                version=version,
+                fn=func,
+                is_async=is_async(func),
+                requires=frozenset(requires or ()),
+            )
+            func.__perdure_agent__ = agent_name  # type: ignore[attr-defined]
+            return func
+
+        if fn is not None:
+            return register(fn)
+        return register
+
+    @property
+    def agents(self) -> Mapping[str, AgentDef]:
+        """Registered agents by name."""
+        return dict(self._agents)
+
+    def _resolve(self, agent: Callable[..., Any] | str) -> AgentDef:
+        agent_name = agent if isinstance(agent, str) else getattr(agent, "__perdure_agent__", None)
+        if agent_name is None or agent_name not in self._agents:
+            known = ", ".join(sorted(self._agents)) or "none"
+            shown = agent if isinstance(agent, str) else getattr(agent, "__qualname__", agent)
+            raise UnknownAgentError(
+                f"agent {shown!r} is not registered with this App (registered: {known}); "
+                "decorate it with @app.agent()"
+            )
+        return self._agents[agent_name]
+
+    # -- starting and talking to objects -------------------------------------------
+
+    def start(
+        self,
+        agent: Callable[..., Any] | str,
+        *args: Any,
+        object_id: str | None = None,
+        deadline: float | None = None,
+        max_failures: int | None = None,
+        labels: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Handle:
+        """Create an object running ``agent(*args, **kwargs)``; idempotent on ``object_id``.
+
+        ``deadline`` is seconds from now after which the object is terminated.
+        With an ``object_id`` that already exists, returns a handle to it.
+        """
+        definition = self._resolve(agent)
+        signer = self._ensure_node()
+        oid = object_id or uuid.uuid4().hex
+        if not oid or len(oid) > 200 or any(ch.isspace() for ch in oid):
+            raise ConfigurationError(
+                f"object id {oid!r} must be 1-200 characters without whitespace"
+            )
+        if self.store.get(oid) is not None:
+            return Handle(self, oid)
+        now = time.time()
+        intent = Intent(
+            agent=definition.name,
+            version=definition.version,
+            args=tuple(args),
+            kwargs=dict(kwargs),
+            deadline=now + deadline if deadline is not None else None,
+            max_failures=max_failures,
+            requires=tuple(sorted(definition.requires)),
+        )
+        context = Context(object_id=oid, trace_id=uuid.uuid4().hex, root_id=oid,
+                          labels=dict(labels or {}))
+        encode(intent.to_body(), what="agent arguments")
+        first = seal(
+            RecordDraft(Kind.INSTANTIATED, {"intent": intent.to_body(),
+                                            "context": context.to_body()}),
+            object_id=oid, seq=1, prev_hash=GENESIS_HASH, trace_id=context.trace_id,
+            ts_us=int(now * 1_000_000), policy_ref=self.policy.ref, signer=signer,
+        )
+        self.store.create(
+            NewObject(object_id=oid, agent=definition.name, agent_version=definition.version,
+                      first=first, ready_at=now),
+            now,
+        )
+        return Handle(self, oid)
+
+    def handle(self, object_id: str) -> Handle:
+        """A handle to an existing object; ``ObjectNotFoundError`` if there is none."""
+        self.get(object_id)
+        return Handle(self, object_id)
+
+    def send(self, object_id: str, event: str, payload: Any = None, *,
+             dedupe_key: str | None = None) -> bool:
+        """Send ``event`` with a JSON ``payload``; kept until the object waits for it.
+
+        Returns ``False`` when ``dedupe_key`` was already used for this object (the
+        event is then delivered once). Raises ``ObjectNotFoundError`` or
+        ``ObjectTerminatedError``.
+        """
+        if not event or event.startswith("perdure:"):
+            raise ConfigurationError(f"event name {event!r} is empty or reserved")
+        data = encode(payload, what=f"payload of event {event!r}")
+        return self.store.send(object_id, event, data, dedupe_key, time.time())
+
+    def refine(self, object_id: str, **changes: Any) -> None:
+        """Refine an object's intent (deadline, max_failures, goal, requires) from outside.
+
+        Appended as an intent-refinement record with a new intent version on the
+        object's next cycle.
+        """
+        Intent("x", "1").refined(changes)  # validate the field names now
+        self.store.send(object_id, REFINE_EVENT, encode(changes, what="refinement"), None,
+                        time.time())
+
+    def pause(self, object_id: str) -> ObjectInfo:
+        """Hold the object: it stops at its next command boundary and is not claimed."""
+        return info_from_row(self.store.control(object_id, time.time(), paused=True), time.time())
+
+    def resume(self, object_id: str) -> ObjectInfo:
+        """Release a paused object, or retry a parked one (after its code was fixed)."""
+        row = self.store.control(object_id, time.time(), paused=False, unpark=True)
+        return info_from_row(row, time.time())
+
+    def cancel(self, object_id: str) -> ObjectInfo:
+        """Ask the object to stop; it terminates as cancelled at its next command boundary."""
+        return info_from_row(self.store.control(object_id, time.time(), cancel=True), time.time())
+
+    def get(self, object_id: str) -> ObjectInfo:
+        """What the store says about an object; ``ObjectNotFoundError`` if unknown."""
+        row = self.store.get(object_id)
+        if row is None:
+            raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
+        return info_from_row(row, time.time())
+
+    def list(self, *, status: str | None = None, phase: str | None = None,
+             agent: str | None = None, limit: int = 100) -> list[ObjectInfo]:
+        """Objects matching the filters, newest first."""
+        if status is not None and status not in set(Status):
+            raise ConfigurationError(
+                f"unknown status {status!r}; one of {', '.join(s.value for s in Status)}"
+            )
+        now = time.time()
+        rows = self.store.list(status=status, phase=phase, agent=agent, limit=limit)
+        return [info_from_row(row, now) for row in rows]
+
+    def history(self, object_id: str) -> list[Record]:
+        """The object's memory, in order; ``RecordDecodeError`` if a record is damaged."""
+        self.get(object_id)
+        return self.store.records(object_id)
+
+    def verify(self, object_id: str) -> VerifyReport:
+        """Walk the object's chain and signatures; the report names the first bad record."""
+        row = self.store.get(object_id)
+        if row is None:
+            raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
+        try:
+            records = self.store.records(object_id)
+        except RecordDecodeError as exc:
+            return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
+        return verify_chain(object_id, records, self.store.public_keys(),
+                            head_seq=row.head_seq, head_hash=row.head_hash)
+
+    def result_of(self, object_id: str) -> Any:
+        """Decode a completed object's stored result."""
+        row = self.store.get(object_id)
+        if row is None or row.result is None:
+            return None
+        return decode(row.result)
+
+    # -- running a node -------------------------------------------------------------
+
+    def worker(self, *, concurrency: int = 16, drain_seconds: float = 5.0) -> Worker:
+        """Build this node's worker (``run_worker`` runs one until stopped)."""
+        settings = WorkerSettings(
+            concurrency=concurrency,
+            lease_seconds=self.lease_seconds,
+            poll_interval=self.poll_interval,
+            drain_seconds=drain_seconds,
+        )
+        return Worker(store=self.store, signer=self._ensure_node(), policy=self.policy,
+                      agents=self._agents, settings=settings)
+
+    async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16) -> None:
+        """Run a worker on the current event loop until ``stop`` is set."""
+        await self.worker(concurrency=concurrency).run(stop or asyncio.Event())
+
+    def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
+                   install_signals: bool = True) -> None:
+        """Run this node until SIGINT/SIGTERM (or ``until()`` turns true). Blocks.
+
+        On stop the node finishes the command each object is in, lets the
+        objects go, and returns.
+        """
+
+        async def main() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            if install_signals and threading.current_thread() is threading.main_thread():
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError, RuntimeError):
+                        loop.add_signal_handler(sig, stop.set)
+            watcher = None
+            if until is not None:
+
+                async def watch() -> None:
+                    while not until():
+                        await asyncio.sleep(0.05)
+                    stop.set()
+
+                watcher = asyncio.create_task(watch())
+            try:
+                await self.serve(stop, concurrency=concurrency)
+            finally:
+                if watcher is not None:
+                    watcher.cancel()
+
+        asyncio.run(main())
+
+    @contextlib.contextmanager
+    def background_worker(self, *, concurrency: int = 16) -> Iterator[None]:
+        """Run a worker in a background thread for the ``with`` block (tests, notebooks)."""
+        stopped = threading.Event()
+        thread = threading.Thread(
+            target=self.run_worker,
+            kwargs={"concurrency": concurrency, "until": stopped.is_set,
+                    "install_signals": False},
+            daemon=True,
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stopped.set()
+            thread.join(timeout=30)
+

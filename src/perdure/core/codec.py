@@ -1,0 +1,35 @@
+"""Canonical JSON: the one encoding of every value perdure writes to memory.
+
+Canonical means one byte string per value: keys sorted, no insignificant
+whitespace, UTF-8, no NaN or infinities. Hashes are taken over these bytes, so
+two nodes that encode the same value always agree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from perdure.errors import SerializationError
+
+__all__ = ["decode", "encode"]
+
+_encoder = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+)
+
+
+def encode(value: Any, *, what: str = "value") -> bytes:
+    """Encode ``value`` canonically; raise ``SerializationError`` naming ``what`` if it cannot be."""
+    try:
+        return _encoder.encode(value).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise SerializationError(
+            f"{what} cannot be stored: {exc}. Memory holds JSON values only "
+            "(dict with str keys, list, str, int, float, bool, None); convert it first"
+        ) from exc
+
+
+def decode(data: bytes) -> Any:
+    """Decode canonical JSON bytes; raises ``ValueError`` (caller names the record) on bad bytes."""
+    return json.loads(data)

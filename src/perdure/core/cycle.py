@@ -1,0 +1,208 @@
+"""The evaluation cycle: ``evaluate(view, policy, now) -> Decision``, pure and total.
+
+Each time a node picks an object up it (1) parses the intent, (2) checks the
+context against its local policy, (3) reads memory, and (4) selects exactly one
+action. Nothing here does I/O; the engine performs the action around it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from perdure.core.codec import encode
+from perdure.core.intent import Context, Intent
+from perdure.core.records import Kind, Record
+
+__all__ = [
+    "Action",
+    "Decision",
+    "LocalPolicy",
+    "MemoryFacts",
+    "ObjectView",
+    "Outcome",
+    "evaluate",
+    "read_memory",
+]
+
+
+class Action(StrEnum):
+    """The one action a cycle selects."""
+
+    EXECUTE = "execute"  # first run of the agent
+    MUTATE = "mutate"  # apply a pending intent refinement
+    DELEGATE = "delegate"  # create pending child objects
+    DORMANCY = "dormancy"  # nothing to do now; stay (or go) dormant
+    REENTRY = "reentry"  # resume the agent from memory
+    TERMINATE = "terminate"  # write (or honour) the terminal record
+
+
+class Outcome(StrEnum):
+    """How an object ended."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPolicy:
+    """A node's local rules. ``ref`` (name and content hash) is stamped on every record."""
+
+    name: str = "default"
+    max_failures: int = 20  # recorded step failures before the object is terminated
+    max_records: int | None = None  # policy cutoff: memory budget per object
+    trust_scopes: frozenset[str] | None = None  # None: serve every scope
+
+    @property
+    def ref(self) -> str:
+        """``name@hash`` identifying this exact policy."""
+        body = encode(
+            [
+                self.name,
+                self.max_failures,
+                self.max_records,
+                sorted(self.trust_scopes) if self.trust_scopes is not None else None,
+            ]
+        )
+        return f"{self.name}@{hashlib.sha256(body).hexdigest()[:12]}"
+
+
+@dataclass(frozen=True, slots=True)
+class Dormancy:
+    """An open dormancy: what the object waits for."""
+
+    position: int
+    reason: str  # sleep | event | retry
+    wake_at: float | None
+    event: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFacts:
+    """What memory says, derived in one pass."""
+
+    intent: Intent
+    context: Context
+    executed: bool
+    failures: int
+    terminated: dict[str, Any] | None
+    dormancy: Dormancy | None
+    parked_reason: str | None
+
+
+def read_memory(records: Sequence[Record]) -> MemoryFacts:
+    """Derive the facts ``evaluate`` needs from an object's records."""
+    first = records[0]
+    intent = Intent.from_body(first.body["intent"])
+    context = Context.from_body(first.body["context"])
+    executed = False
+    failures = 0
+    terminated: dict[str, Any] | None = None
+    dormancy: Dormancy | None = None
+    parked: str | None = None
+    for rec in records[1:]:
+        kind = rec.kind
+        if kind == Kind.INTENT_REFINED:
+            intent = Intent.from_body(rec.body["intent"])
+            continue
+        if kind == Kind.TERMINATED:
+            terminated = rec.body
+            continue
+        if kind == Kind.NONDETERMINISM:
+            parked = str(rec.body.get("reason", "history mismatch"))
+            continue
+        executed = True
+        parked = None
+        if kind == Kind.STEP_FAILED:
+            failures += 1
+        if kind == Kind.DORMANT:
+            body = rec.body
+            dormancy = Dormancy(
+                position=int(body["pos"]),
+                reason=str(body["reason"]),
+                wake_at=body.get("wake_at"),
+                event=body.get("event"),
+            )
+        elif "pos" in rec.body:
+            dormancy = None
+    return MemoryFacts(intent, context, executed, failures, terminated, dormancy, parked)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectView:
+    """Everything a node knows about an object when it evaluates it."""
+
+    records: Sequence[Record]
+    cancel_requested: bool = False
+    paused: bool = False
+    parked: bool = False  # the store row is parked (cleared by a person's resume)
+    pending_events: frozenset[str] = field(default_factory=frozenset)
+    pending_refinements: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The one action selected, why, and (for dormancy) until when."""
+
+    action: Action
+    reason: str
+    wake_at: float | None = None
+    outcome: Outcome | None = None
+
+
+def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
+    """Select exactly one action for the object in ``view`` at time ``now``."""
+    facts = read_memory(view.records)
+    if facts.terminated is not None:
+        return Decision(
+            Action.TERMINATE,
+            f"already terminated ({facts.terminated.get('outcome')})",
+            outcome=Outcome(facts.terminated.get("outcome", Outcome.FAILED)),
+        )
+    if view.cancel_requested:
+        return Decision(Action.TERMINATE, "cancelled", outcome=Outcome.CANCELLED)
+    deadline = facts.intent.deadline
+    if deadline is not None and now >= deadline:
+        return Decision(Action.TERMINATE, "deadline passed", outcome=Outcome.FAILED)
+    limit = facts.intent.max_failures if facts.intent.max_failures is not None else (
+        policy.max_failures
+    )
+    if facts.failures > limit:
+        return Decision(
+            Action.TERMINATE,
+            f"failure threshold exceeded ({facts.failures} > {limit})",
+            outcome=Outcome.FAILED,
+        )
+    if policy.max_records is not None and len(view.records) >= policy.max_records:
+        return Decision(
+            Action.TERMINATE,
+            f"policy cutoff: {len(view.records)} records reach the limit {policy.max_records}",
+            outcome=Outcome.FAILED,
+        )
+    if policy.trust_scopes is not None and facts.context.trust_scope not in policy.trust_scopes:
+        return Decision(
+            Action.DORMANCY, f"trust scope {facts.context.trust_scope!r} not served by this node"
+        )
+    if view.paused:
+        return Decision(Action.DORMANCY, "paused")
+    if view.parked:
+        return Decision(Action.DORMANCY, f"parked: {facts.parked_reason or 'needs a person'}")
+    if view.pending_refinements:
+        return Decision(Action.MUTATE, f"{view.pending_refinements} intent refinement(s) pending")
+    dormancy = facts.dormancy
+    if dormancy is not None:
+        if dormancy.event is not None and dormancy.event in view.pending_events:
+            return Decision(Action.REENTRY, f"event {dormancy.event!r} arrived")
+        if dormancy.wake_at is not None and now >= dormancy.wake_at:
+            return Decision(Action.REENTRY, f"{dormancy.reason} timer due")
+        waiting = f"event {dormancy.event!r}" if dormancy.event else "timer"
+        return Decision(
+            Action.DORMANCY, f"{dormancy.reason}: waiting for {waiting}", wake_at=dormancy.wake_at
+        )
+    if not facts.executed:
+        return Decision(Action.EXECUTE, "first execution")
+    return Decision(Action.REENTRY, "resume from memory")

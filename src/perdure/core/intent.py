@@ -1,0 +1,88 @@
+"""Intent and context: what an object is trying to do, and who it is."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+__all__ = ["Context", "Intent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """What the object is trying to do. Refined by appending records, never re-instantiated."""
+
+    agent: str
+    version: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None  # seconds since the epoch
+    max_failures: int | None = None  # None: the node policy's default
+    requires: tuple[str, ...] = ()
+    goal: dict[str, Any] = field(default_factory=dict)  # free-form objective, refinable
+    version_no: int = 1  # intent version, bumped by each refinement
+
+    def to_body(self) -> dict[str, Any]:
+        """Encode as a JSON object for a memory record."""
+        body = asdict(self)
+        body["args"] = list(self.args)
+        body["requires"] = list(self.requires)
+        return body
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Intent:
+        """Decode from a memory record body."""
+        return cls(
+            agent=str(body["agent"]),
+            version=str(body["version"]),
+            args=tuple(body.get("args", ())),
+            kwargs=dict(body.get("kwargs", {})),
+            deadline=body.get("deadline"),
+            max_failures=body.get("max_failures"),
+            requires=tuple(body.get("requires", ())),
+            goal=dict(body.get("goal", {})),
+            version_no=int(body.get("version_no", 1)),
+        )
+
+    def refined(self, changes: dict[str, Any]) -> Intent:
+        """Return the next intent version with ``changes`` applied."""
+        allowed = {"deadline", "max_failures", "goal", "requires"}
+        unknown = set(changes) - allowed
+        if unknown:
+            raise ValueError(f"intent fields {sorted(unknown)} cannot be refined")
+        updates: dict[str, Any] = dict(changes)
+        if "requires" in updates:
+            updates["requires"] = tuple(updates["requires"])
+        return replace(self, version_no=self.version_no + 1, **updates)
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Identity, lineage, trust scope and labels a node checks before touching the object."""
+
+    object_id: str
+    trace_id: str
+    parent_id: str | None = None
+    root_id: str | None = None
+    depth: int = 0
+    tenant: str | None = None
+    trust_scope: str = "default"
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def to_body(self) -> dict[str, Any]:
+        """Encode as a JSON object for a memory record."""
+        return asdict(self)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Context:
+        """Decode from a memory record body."""
+        return cls(
+            object_id=str(body["object_id"]),
+            trace_id=str(body["trace_id"]),
+            parent_id=body.get("parent_id"),
+            root_id=body.get("root_id"),
+            depth=int(body.get("depth", 0)),
+            tenant=body.get("tenant"),
+            trust_scope=str(body.get("trust_scope", "default")),
+            labels=dict(body.get("labels", {})),
+        )

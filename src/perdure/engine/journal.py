@@ -1,0 +1,165 @@
+"""Appending to one object's memory under one lease: seal, fence, group-commit."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from perdure.core.chain import Signer, seal
+from perdure.core.records import Record, RecordDraft
+from perdure.errors import LeaseLostError, StoreError
+from perdure.stores.base import Append, Store
+
+__all__ = ["Committer", "Journal", "StoreUnavailable"]
+
+
+class StoreUnavailable(BaseException):  # noqa: N818 - a signal that unwinds the run
+    """The store failed mid-run; the node abandons the object and its lease lapses."""
+
+    def __init__(self, cause: StoreError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Committer:
+    """Group commit: appends submitted while a commit runs go together in the next one."""
+
+    def __init__(
+        self,
+        store: Store,
+        executor: concurrent.futures.Executor,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._executor = executor
+        self._clock = clock
+        self._pending: list[tuple[Append, asyncio.Future[None]]] = []
+        self._flushing = False
+        self.commits = 0
+        self.appends = 0
+
+    async def submit(self, op: Append) -> None:
+        """Apply ``op`` durably; raise ``LeaseLostError`` or ``StoreError`` if refused."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._pending.append((op, future))
+        if not self._flushing:
+            self._flushing = True
+            loop.create_task(self._flush())
+        await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                ops = [op for op, _ in batch]
+                try:
+                    results = await loop.run_in_executor(
+                        self._executor, self._store.apply, ops, self._clock()
+                    )
+                except StoreError as exc:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                self.commits += 1
+                self.appends += len(ops)
+                for (_, future), error in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if error is None:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(error)
+        finally:
+            self._flushing = False
+
+
+@dataclass
+class Journal:
+    """The head of one object's chain as this node holds it, and the way to extend it."""
+
+    object_id: str
+    epoch: int
+    head_seq: int
+    head_hash: str
+    trace_id: str
+    signer: Signer
+    policy_ref: str
+    committer: Committer
+    clock: Callable[[], float]
+    claimed_at: float
+
+    def __post_init__(self) -> None:
+        self.buffer: list[RecordDraft] = []
+
+    def defer(self, draft: RecordDraft) -> None:
+        """Queue a record that may be lost in a crash (it will be re-derived on replay)."""
+        self.buffer.append(draft)
+
+    def _seal(self, drafts: Sequence[RecordDraft]) -> list[Record]:
+        records: list[Record] = []
+        seq, prev = self.head_seq, self.head_hash
+        ts_us = int(self.clock() * 1_000_000)
+        for draft in drafts:
+            seq += 1
+            rec = seal(
+                draft,
+                object_id=self.object_id,
+                seq=seq,
+                prev_hash=prev,
+                trace_id=self.trace_id,
+                ts_us=ts_us,
+                policy_ref=self.policy_ref,
+                signer=self.signer,
+            )
+            records.append(rec)
+            prev = rec.hash
+        return records
+
+    async def commit(
+        self,
+        drafts: Sequence[RecordDraft] = (),
+        *,
+        status: str = "running",
+        phase: str = "execution",
+        ready_at: float | None = None,
+        running: bool = True,
+        waiting_event: str | None = None,
+        release: bool = False,
+        result: bytes | None = None,
+        consume_event_ids: Sequence[int] = (),
+        parked: bool = False,
+        note: str | None = None,
+    ) -> list[Record]:
+        """Durably append deferred records plus ``drafts`` and update the row, fenced."""
+        records = self._seal([*self.buffer, *drafts])
+        op = Append(
+            object_id=self.object_id,
+            epoch=self.epoch,
+            records=records,
+            status=status,
+            phase=phase,
+            ready_at=self.claimed_at if running else ready_at,
+            waiting_event=waiting_event,
+            release=release,
+            result=result,
+            consume_event_ids=tuple(consume_event_ids),
+            parked=parked,
+            note=note,
+        )
+        try:
+            await self.committer.submit(op)
+        except StoreError as exc:
+            raise StoreUnavailable(exc) from exc
+        except LeaseLostError:
+            raise
+        self.buffer.clear()
+        if records:
+            self.head_seq = records[-1].seq
+            self.head_hash = records[-1].hash
+        return records

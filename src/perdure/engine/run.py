@@ -1,0 +1,507 @@
+"""``Run``: what an agent holds while it runs, replaying memory and recording new work.
+
+Every command an agent issues (step, sleep, wait_for, now, uuid, random) takes
+the next *position*. On resume the agent function runs again from the top; a
+command whose position already has records returns what they say without
+doing the work again. A command that does not match what its position
+recorded parks the object with a non-determinism record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import random as _random
+import time
+import uuid as _uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
+from perdure.core.codec import decode, encode
+from perdure.core.intent import Context, Intent
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.journal import Journal
+from perdure.errors import (
+    CancelRequestedError,
+    LeaseLostError,
+    NonDeterminismError,
+    SerializationError,
+    StepFailedError,
+    StepInDoubtError,
+)
+from perdure.stores.base import Event
+
+__all__ = ["Park", "Run", "Suspend", "SyncRun", "error_body", "rebuild_error"]
+
+T = TypeVar("T")
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+class Suspend(BaseException):  # noqa: N818 - a signal that unwinds the agent
+    """Unwind the agent: the object goes dormant (or paused) and the node lets it go."""
+
+    def __init__(
+        self,
+        drafts: Sequence[RecordDraft],
+        *,
+        ready_at: float | None,
+        waiting_event: str | None = None,
+        status: str = "dormant",
+        reason: str = "",
+    ) -> None:
+        super().__init__(reason)
+        self.drafts = list(drafts)
+        self.ready_at = ready_at
+        self.waiting_event = waiting_event
+        self.status = status
+        self.reason = reason
+
+
+class Park(BaseException):  # noqa: N818 - a signal that unwinds the agent
+    """Unwind the agent and park the object: its code no longer matches its memory."""
+
+    def __init__(self, error: NonDeterminismError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class DeadlineExceeded(BaseException):  # noqa: N818 - a signal that unwinds the agent
+    """The intent's deadline passed while the agent ran."""
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """Describe an exception for memory: type path, message and JSON-able args."""
+    cls = type(exc)
+    body: dict[str, Any] = {
+        "type": f"{cls.__module__}:{cls.__qualname__}",
+        "message": str(exc),
+    }
+    try:
+        encode(list(exc.args))
+        body["args"] = list(exc.args)
+    except SerializationError:
+        body["args"] = None
+    return body
+
+
+def rebuild_error(step: str, body: Mapping[str, Any]) -> BaseException:
+    """Rebuild a recorded exception; ``StepFailedError`` when its type cannot be rebuilt."""
+    type_path = str(body.get("type", "builtins:Exception"))
+    message = str(body.get("message", ""))
+    module_name, _, qualname = type_path.partition(":")
+    args = body.get("args")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        if isinstance(obj, type) and issubclass(obj, Exception) and args is not None:
+            return obj(*args)
+    except Exception:  # noqa: BLE001, S110 - any failure to rebuild falls back below
+        pass
+    return StepFailedError(step, type_path, message)
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    name = getattr(fn, "__perdure_name__", None) or getattr(fn, "__qualname__", None)
+    return str(name or repr(fn))
+
+
+class Run:
+    """The handle an ``async def`` agent receives. Plain ``def`` agents get ``SyncRun``."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        intent: Intent,
+        context: Context,
+        records: Sequence[Record],
+        load_events: Callable[[], Awaitable[list[Event]]],
+        step_executor: Callable[..., Awaitable[Any]],
+        clock: Callable[[], float] = time.time,
+        live: bool = True,
+    ) -> None:
+        self._journal = journal
+        self._intent = intent
+        self._context = context
+        self._load_events = load_events
+        self._step_executor = step_executor
+        self._clock = clock
+        self._live = live
+        self._pos = 0
+        self._history: dict[int, list[Record]] = {}
+        for rec in records:
+            pos = rec.body.get("pos") if rec.kind != Kind.INSTANTIATED else None
+            if isinstance(pos, int):
+                self._history.setdefault(pos, []).append(rec)
+        self._max_recorded = max(self._history, default=-1)
+        self._started_here: set[int] = set()
+        self._consumed: set[int] = set()
+        self.cancel_requested = False
+        self.pause_requested = False
+        self.lease_lost = False
+        self.executions = 0
+
+    # -- what the agent can read ---------------------------------------------
+
+    @property
+    def object_id(self) -> str:
+        """This object's id."""
+        return self._context.object_id
+
+    @property
+    def intent(self) -> Intent:
+        """The current intent (after any refinements)."""
+        return self._intent
+
+    @property
+    def context(self) -> Context:
+        """Identity, lineage and labels."""
+        return self._context
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch this node holds the object with."""
+        return self._journal.epoch
+
+    @property
+    def replaying(self) -> bool:
+        """True while the agent is still re-running recorded commands."""
+        return self._pos <= self._max_recorded
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def _boundary(self) -> None:
+        if self.lease_lost:
+            raise LeaseLostError(f"object {self.object_id!r}: lease lost")
+        if self.cancel_requested:
+            raise CancelRequestedError(f"object {self.object_id!r} was cancelled")
+        deadline = self._intent.deadline
+        if deadline is not None and self._clock() >= deadline:
+            raise DeadlineExceeded(f"deadline {deadline} passed")
+        if self.pause_requested:
+            raise Suspend([], ready_at=self._clock(), status="paused", reason="paused")
+
+    def _take(self, cmd: str, name: str | None) -> tuple[int, list[Record]]:
+        pos = self._pos
+        self._pos += 1
+        recs = self._history.get(pos, [])
+        if recs:
+            first = recs[0].body
+            rec_cmd, rec_name = first.get("cmd"), first.get("name")
+            if rec_cmd != cmd or (name is not None and rec_name != name):
+                raise Park(
+                    NonDeterminismError(
+                        pos, f"{rec_cmd}({rec_name!r})", f"{cmd}({name!r})"
+                    )
+                )
+        return pos, recs
+
+    def check_finished(self) -> None:
+        """At the agent's end, memory must not hold commands the code no longer issues."""
+        if self._pos <= self._max_recorded:
+            first = self._history[self._max_recorded][0].body
+            raise Park(
+                NonDeterminismError(
+                    self._pos,
+                    f"{first.get('cmd')}({first.get('name')!r}) at #{self._max_recorded}",
+                    "the agent returning",
+                )
+            )
+
+    @staticmethod
+    def _find(recs: Sequence[Record], kind: Kind) -> Record | None:
+        for rec in recs:
+            if rec.kind == kind:
+                return rec
+        return None
+
+    # -- commands --------------------------------------------------------------
+
+    async def step(
+        self,
+        fn: Callable[..., T] | Callable[..., Awaitable[T]],
+        *args: Any,
+        name: str | None = None,
+        idempotent: bool | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` once, durably; on replay return its record.
+
+        ``idempotent=False`` records "started" first: after a crash mid-step the
+        agent gets ``StepInDoubtError`` instead of a silent second run. ``retry``
+        sets attempts and pace (semantic backoff); between attempts the object is
+        dormant. Options may also be set with ``@perdure.step(...)`` on ``fn``.
+        """
+        opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
+        step_name = name or opts.get("name") or _qualname(fn)
+        if idempotent is None:
+            idempotent = bool(opts.get("idempotent", True))
+        policy = retry or opts.get("retry") or DEFAULT_RETRY
+        pos, recs = self._take("step", step_name)
+        key = f"{self.object_id}/{pos}/{step_name}"
+        done = self._find(recs, Kind.STEP_DONE)
+        if done is not None:
+            return done.body.get("result")  # type: ignore[no-any-return]
+        failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
+        if failures and failures[-1].body.get("final"):
+            raise rebuild_error(step_name, failures[-1].body["error"])
+        if self._find(recs, Kind.STEP_IN_DOUBT) is not None:
+            raise StepInDoubtError(step_name, key)
+        self._boundary()
+        started = [r for r in recs if r.kind == Kind.STEP_STARTED]
+        if len(started) > len(failures) and pos not in self._started_here:
+            await self._journal.commit(
+                [RecordDraft(Kind.STEP_IN_DOUBT, {"pos": pos, "cmd": "step", "name": step_name,
+                                                  "key": key})]
+            )
+            raise StepInDoubtError(step_name, key)
+        if failures:
+            retry_at = failures[-1].body.get("retry_at")
+            if retry_at is not None and self._clock() < retry_at:
+                raise Suspend([], ready_at=retry_at, reason=f"retry of {step_name} not due")
+        attempt = len(failures) + 1
+        base = {"pos": pos, "cmd": "step", "name": step_name}
+        if not idempotent:
+            self._started_here.add(pos)
+            await self._journal.commit(
+                [RecordDraft(Kind.STEP_STARTED, {**base, "attempt": attempt, "key": key})]
+            )
+        info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
+        began = time.perf_counter()
+        self.executions += 1
+        try:
+            result = await self._step_executor(info, fn, args, kwargs)
+            result_bytes = encode(result, what=f"result of step {step_name!r}")
+        except Exception as exc:  # noqa: BLE001 - every step failure is recorded
+            latency = time.perf_counter() - began
+            await self._record_failure(base, attempt, failures, policy, exc, latency, key)
+            raise
+        latency = time.perf_counter() - began
+        await self._journal.commit(
+            [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": round(latency, 6),
+                                          "result": decode(result_bytes)})]
+        )
+        return result  # type: ignore[return-value]
+
+    async def _record_failure(
+        self,
+        base: dict[str, Any],
+        attempt: int,
+        previous: Sequence[Record],
+        policy: RetryPolicy,
+        exc: Exception,
+        latency: float,
+        key: str,
+    ) -> None:
+        error_class = classify(exc)
+        if isinstance(exc, SerializationError):
+            error_class = ErrorClass.PERMANENT
+        hint = getattr(exc, "retry_after", None)
+        retry_after = float(hint) if isinstance(hint, int | float) else None
+        history = [
+            Failure(
+                attempt=int(r.body.get("attempt", i + 1)),
+                error_class=ErrorClass(r.body.get("error_class", "unknown")),
+                latency=float(r.body.get("latency", 0.0)),
+                retry_after=r.body.get("retry_after"),
+            )
+            for i, r in enumerate(previous)
+        ]
+        history.append(Failure(attempt, error_class, latency, retry_after))
+        delay = next_delay(history, policy, salt=key)
+        body = {
+            **base,
+            "attempt": attempt,
+            "error": error_body(exc),
+            "error_class": str(error_class),
+            "latency": round(latency, 6),
+            "retry_after": retry_after,
+            "final": delay is None,
+        }
+        if delay is None:
+            await self._journal.commit([RecordDraft(Kind.STEP_FAILED, body)])
+            return
+        retry_at = self._clock() + delay
+        body["retry_at"] = retry_at
+        raise Suspend(
+            [
+                RecordDraft(Kind.STEP_FAILED, body),
+                RecordDraft(
+                    Kind.DORMANT,
+                    {"pos": base["pos"], "cmd": "step", "name": base["name"], "reason": "retry",
+                     "wake_at": retry_at},
+                ),
+            ],
+            ready_at=retry_at,
+            reason=f"retry {base['name']} in {delay:.3f}s",
+        ) from exc
+
+    async def sleep(self, seconds: float) -> None:
+        """Go dormant for ``seconds``; the node lets the object go until the timer is due."""
+        if hasattr(seconds, "total_seconds"):
+            seconds = seconds.total_seconds()
+        pos, recs = self._take("sleep", None)
+        if self._find(recs, Kind.WOKE) is not None:
+            return
+        dormant = self._find(recs, Kind.DORMANT)
+        now = self._clock()
+        if dormant is not None:
+            wake_at = float(dormant.body["wake_at"])
+            if now >= wake_at:
+                self._journal.defer(RecordDraft(Kind.WOKE, {"pos": pos, "cmd": "sleep"}))
+                return
+            self._boundary()
+            raise Suspend([], ready_at=wake_at, reason="sleeping")
+        self._boundary()
+        if seconds <= 0:
+            self._journal.defer(RecordDraft(Kind.WOKE, {"pos": pos, "cmd": "sleep"}))
+            return
+        wake_at = now + float(seconds)
+        raise Suspend(
+            [RecordDraft(Kind.DORMANT, {"pos": pos, "cmd": "sleep", "reason": "sleep",
+                                        "wake_at": wake_at, "seconds": float(seconds)})],
+            ready_at=wake_at,
+            reason=f"sleep {seconds}s",
+        )
+
+    async def wait_for(self, event: str, *, timeout: float | None = None) -> Any:
+        """Wait for the event ``event``; return its payload, or ``None`` after ``timeout`` s.
+
+        Events sent before the agent waits are kept and delivered in order.
+        """
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            timeout = timeout.total_seconds()
+        pos, recs = self._take("wait", event)
+        got = self._find(recs, Kind.EVENT_RECEIVED)
+        if got is not None:
+            return got.body.get("payload")
+        if self._find(recs, Kind.WAIT_TIMED_OUT) is not None:
+            return None
+        self._boundary()
+        for ev in await self._load_events():
+            if ev.name == event and ev.event_id not in self._consumed:
+                try:
+                    payload = decode(ev.payload)
+                except ValueError:
+                    payload = {"undecodable_payload": ev.payload.decode("utf-8", "replace")}
+                self._consumed.add(ev.event_id)
+                await self._journal.commit(
+                    [RecordDraft(Kind.EVENT_RECEIVED, {"pos": pos, "cmd": "wait", "name": event,
+                                                       "event_id": ev.event_id,
+                                                       "payload": payload})],
+                    consume_event_ids=[ev.event_id],
+                )
+                return payload
+        dormant = self._find(recs, Kind.DORMANT)
+        now = self._clock()
+        if dormant is not None:
+            deadline = dormant.body.get("wake_at")
+            drafts: list[RecordDraft] = []
+        else:
+            deadline = now + float(timeout) if timeout is not None else None
+            drafts = [RecordDraft(Kind.DORMANT, {"pos": pos, "cmd": "wait", "name": event,
+                                                 "reason": "event", "event": event,
+                                                 "wake_at": deadline})]
+        if deadline is not None and now >= deadline:
+            self._journal.defer(RecordDraft(Kind.WAIT_TIMED_OUT, {"pos": pos, "cmd": "wait",
+                                                                  "name": event}))
+            return None
+        raise Suspend(drafts, ready_at=deadline, waiting_event=event,
+                      reason=f"waiting for event {event!r}")
+
+    def _value(self, cmd: str, make: Callable[[], Any]) -> Any:
+        pos, recs = self._take(cmd, None)
+        rec = self._find(recs, Kind.VALUE)
+        if rec is not None:
+            return rec.body["value"]
+        value = make()
+        self._journal.defer(RecordDraft(Kind.VALUE, {"pos": pos, "cmd": cmd, "value": value}))
+        return value
+
+    async def now(self) -> float:
+        """The current time, recorded: replay sees the same value."""
+        return float(self._value("now", self._clock))
+
+    async def uuid(self) -> str:
+        """A random UUID (hex string), recorded."""
+        return str(self._value("uuid", lambda: str(_uuid.uuid4())))
+
+    async def random(self) -> float:
+        """A random float in [0, 1), recorded."""
+        return float(self._value("random", _random.random))
+
+    async def progress(self, **fields: Any) -> None:
+        """Note progress in memory (shown by ``perdure show``); not part of replay."""
+        self._journal.defer(RecordDraft(Kind.PROGRESS, {"fields": fields}))
+
+
+class SyncRun:
+    """The ``Run`` API without ``await``, for plain ``def`` agents running off the event loop."""
+
+    def __init__(self, run: Run, loop: asyncio.AbstractEventLoop) -> None:
+        self._run = run
+        self._loop = loop
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
+
+    @property
+    def object_id(self) -> str:
+        """This object's id."""
+        return self._run.object_id
+
+    @property
+    def intent(self) -> Intent:
+        """The current intent."""
+        return self._run.intent
+
+    @property
+    def context(self) -> Context:
+        """Identity, lineage and labels."""
+        return self._run.context
+
+    @property
+    def epoch(self) -> int:
+        """The fencing epoch."""
+        return self._run.epoch
+
+    def step(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """See ``Run.step``."""
+        return self._call(self._run.step(fn, *args, **kwargs))
+
+    def sleep(self, seconds: float) -> None:
+        """See ``Run.sleep``."""
+        self._call(self._run.sleep(seconds))
+
+    def wait_for(self, event: str, *, timeout: float | None = None) -> Any:
+        """See ``Run.wait_for``."""
+        return self._call(self._run.wait_for(event, timeout=timeout))
+
+    def now(self) -> float:
+        """See ``Run.now``."""
+        return self._call(self._run.now())
+
+    def uuid(self) -> str:
+        """See ``Run.uuid``."""
+        return self._call(self._run.uuid())
+
+    def random(self) -> float:
+        """See ``Run.random``."""
+        return self._call(self._run.random())
+
+    def progress(self, **fields: Any) -> None:
+        """See ``Run.progress``."""
+        self._call(self._run.progress(**fields))
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """True for ``async def`` functions (and callables whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )

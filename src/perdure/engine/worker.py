@@ -1,0 +1,473 @@
+"""The node loop: claim → evaluate → act → append → commit, for many objects at once.
+
+No scheduler tells a node what to do: it claims runnable objects from the store
+with a lease, evaluates each with the pure cycle, and performs the one action
+selected. Dormant objects are released, not held; a lost lease stops the
+object on this node at its next command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from perdure.core.chain import Signer, check_links
+from perdure.core.codec import decode, encode
+from perdure.core.cycle import (
+    Action,
+    Decision,
+    LocalPolicy,
+    ObjectView,
+    Outcome,
+    evaluate,
+    read_memory,
+)
+from perdure.core.intent import Intent
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.journal import Committer, Journal, StoreUnavailable
+from perdure.engine.run import DeadlineExceeded, Park, Run, Suspend, SyncRun, error_body
+from perdure.errors import (
+    CancelRequestedError,
+    IntegrityError,
+    LeaseLostError,
+    RecordDecodeError,
+    SerializationError,
+    StoreError,
+)
+from perdure.stores.base import Claim, Event, Store
+
+__all__ = ["REFINE_EVENT", "AgentDef", "Worker", "WorkerSettings"]
+
+log = logging.getLogger("perdure.worker")
+
+REFINE_EVENT = "perdure:refine"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDef:
+    """A registered agent: its name, code version, function and whether it is async."""
+
+    name: str
+    version: str
+    fn: Callable[..., Any]
+    is_async: bool
+    requires: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """How a node works: objects at once, lease length, idle poll interval, drain time."""
+
+    concurrency: int = 16
+    lease_seconds: float = 30.0
+    poll_interval: float = 0.1
+    drain_seconds: float = 5.0
+    unknown_agent_retry: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_seconds <= 0.2:
+            raise ValueError("lease_seconds must be more than 0.2")
+        if self.poll_interval <= 0:
+            raise ValueError("poll_interval must be positive")
+
+
+@dataclass
+class _Active:
+    claim: Claim
+    task: asyncio.Task[None]
+    run: Run | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Worker:
+    """One node's loop over the shared store."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        signer: Signer,
+        policy: LocalPolicy,
+        agents: Mapping[str, AgentDef],
+        settings: WorkerSettings,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.signer = signer
+        self.policy = policy
+        self.policy_ref = policy.ref
+        self.agents = agents
+        self.settings = settings
+        self.clock = clock
+        self.owner = f"{signer.node_id}/{os.getpid()}"
+        self._write_pool = concurrent.futures.ThreadPoolExecutor(1, "perdure-write")
+        self._read_pool = concurrent.futures.ThreadPoolExecutor(2, "perdure-read")
+        self._code_pool = concurrent.futures.ThreadPoolExecutor(
+            settings.concurrency + 4, "perdure-code"
+        )
+        self.committer = Committer(store, self._write_pool, clock)
+        self._active: dict[str, _Active] = {}
+        self._wake = asyncio.Event()
+        self._store_down = False
+        self.completed = 0
+
+    # -- store access off the event loop --------------------------------------------
+
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._read_pool, fn, *args)
+
+    async def _write(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._write_pool, fn, *args)
+
+    def _store_ok(self) -> None:
+        if self._store_down:
+            self._store_down = False
+            log.warning("store reachable again; resuming", extra={"action": "store_up"})
+
+    def _store_failed(self, exc: StoreError) -> None:
+        if not self._store_down:
+            self._store_down = True
+            log.error("store unavailable, backing off: %s", exc, extra={"action": "store_down"})
+
+    # -- the loop ---------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and run objects until ``stop`` is set, then drain and let go."""
+        renewer = asyncio.create_task(self._renew_loop(stop))
+        backoff = self.settings.poll_interval
+        try:
+            while not stop.is_set():
+                free = self.settings.concurrency - len(self._active)
+                claims: list[Claim] = []
+                if free > 0:
+                    now = self.clock()
+                    try:
+                        claims = await self._write(
+                            self.store.claim, self.owner, now, now + self.settings.lease_seconds,
+                            free,
+                        )
+                        self._store_ok()
+                        backoff = self.settings.poll_interval
+                    except StoreError as exc:
+                        self._store_failed(exc)
+                        backoff = min(backoff * 2, 5.0)
+                for claim in claims:
+                    self._start(claim)
+                if claims and len(self._active) < self.settings.concurrency:
+                    continue
+                self._wake.clear()
+                wait = backoff
+                with contextlib.suppress(TimeoutError):
+                    stop_wait = asyncio.ensure_future(stop.wait())
+                    wake_wait = asyncio.ensure_future(self._wake.wait())
+                    try:
+                        await asyncio.wait(
+                            [stop_wait, wake_wait], timeout=wait,
+                            return_when=asyncio.FIRST_COMPLETED,
+                        )
+                    finally:
+                        stop_wait.cancel()
+                        wake_wait.cancel()
+        finally:
+            await self._drain()
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+            self._write_pool.shutdown(wait=True)
+            self._read_pool.shutdown(wait=True)
+            self._code_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _start(self, claim: Claim) -> None:
+        task = asyncio.create_task(self._handle(claim), name=f"perdure:{claim.object_id}")
+        active = _Active(claim, task)
+        self._active[claim.object_id] = active
+
+        def finished(_: asyncio.Task[None]) -> None:
+            self._active.pop(claim.object_id, None)
+            active.done.set()
+            self._wake.set()
+
+        task.add_done_callback(finished)
+
+    async def _drain(self) -> None:
+        if not self._active:
+            return
+        for active in self._active.values():
+            if active.run is not None:
+                active.run.pause_requested = True
+        tasks = [a.task for a in self._active.values()]
+        _done, pending = await asyncio.wait(tasks, timeout=self.settings.drain_seconds)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
+        interval = self.settings.lease_seconds / 3
+        while True:
+            await asyncio.sleep(interval)
+            for object_id, active in list(self._active.items()):
+                until = self.clock() + self.settings.lease_seconds
+                try:
+                    claim = await self._write(
+                        self.store.renew, object_id, active.claim.epoch, until
+                    )
+                except StoreError as exc:
+                    self._store_failed(exc)
+                    continue
+                run = active.run
+                if claim is None:
+                    log.warning("lease on %s lost", object_id, extra={"action": "lease_lost"})
+                    if run is not None:
+                        run.lease_lost = True
+                    continue
+                if run is not None:
+                    run.cancel_requested = claim.cancel_requested
+                    run.pause_requested = claim.paused or stop.is_set()
+
+    # -- one object ---------------------------------------------------------------
+
+    async def _handle(self, claim: Claim) -> None:
+        oid = claim.object_id
+        try:
+            await self._cycle(claim)
+        except LeaseLostError as exc:
+            log.warning("stopped %s: %s", oid, exc, extra={"action": "lease_lost"})
+        except StoreUnavailable as exc:
+            self._store_failed(exc.cause)
+        except StoreError as exc:
+            self._store_failed(exc)
+        except asyncio.CancelledError:
+            log.info("let go of %s on shutdown", oid, extra={"action": "released"})
+            with contextlib.suppress(BaseException):
+                await self._release_plain(claim, ready_at=self.clock(), status="ready")
+        except Exception:
+            log.exception("engine error on %s; its lease will lapse", oid,
+                          extra={"action": "engine_error"})
+
+    def _journal(self, claim: Claim, records: list[Record]) -> Journal:
+        head = records[-1]
+        return Journal(
+            object_id=claim.object_id,
+            epoch=claim.epoch,
+            head_seq=head.seq,
+            head_hash=head.hash,
+            trace_id=head.trace_id,
+            signer=self.signer,
+            policy_ref=self.policy_ref,
+            committer=self.committer,
+            clock=self.clock,
+            claimed_at=self.clock(),
+        )
+
+    async def _release_plain(self, claim: Claim, *, ready_at: float | None, status: str,
+                             phase: str = "evaluation", parked: bool = False,
+                             note: str | None = None) -> None:
+        """Let go of an object without appending: fenced row update only."""
+        journal = Journal(claim.object_id, claim.epoch, 0, "", "", self.signer, self.policy_ref,
+                          self.committer, self.clock, self.clock())
+        await journal.commit([], status=status, phase=phase, ready_at=ready_at, running=False,
+                             release=True, parked=parked, note=note)
+
+    async def _cycle(self, claim: Claim) -> None:
+        oid = claim.object_id
+        try:
+            records: list[Record] = await self._read(self.store.records, oid)
+            if not records:
+                raise IntegrityError(oid, 1, "object has no records")
+            check_links(oid, records)
+        except (IntegrityError, RecordDecodeError) as exc:
+            log.error("parked %s: %s", oid, exc, extra={"action": "parked_damaged"})
+            await self._release_plain(claim, ready_at=None, status="parked", parked=True,
+                                      note=f"memory damaged: {exc}; run `perdure verify {oid}`")
+            return
+        while True:
+            row = await self._read(self.store.get, oid)
+            events: list[Event] = await self._read(self.store.pending_events, oid)
+            refinements = [e for e in events if e.name == REFINE_EVENT]
+            view = ObjectView(
+                records=records,
+                cancel_requested=row.cancel_requested,
+                paused=row.paused,
+                parked=row.parked,
+                pending_events=frozenset(e.name for e in events),
+                pending_refinements=len(refinements),
+            )
+            decision = evaluate(view, self.policy, self.clock())
+            log.debug("%s: %s (%s)", oid, decision.action, decision.reason,
+                      extra={"action": "decided"})
+            if decision.action is Action.MUTATE:
+                records = records + await self._mutate(claim, records, refinements)
+                continue
+            await self._act(claim, records, decision)
+            return
+
+    async def _act(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+        handler = {
+            Action.TERMINATE: self._terminate,
+            Action.DORMANCY: self._dormancy,
+            Action.EXECUTE: self._execute,
+            Action.REENTRY: self._execute,
+            Action.DELEGATE: self._dormancy,
+        }[decision.action]
+        await handler(claim, records, decision)
+
+    async def _mutate(self, claim: Claim, records: list[Record], refinements: list[Event]
+                      ) -> list[Record]:
+        journal = self._journal(claim, records)
+        intent = read_memory(records).intent
+        drafts: list[RecordDraft] = []
+        for event in refinements:
+            try:
+                changes = decode(event.payload)
+                intent = intent.refined(dict(changes))
+                drafts.append(RecordDraft(Kind.INTENT_REFINED, {
+                    "intent": intent.to_body(), "changes": changes, "event_id": event.event_id}))
+            except (ValueError, TypeError) as exc:
+                drafts.append(RecordDraft(Kind.PROGRESS, {
+                    "fields": {"refinement_rejected": str(exc), "event_id": event.event_id}}))
+        return await journal.commit(drafts, phase="mutation",
+                                    consume_event_ids=[e.event_id for e in refinements])
+
+    async def _terminate(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+        outcome = decision.outcome or Outcome.FAILED
+        facts = read_memory(records)
+        if facts.terminated is not None:
+            await self._release_plain(claim, ready_at=None, status=str(outcome),
+                                      phase="termination")
+            return
+        body: dict[str, Any] = {"outcome": str(outcome), "reason": decision.reason}
+        if outcome is not Outcome.CANCELLED:
+            body["error"] = {"type": "perdure:Terminated", "message": decision.reason}
+        journal = self._journal(claim, records)
+        await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=str(outcome),
+                             phase="termination", ready_at=None, running=False, release=True)
+        self.completed += 1
+
+    async def _dormancy(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+        facts = read_memory(records)
+        status = "dormant"
+        ready_at = decision.wake_at
+        if decision.reason == "paused":
+            status, ready_at = "paused", self.clock()
+        elif decision.reason.startswith("parked"):
+            status, ready_at = "parked", None
+        elif decision.reason.startswith("trust scope"):
+            status, ready_at = "ready", self.clock() + self.settings.unknown_agent_retry
+        event = facts.dormancy.event if facts.dormancy is not None else None
+        journal = self._journal(claim, records)
+        await journal.commit([], status=status, phase="dormancy", ready_at=ready_at,
+                             running=False, waiting_event=event, release=True,
+                             parked=status == "parked")
+
+    async def _run_step(self, info: StepInfo, fn: Callable[..., Any], args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> Any:
+        token = step_scope.set(info)
+        try:
+            if asyncio.iscoroutinefunction(fn):
+                return await fn(*args, **kwargs)
+
+            def call() -> Any:
+                step_scope.set(info)
+                return fn(*args, **kwargs)
+
+            return await asyncio.get_running_loop().run_in_executor(self._code_pool, call)
+        finally:
+            step_scope.reset(token)
+
+    async def _execute(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+        oid = claim.object_id
+        facts = read_memory(records)
+        intent: Intent = facts.intent
+        agent = self.agents.get(intent.agent)
+        if agent is None:
+            log.warning("%s needs agent %r, not registered on this node; leaving it",
+                        oid, intent.agent, extra={"action": "unknown_agent"})
+            await self._release_plain(
+                claim, ready_at=self.clock() + self.settings.unknown_agent_retry, status="ready",
+                note=f"agent {intent.agent!r} is not registered on node {self.signer.node_id}",
+            )
+            return
+        journal = self._journal(claim, records)
+        loop = asyncio.get_running_loop()
+
+        async def load_events() -> list[Event]:
+            return list(await self._read(self.store.pending_events, oid))
+
+        run = Run(journal=journal, intent=intent, context=facts.context, records=records,
+                  load_events=load_events, step_executor=self._run_step, clock=self.clock)
+        run.cancel_requested = claim.cancel_requested
+        active = self._active.get(oid)
+        if active is not None:
+            active.run = run
+        try:
+            if agent.is_async:
+                result = await agent.fn(run, *intent.args, **intent.kwargs)
+            else:
+                sync = SyncRun(run, loop)
+                result = await loop.run_in_executor(
+                    self._code_pool, lambda: agent.fn(sync, *intent.args, **intent.kwargs)
+                )
+            run.check_finished()
+            try:
+                result_bytes = encode(result, what=f"result of agent {intent.agent!r}")
+            except SerializationError as exc:
+                await self._finish_failed(journal, exc)
+                return
+            await journal.commit(
+                [RecordDraft(Kind.TERMINATED, {"outcome": "completed", "result": decode(result_bytes)})],
+                status="completed", phase="termination", ready_at=None, running=False,
+                release=True, result=result_bytes,
+            )
+            self.completed += 1
+        except Suspend as sus:
+            await journal.commit(sus.drafts, status=sus.status, phase="dormancy",
+                                 ready_at=sus.ready_at, running=False,
+                                 waiting_event=sus.waiting_event, release=True)
+        except Park as park:
+            err = park.error
+            log.error("parked %s: %s", oid, err, extra={"action": "parked_nondeterminism"})
+            await journal.commit(
+                [RecordDraft(Kind.NONDETERMINISM, {
+                    "reason": str(err), "position": err.position, "recorded": err.recorded,
+                    "found": err.found, "agent_version": agent.version})],
+                status="parked", phase="evaluation", ready_at=None, running=False,
+                release=True, parked=True, note=str(err),
+            )
+        except CancelRequestedError:
+            await journal.commit(
+                [RecordDraft(Kind.TERMINATED, {"outcome": "cancelled", "reason": "cancelled"})],
+                status="cancelled", phase="termination", ready_at=None, running=False,
+                release=True,
+            )
+        except DeadlineExceeded as exc:
+            await journal.commit(
+                [RecordDraft(Kind.TERMINATED, {"outcome": "failed", "reason": "deadline passed",
+                                               "error": {"type": "perdure:DeadlineExceeded",
+                                                         "message": str(exc)}})],
+                status="failed", phase="termination", ready_at=None, running=False,
+                release=True,
+            )
+        except (LeaseLostError, StoreUnavailable, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the agent's own failure ends the object
+            await self._finish_failed(journal, exc)
+
+    async def _finish_failed(self, journal: Journal, exc: BaseException) -> None:
+        await journal.commit(
+            [RecordDraft(Kind.TERMINATED, {"outcome": "failed", "reason": "agent raised",
+                                           "error": error_body(exc)})],
+            status="failed", phase="termination", ready_at=None, running=False, release=True,
+        )
+        self.completed += 1
+

@@ -1,0 +1,193 @@
+"""Every error perdure raises, under one root.
+
+The tree::
+
+    PerdureError
+    ├── ConfigurationError        bad App/worker settings, bad store URL, missing extra
+    ├── StoreError                the store cannot be used (down, locked, disk full)
+    │   └── StoreCorruptError     the store's bytes are damaged
+    ├── NodeIdentityError         a node id is registered with another public key
+    ├── RecordDecodeError         a memory record cannot be decoded (fails closed)
+    ├── IntegrityError            a memory chain or signature does not verify
+    ├── SerializationError        a value is not JSON-encodable for the memory
+    ├── UnknownAgentError         no agent of that name is registered
+    ├── ObjectNotFoundError       no object with that id
+    ├── ObjectTerminatedError     the object has terminated; it takes no more input
+    ├── NonDeterminismError       code no longer matches the recorded history
+    ├── StepInDoubtError          a non-idempotent step started but its outcome is unknown
+    ├── StepFailedError           a step failed for good and its exception cannot be rebuilt
+    ├── AgentFailedError          ``Handle.result()``: the agent terminated with an error
+    ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
+    ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
+    └── ResultTimeoutError        ``Handle.result()``: no result within the timeout
+
+Control-flow signals derive from ``BaseException`` so that an agent's
+``except Exception`` cannot swallow them:
+
+    PerdureSignal (BaseException)
+    ├── LeaseLostError            this node no longer holds the object; stop touching it
+    └── CancelRequestedError      the object was cancelled while it ran
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentCancelledError",
+    "AgentFailedError",
+    "AgentParkedError",
+    "CancelRequestedError",
+    "ConfigurationError",
+    "IntegrityError",
+    "LeaseLostError",
+    "NodeIdentityError",
+    "NonDeterminismError",
+    "ObjectNotFoundError",
+    "ObjectTerminatedError",
+    "PerdureError",
+    "PerdureSignal",
+    "RecordDecodeError",
+    "ResultTimeoutError",
+    "SerializationError",
+    "StepFailedError",
+    "StepInDoubtError",
+    "StoreCorruptError",
+    "StoreError",
+    "UnknownAgentError",
+]
+
+
+class PerdureError(Exception):
+    """Root of every error perdure raises."""
+
+
+class ConfigurationError(PerdureError):
+    """A setting is wrong: fix the App, worker or store URL settings named in the message."""
+
+
+class StoreError(PerdureError):
+    """The store cannot be used right now (unreachable, locked, full). Nothing was written."""
+
+
+class StoreCorruptError(StoreError):
+    """The store's bytes are damaged. Restore the file from a backup; perdure will not guess."""
+
+
+class NodeIdentityError(PerdureError):
+    """A node id is already registered in the store with a different public key."""
+
+
+class RecordDecodeError(PerdureError):
+    """A memory record cannot be decoded. Decoding fails closed: no default is substituted."""
+
+    def __init__(self, object_id: str, seq: int, reason: str) -> None:
+        self.object_id = object_id
+        self.seq = seq
+        self.reason = reason
+        super().__init__(
+            f"object {object_id!r}: record #{seq} cannot be decoded ({reason}); "
+            f"run `perdure verify {object_id}` and restore the store from a backup"
+        )
+
+
+class IntegrityError(PerdureError):
+    """A memory chain or signature does not verify; ``seq`` names the first bad record."""
+
+    def __init__(self, object_id: str, seq: int, reason: str) -> None:
+        self.object_id = object_id
+        self.seq = seq
+        self.reason = reason
+        super().__init__(f"object {object_id!r}: record #{seq} fails verification: {reason}")
+
+
+class SerializationError(PerdureError):
+    """A value cannot be written to memory: arguments, results and events must be JSON values."""
+
+
+class UnknownAgentError(PerdureError):
+    """No agent of that name is registered with this App."""
+
+
+class ObjectNotFoundError(PerdureError):
+    """No object with that id exists in the store."""
+
+
+class ObjectTerminatedError(PerdureError):
+    """The object has terminated and accepts no more events or control requests."""
+
+
+class NonDeterminismError(PerdureError):
+    """The agent's code no longer produces its recorded history.
+
+    The object is parked with a record naming the position, what was recorded and
+    what the code asked for. Fix the code (or version the agent) and
+    ``perdure resume`` it.
+    """
+
+    def __init__(self, position: int, recorded: str, found: str) -> None:
+        self.position = position
+        self.recorded = recorded
+        self.found = found
+        super().__init__(
+            f"history mismatch at command #{position}: recorded {recorded}, code asked for {found}"
+        )
+
+
+class StepInDoubtError(PerdureError):
+    """A non-idempotent step was started and never finished: it may or may not have happened.
+
+    Raised into the agent on resume instead of silently running the step again. The
+    agent may check the side-effect target, retry deliberately, skip, or wait for a
+    person.
+    """
+
+    def __init__(self, step: str, idempotency_key: str) -> None:
+        self.step = step
+        self.idempotency_key = idempotency_key
+        super().__init__(
+            f"step {step!r} (key {idempotency_key}) started before a crash and its outcome "
+            "is unknown; check the target for that key before retrying"
+        )
+
+
+class StepFailedError(PerdureError):
+    """A step failed for good and its original exception type could not be rebuilt."""
+
+    def __init__(self, step: str, error_type: str, message: str) -> None:
+        self.step = step
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"step {step!r} failed: {error_type}: {message}")
+
+
+class AgentFailedError(PerdureError):
+    """The agent terminated with an error; ``error_type`` and ``message`` say which."""
+
+    def __init__(self, object_id: str, error_type: str, message: str) -> None:
+        self.object_id = object_id
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"object {object_id!r} failed: {error_type}: {message}")
+
+
+class AgentCancelledError(PerdureError):
+    """The agent was cancelled before it finished."""
+
+
+class AgentParkedError(PerdureError):
+    """The agent is parked (for example after a non-determinism error) and needs a person."""
+
+
+class ResultTimeoutError(PerdureError, TimeoutError):
+    """No result arrived within the timeout; the object keeps running."""
+
+
+class PerdureSignal(BaseException):  # noqa: N818 - a signal, not an error
+    """Control flow that user code must not swallow."""
+
+
+class LeaseLostError(PerdureSignal):
+    """This node no longer holds the object's lease; its writes are refused."""
+
+
+class CancelRequestedError(PerdureSignal):
+    """The object was cancelled while running."""

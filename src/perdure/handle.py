@@ -1,0 +1,160 @@
+"""``Handle``: a view of one object from outside it, usable from any process."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from perdure.core.codec import decode
+from perdure.core.lifecycle import Status
+from perdure.core.records import Kind
+from perdure.errors import (
+    AgentCancelledError,
+    AgentFailedError,
+    AgentParkedError,
+    ObjectNotFoundError,
+    ResultTimeoutError,
+)
+from perdure.stores.base import ObjectRow
+
+if TYPE_CHECKING:
+    from perdure.app import App
+
+__all__ = ["Handle", "ObjectInfo", "info_from_row"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What the store's index says about an object right now."""
+
+    object_id: str
+    agent: str
+    agent_version: str
+    status: Status
+    phase: str
+    epoch: int
+    lease_owner: str | None
+    ready_at: float | None
+    waiting_event: str | None
+    records: int
+    note: str | None
+    parent_id: str | None
+    created_at: float
+    updated_at: float
+
+    @property
+    def terminal(self) -> bool:
+        """True once the object has completed, failed or been cancelled."""
+        return self.status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+
+
+def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
+    """Derive the status a person sees from the row (leases expire; flags override)."""
+    status = Status(row.status) if row.status in set(Status) else Status.READY
+    terminal = status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+    if not terminal:
+        if row.parked:
+            status = Status.PARKED
+        elif row.paused:
+            status = Status.PAUSED
+        elif row.lease_owner is not None and (row.lease_expires or 0) > now:
+            status = Status.RUNNING
+        elif status is Status.RUNNING:
+            status = Status.READY  # its node died; the lease lapsed and it waits to be claimed
+    return ObjectInfo(
+        object_id=row.object_id,
+        agent=row.agent,
+        agent_version=row.agent_version,
+        status=status,
+        phase=row.phase,
+        epoch=row.epoch,
+        lease_owner=row.lease_owner if status is Status.RUNNING else None,
+        ready_at=row.ready_at,
+        waiting_event=row.waiting_event,
+        records=row.head_seq,
+        note=row.note,
+        parent_id=row.parent_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+class Handle:
+    """A reference to one object. Works from any process sharing the store."""
+
+    def __init__(self, app: App, object_id: str) -> None:
+        self.app = app
+        self.object_id = object_id
+
+    def __repr__(self) -> str:
+        return f"Handle({self.object_id!r})"
+
+    def info(self) -> ObjectInfo:
+        """The object's current ``ObjectInfo``."""
+        return self.app.get(self.object_id)
+
+    def status(self) -> Status:
+        """The object's current status."""
+        return self.info().status
+
+    def result(self, timeout: float | None = None, *, poll: float = 0.05) -> Any:
+        """Wait for the object to terminate and return its result, polling the store.
+
+        Raises ``AgentFailedError`` (with the recorded error), ``AgentCancelledError``,
+        ``AgentParkedError`` (a person must act), or ``ResultTimeoutError``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            row = self.app.store.get(self.object_id)
+            if row is None:
+                raise ObjectNotFoundError(f"no object {self.object_id!r} in {self.app.store.url}")
+            if row.status == Status.COMPLETED:
+                return None if row.result is None else decode(row.result)
+            if row.status in (Status.FAILED, Status.CANCELLED):
+                return self._raise_terminal(row.status)
+            if row.parked:
+                raise AgentParkedError(
+                    f"object {self.object_id!r} is parked: {row.note}; fix the cause and run "
+                    f"`perdure resume {self.object_id}`"
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeoutError(
+                    f"object {self.object_id!r} is still {info_from_row(row, time.time()).status}"
+                    f" after {timeout}s; it keeps running"
+                )
+            wait = min(delay, poll)
+            if deadline is not None:
+                wait = max(0.0, min(wait, deadline - time.monotonic()))
+            time.sleep(wait)
+            delay *= 2
+
+    def _raise_terminal(self, status: str) -> Any:
+        records = self.app.store.records(self.object_id)
+        last = next((r for r in reversed(records) if r.kind == Kind.TERMINATED), None)
+        body = last.body if last is not None else {}
+        if status == Status.CANCELLED:
+            raise AgentCancelledError(f"object {self.object_id!r} was cancelled")
+        error = body.get("error") or {}
+        raise AgentFailedError(
+            self.object_id,
+            str(error.get("type", "unknown")),
+            str(error.get("message", body.get("reason", ""))),
+        )
+
+    def pause(self) -> None:
+        """See ``App.pause``."""
+        self.app.pause(self.object_id)
+
+    def resume(self) -> None:
+        """See ``App.resume``."""
+        self.app.resume(self.object_id)
+
+    def cancel(self) -> None:
+        """See ``App.cancel``."""
+        self.app.cancel(self.object_id)
+
+    def send(self, event: str, payload: Any = None, *, dedupe_key: str | None = None) -> bool:
+        """See ``App.send``."""
+        return self.app.send(self.object_id, event, payload, dedupe_key=dedupe_key)

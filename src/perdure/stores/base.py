@@ -1,0 +1,167 @@
+"""The one ``Store`` protocol every backend implements, and the rows it trades in.
+
+A store keeps rows, records, leases, timers and an inbox. It knows nothing of
+agents: it never runs user code and never interprets a record body. Every write
+a node makes while it holds an object is conditional on the fencing epoch it
+claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from perdure.core.records import Record
+
+__all__ = ["Append", "Claim", "Event", "NewObject", "ObjectRow", "Store"]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRow:
+    """The index row of an object. Memory is the truth; this is for finding work."""
+
+    object_id: str
+    agent: str
+    agent_version: str
+    status: str
+    phase: str
+    epoch: int
+    lease_owner: str | None
+    lease_expires: float | None
+    ready_at: float | None
+    waiting_event: str | None
+    paused: bool
+    cancel_requested: bool
+    parked: bool
+    note: str | None
+    head_seq: int
+    head_hash: str
+    result: bytes | None
+    parent_id: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class NewObject:
+    """What ``Store.create`` needs: the row's index fields and the first record."""
+
+    object_id: str
+    agent: str
+    agent_version: str
+    first: Record
+    ready_at: float
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A lease a node holds: the object, its fencing epoch, and control flags seen."""
+
+    object_id: str
+    epoch: int
+    lease_expires: float
+    cancel_requested: bool = False
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """An event in an object's inbox."""
+
+    event_id: int
+    object_id: str
+    name: str
+    payload: bytes
+    dedupe_key: str | None
+    sent_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """One fenced write: append ``records`` and update the row, all or nothing.
+
+    Refused (``LeaseLostError``) unless the row still has ``epoch`` and its head
+    is the record just before ``records[0]``. ``ready_at``/``waiting_event``
+    describe when the object is runnable next; when ``waiting_event`` already has
+    an unconsumed event in the inbox, the store makes it runnable at once.
+    """
+
+    object_id: str
+    epoch: int
+    records: Sequence[Record]
+    status: str
+    phase: str
+    ready_at: float | None
+    waiting_event: str | None = None
+    release: bool = False
+    result: bytes | None = None
+    consume_event_ids: Sequence[int] = field(default_factory=tuple)
+    parked: bool = False
+    note: str | None = None
+
+
+class Store(Protocol):
+    """Narrow storage interface: rows, records, leases, timers, inbox, node keys."""
+
+    url: str
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
+        """Record a node's public key; ``NodeIdentityError`` if the id has another key."""
+
+    def public_keys(self) -> dict[str, bytes]:
+        """Every registered node id and its raw Ed25519 public key."""
+
+    def create(self, new: NewObject, now: float) -> bool:
+        """Insert an object and its first record; ``False`` if the id already exists."""
+
+    def get(self, object_id: str) -> ObjectRow | None:
+        """The object's row, or ``None``."""
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        phase: str | None = None,
+        agent: str | None = None,
+        limit: int = 100,
+    ) -> list[ObjectRow]:
+        """Rows matching the filters, newest first."""
+
+    def records(self, object_id: str, after_seq: int = 0) -> list[Record]:
+        """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
+
+    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> list[Claim]:
+        """Lease up to ``limit`` runnable objects, bumping each one's epoch."""
+
+    def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
+        """Extend a lease still held at ``epoch``; ``None`` if it was lost."""
+
+    def apply(self, ops: Sequence[Append], now: float) -> list[BaseException | None]:
+        """Apply fenced appends in one commit; per op ``None`` or the error refusing it."""
+
+    def send(
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
+    ) -> bool:
+        """Queue an event; ``False`` if ``dedupe_key`` was seen before for this object."""
+
+    def pending_events(self, object_id: str) -> list[Event]:
+        """Unconsumed events in arrival order."""
+
+    def control(
+        self,
+        object_id: str,
+        now: float,
+        *,
+        paused: bool | None = None,
+        cancel: bool = False,
+        unpark: bool = False,
+    ) -> ObjectRow:
+        """Set pause/cancel flags or unpark; returns the updated row."""
+
+    def next_ready_at(self) -> float | None:
+        """Earliest ``ready_at`` among runnable objects, for idle workers to sleep until."""

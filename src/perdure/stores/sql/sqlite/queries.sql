@@ -1,0 +1,110 @@
+-- Named queries of the SQLite store: one block per `-- name:` line.
+
+-- name: register_node
+INSERT INTO nodes (node_id, public_key, created_at) VALUES (?, ?, ?)
+ON CONFLICT (node_id) DO NOTHING;
+
+-- name: node_key
+SELECT public_key FROM nodes WHERE node_id = ?;
+
+-- name: public_keys
+SELECT node_id, public_key FROM nodes;
+
+-- name: insert_object
+INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
+                     head_seq, head_hash, parent_id, created_at, updated_at)
+VALUES (:object_id, :agent, :agent_version, 'ready', 'instantiated', 0, :ready_at,
+        :head_seq, :head_hash, :parent_id, :now, :now)
+ON CONFLICT (object_id) DO NOTHING;
+
+-- name: insert_record
+INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
+                     prev_hash, hash, signature)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
+
+-- name: get_object
+SELECT * FROM objects WHERE object_id = ?;
+
+-- name: records_after
+SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash,
+       signature
+FROM records WHERE object_id = ? AND seq > ? ORDER BY seq;
+
+-- name: claim_candidates
+SELECT object_id FROM objects
+WHERE ready_at <= :now
+  AND (paused = 0 OR cancel_requested = 1)
+  AND (lease_expires IS NULL OR lease_expires <= :now)
+ORDER BY ready_at
+LIMIT :limit;
+
+-- name: claim_one
+UPDATE objects
+SET epoch = epoch + 1, lease_owner = :owner, lease_expires = :lease_until,
+    status = 'running', phase = 'evaluation', updated_at = :now
+WHERE object_id = :object_id
+  AND ready_at <= :now
+  AND (lease_expires IS NULL OR lease_expires <= :now)
+RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
+
+-- name: renew
+UPDATE objects SET lease_expires = :lease_until
+WHERE object_id = :object_id AND epoch = :epoch AND lease_owner IS NOT NULL
+RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
+
+-- name: append_update
+UPDATE objects
+SET head_seq = COALESCE(:head_seq, head_seq),
+    head_hash = COALESCE(:head_hash, head_hash),
+    status = :status,
+    phase = :phase,
+    ready_at = CASE
+        WHEN :waiting_event IS NOT NULL AND EXISTS (
+            SELECT 1 FROM inbox
+            WHERE inbox.object_id = :object_id AND inbox.name = :waiting_event
+              AND inbox.consumed_seq IS NULL)
+        THEN :now
+        ELSE :ready_at END,
+    waiting_event = :waiting_event,
+    result = COALESCE(:result, result),
+    lease_owner = CASE WHEN :release THEN NULL ELSE lease_owner END,
+    lease_expires = CASE WHEN :release THEN NULL ELSE lease_expires END,
+    parked = :parked,
+    note = :note,
+    updated_at = :now
+WHERE object_id = :object_id AND epoch = :epoch
+  AND (:expected_head IS NULL OR head_seq = :expected_head);
+
+-- name: consume_event
+UPDATE inbox SET consumed_seq = ? WHERE event_id = ? AND object_id = ? AND consumed_seq IS NULL;
+
+-- name: object_status
+SELECT status FROM objects WHERE object_id = ?;
+
+-- name: insert_event
+INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (object_id, dedupe_key) DO NOTHING;
+
+-- name: wake_for_event
+UPDATE objects SET ready_at = :now
+WHERE object_id = :object_id AND waiting_event = :name AND lease_owner IS NULL
+  AND (ready_at IS NULL OR ready_at > :now);
+
+-- name: pending_events
+SELECT event_id, object_id, name, payload, dedupe_key, sent_at FROM inbox
+WHERE object_id = ? AND consumed_seq IS NULL ORDER BY event_id;
+
+-- name: set_paused
+UPDATE objects SET paused = :paused, updated_at = :now WHERE object_id = :object_id;
+
+-- name: request_cancel
+UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now), :now),
+                   updated_at = :now
+WHERE object_id = :object_id;
+
+-- name: unpark
+UPDATE objects SET parked = 0, note = NULL, ready_at = :now, status = 'ready', updated_at = :now
+WHERE object_id = :object_id AND parked = 1;
+
+-- name: next_ready_at
+SELECT MIN(ready_at) FROM objects WHERE ready_at IS NOT NULL AND paused = 0;

@@ -1,0 +1,456 @@
+"""SQLite store: one file shared by any number of worker processes (WAL mode).
+
+Writes take ``BEGIN IMMEDIATE`` so that concurrent processes queue on SQLite's
+lock instead of failing. Many appends are applied in one transaction (group
+commit); each runs inside its own savepoint so a refused append (lost lease)
+does not undo the others. Every ``sqlite3`` error is translated here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from perdure.core.records import Record, decode_record
+from perdure.errors import (
+    LeaseLostError,
+    NodeIdentityError,
+    ObjectNotFoundError,
+    ObjectTerminatedError,
+    StoreCorruptError,
+    StoreError,
+)
+from perdure.stores._sql import load_migrations, load_queries
+from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow
+
+__all__ = ["SQLiteStore"]
+
+_Q = load_queries("sqlite")
+_TERMINAL = ("completed", "failed", "cancelled")
+
+
+def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+    """Turn a driver error into a perdure error that says what to do."""
+    text = str(exc)
+    low = text.lower()
+    if "malformed" in low or "not a database" in low or "file is not a database" in low:
+        return StoreCorruptError(
+            f"SQLite store {path} is damaged ({text}); nothing was resumed from it. "
+            "Restore the file from a backup or check it with `sqlite3 FILE 'PRAGMA integrity_check'`"
+        )
+    if "full" in low:
+        return StoreError(
+            f"SQLite store {path}: the disk is full ({text}); nothing was written. Free space "
+            "and the workers carry on"
+        )
+    if "locked" in low or "busy" in low:
+        return StoreError(
+            f"SQLite store {path} stayed locked past the busy timeout ({text}); "
+            "another process holds a long write. Retry, or raise busy_timeout in the store URL"
+        )
+    if "unable to open" in low or "readonly" in low or "read-only" in low:
+        return StoreError(
+            f"SQLite store {path} cannot be opened for writing ({text}); check the path "
+            "and its permissions"
+        )
+    return StoreError(f"SQLite store {path}: {text}")
+
+
+def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
+    data = {col[0]: value for col, value in zip(cur.description, row, strict=True)}
+    return ObjectRow(
+        object_id=data["object_id"],
+        agent=data["agent"],
+        agent_version=data["agent_version"],
+        status=data["status"],
+        phase=data["phase"],
+        epoch=data["epoch"],
+        lease_owner=data["lease_owner"],
+        lease_expires=data["lease_expires"],
+        ready_at=data["ready_at"],
+        waiting_event=data["waiting_event"],
+        paused=bool(data["paused"]),
+        cancel_requested=bool(data["cancel_requested"]),
+        parked=bool(data["parked"]),
+        note=data["note"],
+        head_seq=data["head_seq"],
+        head_hash=bytes(data["head_hash"]).hex(),
+        result=data["result"],
+        parent_id=data["parent_id"],
+        created_at=data["created_at"],
+        updated_at=data["updated_at"],
+    )
+
+
+def _claim(row: tuple[Any, ...]) -> Claim:
+    return Claim(
+        object_id=row[0],
+        epoch=row[1],
+        lease_expires=row[2],
+        cancel_requested=bool(row[3]),
+        paused=bool(row[4]),
+    )
+
+
+def _record_params(rec: Record) -> tuple[Any, ...]:
+    return (
+        rec.object_id,
+        rec.seq,
+        rec.trace_id,
+        rec.ts_us,
+        rec.node_id,
+        rec.policy_ref,
+        rec.kind,
+        rec.body_bytes,
+        bytes.fromhex(rec.prev_hash),
+        bytes.fromhex(rec.hash),
+        rec.signature,
+    )
+
+
+class SQLiteStore:
+    """A ``Store`` on one SQLite file.
+
+    ``synchronous`` is ``"full"`` (every commit reaches the disk before it returns)
+    or ``"normal"`` (WAL commits may be lost on power failure, never corrupted).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "full",
+        busy_timeout: float = 30.0,
+        url: str | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.url = url or f"sqlite:///{self.path}"
+        if synchronous.lower() not in ("full", "normal", "off", "extra"):
+            raise StoreError(f"synchronous must be full, normal, extra or off, not {synchronous!r}")
+        self._synchronous = synchronous.upper()
+        self._busy_timeout = busy_timeout
+        parent = Path(self.path).parent
+        if not parent.exists():
+            raise StoreError(
+                f"SQLite store {self.path}: folder {parent} does not exist; create it first"
+            )
+        self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
+        self._w = self._connect()
+        self._r = self._connect()
+        self._migrate()
+
+    # -- connections ---------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+        return conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._wlock:
+            conn = self._w
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise _translate(exc, self.path) from exc
+                raise
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._rlock:
+            try:
+                yield self._r
+            except sqlite3.Error as exc:
+                raise _translate(exc, self.path) from exc
+
+    def _migrate(self) -> None:
+        migrations = load_migrations("sqlite")
+        with self._read() as conn:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+        if current >= migrations[-1][0]:
+            return
+        with self._write() as conn:
+            current = conn.execute("PRAGMA user_version").fetchone()[0]
+            for version, _name, text in migrations:
+                if version <= current:
+                    continue
+                for statement in text.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={version}")
+
+    def close(self) -> None:
+        """Close both connections."""
+        with self._wlock, self._rlock:
+            self._w.close()
+            self._r.close()
+
+    # -- nodes -----------------------------------------------------------------
+
+    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
+        """Record a node's public key; refuse a second, different key for the same id."""
+        with self._read() as conn:
+            row = conn.execute(_Q["node_key"], (node_id,)).fetchone()
+        if row is None:
+            with self._write() as conn:
+                conn.execute(_Q["register_node"], (node_id, public_key, now))
+                row = conn.execute(_Q["node_key"], (node_id,)).fetchone()
+        if bytes(row[0]) != public_key:
+            raise NodeIdentityError(
+                f"node id {node_id!r} is registered in {self.url} with a different public key; "
+                "give this node another id or restore its key directory"
+            )
+
+    def public_keys(self) -> dict[str, bytes]:
+        """All registered node keys."""
+        with self._read() as conn:
+            return {row[0]: bytes(row[1]) for row in conn.execute(_Q["public_keys"])}
+
+    # -- objects and records ---------------------------------------------------
+
+    def create(self, new: NewObject, now: float) -> bool:
+        """Insert the object row and its first record in one transaction."""
+        with self._write() as conn:
+            cur = conn.execute(
+                _Q["insert_object"],
+                {
+                    "object_id": new.object_id,
+                    "agent": new.agent,
+                    "agent_version": new.agent_version,
+                    "ready_at": new.ready_at,
+                    "head_seq": new.first.seq,
+                    "head_hash": bytes.fromhex(new.first.hash),
+                    "parent_id": new.parent_id,
+                    "now": now,
+                },
+            )
+            if cur.rowcount == 0:
+                return False
+            conn.execute(_Q["insert_record"], _record_params(new.first))
+            return True
+
+    def get(self, object_id: str) -> ObjectRow | None:
+        """The object's row, or ``None``."""
+        with self._read() as conn:
+            cur = conn.execute(_Q["get_object"], (object_id,))
+            row = cur.fetchone()
+            return None if row is None else _row(cur, row)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        phase: str | None = None,
+        agent: str | None = None,
+        limit: int = 100,
+    ) -> list[ObjectRow]:
+        """Rows matching the filters, newest first."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("status", status), ("phase", phase), ("agent", agent)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT ?"  # noqa: S608 - fixed column names
+        with self._read() as conn:
+            cur = conn.execute(sql, (*params, limit))
+            return [_row(cur, row) for row in cur.fetchall()]
+
+    def records(self, object_id: str, after_seq: int = 0) -> list[Record]:
+        """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
+        with self._read() as conn:
+            rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
+        out = []
+        for row in rows:
+            out.append(
+                decode_record(
+                    object_id=row[0],
+                    seq=row[1],
+                    trace_id=row[2],
+                    ts_us=row[3],
+                    node_id=row[4],
+                    policy_ref=row[5],
+                    kind=row[6],
+                    body_bytes=bytes(row[7]),
+                    prev_hash=bytes(row[8]).hex(),
+                    hash=bytes(row[9]).hex(),
+                    signature=bytes(row[10]),
+                )
+            )
+        return out
+
+    # -- leases ----------------------------------------------------------------
+
+    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> list[Claim]:
+        """Lease up to ``limit`` runnable objects, oldest ``ready_at`` first."""
+        if limit <= 0:
+            return []
+        with self._read() as conn:
+            candidates = [
+                row[0]
+                for row in conn.execute(_Q["claim_candidates"], {"now": now, "limit": limit})
+            ]
+        if not candidates:
+            return []
+        claims = []
+        with self._write() as conn:
+            for object_id in candidates:
+                row = conn.execute(
+                    _Q["claim_one"],
+                    {"owner": owner, "lease_until": lease_until, "now": now,
+                     "object_id": object_id},
+                ).fetchone()
+                if row is not None:
+                    claims.append(_claim(row))
+        return claims
+
+    def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
+        """Extend the lease if still held at ``epoch``."""
+        with self._write() as conn:
+            row = conn.execute(
+                _Q["renew"], {"lease_until": lease_until, "object_id": object_id, "epoch": epoch}
+            ).fetchone()
+        return None if row is None else _claim(row)
+
+    def apply(self, ops: Sequence[Append], now: float) -> list[BaseException | None]:
+        """Apply fenced appends in one transaction, each in its own savepoint."""
+        results: list[BaseException | None] = []
+        with self._write() as conn:
+            for op in ops:
+                conn.execute("SAVEPOINT op")
+                try:
+                    self._apply_one(conn, op, now)
+                except (LeaseLostError, sqlite3.IntegrityError) as exc:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    if isinstance(exc, sqlite3.IntegrityError):
+                        exc = LeaseLostError(
+                            f"object {op.object_id!r}: another node appended first ({exc})"
+                        )
+                    results.append(exc)
+                    continue
+                conn.execute("RELEASE op")
+                results.append(None)
+        return results
+
+    def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> None:
+        first = op.records[0] if op.records else None
+        last = op.records[-1] if op.records else None
+        cur = conn.execute(
+            _Q["append_update"],
+            {
+                "head_seq": last.seq if last else None,
+                "head_hash": bytes.fromhex(last.hash) if last else None,
+                "status": op.status,
+                "phase": op.phase,
+                "waiting_event": op.waiting_event,
+                "ready_at": op.ready_at,
+                "result": op.result,
+                "release": op.release,
+                "parked": op.parked,
+                "note": op.note,
+                "now": now,
+                "object_id": op.object_id,
+                "epoch": op.epoch,
+                "expected_head": first.seq - 1 if first else None,
+            },
+        )
+        if cur.rowcount != 1:
+            raise LeaseLostError(
+                f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease "
+                "(another node took it over); this node stops touching it"
+            )
+        conn.executemany(_Q["insert_record"], [_record_params(rec) for rec in op.records])
+        for event_id in op.consume_event_ids:
+            assert last is not None, "consuming an event needs the record that receives it"
+            cur = conn.execute(_Q["consume_event"], (last.seq, event_id, op.object_id))
+            if cur.rowcount != 1:
+                raise LeaseLostError(
+                    f"object {op.object_id!r}: event {event_id} was consumed by another node"
+                )
+
+    # -- inbox and control -----------------------------------------------------
+
+    def send(
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
+    ) -> bool:
+        """Queue an event and wake the object if it waits for that name."""
+        with self._write() as conn:
+            row = conn.execute(_Q["object_status"], (object_id,)).fetchone()
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self.url}")
+            if row[0] in _TERMINAL:
+                raise ObjectTerminatedError(
+                    f"object {object_id!r} has {row[0]}; event {name!r} was not delivered"
+                )
+            cur = conn.execute(_Q["insert_event"], (object_id, name, payload, dedupe_key, now))
+            if cur.rowcount == 0:
+                return False
+            conn.execute(_Q["wake_for_event"], {"now": now, "object_id": object_id, "name": name})
+            return True
+
+    def pending_events(self, object_id: str) -> list[Event]:
+        """Unconsumed events in arrival order."""
+        with self._read() as conn:
+            rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
+        return [Event(r[0], r[1], r[2], bytes(r[3]), r[4], r[5]) for r in rows]
+
+    def control(
+        self,
+        object_id: str,
+        now: float,
+        *,
+        paused: bool | None = None,
+        cancel: bool = False,
+        unpark: bool = False,
+    ) -> ObjectRow:
+        """Pause, resume, cancel or unpark an object."""
+        with self._write() as conn:
+            row = conn.execute(_Q["object_status"], (object_id,)).fetchone()
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self.url}")
+            if row[0] in _TERMINAL:
+                raise ObjectTerminatedError(f"object {object_id!r} has already {row[0]}")
+            if paused is not None:
+                conn.execute(
+                    _Q["set_paused"], {"paused": int(paused), "now": now, "object_id": object_id}
+                )
+            if cancel:
+                conn.execute(_Q["request_cancel"], {"now": now, "object_id": object_id})
+            if unpark:
+                conn.execute(_Q["unpark"], {"now": now, "object_id": object_id})
+        found = self.get(object_id)
+        assert found is not None
+        return found
+
+    def next_ready_at(self) -> float | None:
+        """Earliest ``ready_at`` of a runnable object."""
+        with self._read() as conn:
+            value = conn.execute(_Q["next_ready_at"]).fetchone()[0]
+        return None if value is None else float(value)
