@@ -1,0 +1,3 @@
+from perdure.cli import main
+
+main()
