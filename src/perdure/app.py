@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import logging
 import signal
@@ -299,7 +300,7 @@ class App:
         rows = self.store.list(status=status, phase=phase, agent=agent, limit=limit)
         return [info_from_row(row, now) for row in rows]
 
-    def history(self, object_id: str) -> list[Record]:
+    def history(self, object_id: str) -> builtins.list[Record]:
         """The object's memory, in order; ``RecordDecodeError`` if a record is damaged."""
         self.get(object_id)
         return self.store.records(object_id)

@@ -8,6 +8,7 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -135,13 +136,13 @@ class Store(Protocol):
     def records(self, object_id: str, after_seq: int = 0) -> list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
 
-    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> list[Claim]:
+    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> builtins.list[Claim]:
         """Lease up to ``limit`` runnable objects, bumping each one's epoch."""
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend a lease still held at ``epoch``; ``None`` if it was lost."""
 
-    def apply(self, ops: Sequence[Append], now: float) -> list[BaseException | None]:
+    def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
         """Apply fenced appends in one commit; per op ``None`` or the error refusing it."""
 
     def send(
@@ -149,7 +150,7 @@ class Store(Protocol):
     ) -> bool:
         """Queue an event; ``False`` if ``dedupe_key`` was seen before for this object."""
 
-    def pending_events(self, object_id: str) -> list[Event]:
+    def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""
 
     def control(
@@ -165,3 +166,9 @@ class Store(Protocol):
 
     def next_ready_at(self) -> float | None:
         """Earliest ``ready_at`` among runnable objects, for idle workers to sleep until."""
+
+    def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
+        """Live leases whose owner starts with ``owner_prefix``: ``(object_id, owner, epoch)``."""
+
+    def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
+        """End a lease now if ``owner`` still holds it at ``epoch`` (its process is gone)."""

@@ -8,6 +8,7 @@ does not undo the others. Every ``sqlite3`` error is translated here.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import sqlite3
@@ -277,12 +278,12 @@ class SQLiteStore:
                 clauses.append(f"{column} = ?")
                 params.append(value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT ?"  # noqa: S608 - fixed column names
+        sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT ?"
         with self._read() as conn:
             cur = conn.execute(sql, (*params, limit))
             return [_row(cur, row) for row in cur.fetchall()]
 
-    def records(self, object_id: str, after_seq: int = 0) -> list[Record]:
+    def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
         with self._read() as conn:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
@@ -307,7 +308,7 @@ class SQLiteStore:
 
     # -- leases ----------------------------------------------------------------
 
-    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> list[Claim]:
+    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> builtins.list[Claim]:
         """Lease up to ``limit`` runnable objects, oldest ``ready_at`` first."""
         if limit <= 0:
             return []
@@ -338,7 +339,7 @@ class SQLiteStore:
             ).fetchone()
         return None if row is None else _claim(row)
 
-    def apply(self, ops: Sequence[Append], now: float) -> list[BaseException | None]:
+    def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
         """Apply fenced appends in one transaction, each in its own savepoint."""
         results: list[BaseException | None] = []
         with self._write() as conn:
@@ -415,7 +416,7 @@ class SQLiteStore:
             conn.execute(_Q["wake_for_event"], {"now": now, "object_id": object_id, "name": name})
             return True
 
-    def pending_events(self, object_id: str) -> list[Event]:
+    def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""
         with self._read() as conn:
             rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
@@ -454,3 +455,19 @@ class SQLiteStore:
         with self._read() as conn:
             value = conn.execute(_Q["next_ready_at"]).fetchone()[0]
         return None if value is None else float(value)
+
+    def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
+        """Live leases whose owner starts with ``owner_prefix``."""
+        escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self._read() as conn:
+            rows = conn.execute(_Q["leases_held"], {"prefix": escaped + "%", "now": now})
+            return [(row[0], row[1], row[2]) for row in rows.fetchall()]
+
+    def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
+        """End a lease at once when its holder is known to be dead."""
+        with self._write() as conn:
+            cur = conn.execute(
+                _Q["expire_lease"],
+                {"now": now, "object_id": object_id, "epoch": epoch, "owner": owner},
+            )
+            return cur.rowcount == 1

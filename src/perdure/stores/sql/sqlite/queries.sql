@@ -108,3 +108,11 @@ WHERE object_id = :object_id AND parked = 1;
 
 -- name: next_ready_at
 SELECT MIN(ready_at) FROM objects WHERE ready_at IS NOT NULL AND paused = 0;
+
+-- name: leases_held
+SELECT object_id, lease_owner, epoch FROM objects
+WHERE lease_owner LIKE :prefix ESCAPE '\' AND lease_expires > :now;
+
+-- name: expire_lease
+UPDATE objects SET lease_expires = :now, updated_at = :now
+WHERE object_id = :object_id AND epoch = :epoch AND lease_owner = :owner;
