@@ -41,7 +41,7 @@ T = TypeVar("T")
 DEFAULT_RETRY = RetryPolicy()
 
 
-class Suspend(BaseException):  # noqa: N818 - a signal that unwinds the agent
+class Suspend(BaseException):
     """Unwind the agent: the object goes dormant (or paused) and the node lets it go."""
 
     def __init__(
@@ -61,7 +61,7 @@ class Suspend(BaseException):  # noqa: N818 - a signal that unwinds the agent
         self.reason = reason
 
 
-class Park(BaseException):  # noqa: N818 - a signal that unwinds the agent
+class Park(BaseException):
     """Unwind the agent and park the object: its code no longer matches its memory."""
 
     def __init__(self, error: NonDeterminismError) -> None:
@@ -69,7 +69,7 @@ class Park(BaseException):  # noqa: N818 - a signal that unwinds the agent
         self.error = error
 
 
-class DeadlineExceeded(BaseException):  # noqa: N818 - a signal that unwinds the agent
+class DeadlineExceeded(BaseException):
     """The intent's deadline passed while the agent ran."""
 
 
@@ -100,7 +100,7 @@ def rebuild_error(step: str, body: Mapping[str, Any]) -> BaseException:
             obj = getattr(obj, part)
         if isinstance(obj, type) and issubclass(obj, Exception) and args is not None:
             return obj(*args)
-    except Exception:  # noqa: BLE001, S110 - any failure to rebuild falls back below
+    except Exception:
         pass
     return StepFailedError(step, type_path, message)
 
@@ -143,6 +143,7 @@ class Run:
         self._consumed: set[int] = set()
         self.cancel_requested = False
         self.pause_requested = False
+        self.release_requested = False
         self.lease_lost = False
         self.executions = 0
 
@@ -185,6 +186,8 @@ class Run:
             raise DeadlineExceeded(f"deadline {deadline} passed")
         if self.pause_requested:
             raise Suspend([], ready_at=self._clock(), status="paused", reason="paused")
+        if self.release_requested:
+            raise Suspend([], ready_at=self._clock(), status="ready", reason="node stopping")
 
     def _take(self, cmd: str, name: str | None) -> tuple[int, list[Record]]:
         pos = self._pos
@@ -272,22 +275,30 @@ class Run:
             await self._journal.commit(
                 [RecordDraft(Kind.STEP_STARTED, {**base, "attempt": attempt, "key": key})]
             )
+        elif self._journal.buffer:
+            # Values drawn since the last commit (uuid, now, random) may flow into this
+            # step's side effects: make them durable first, or a crash after the effect
+            # would let replay draw different ones than the outside world saw.
+            await self._journal.commit()
         info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
         began = time.perf_counter()
         self.executions += 1
         try:
             result = await self._step_executor(info, fn, args, kwargs)
             result_bytes = encode(result, what=f"result of step {step_name!r}")
-        except Exception as exc:  # noqa: BLE001 - every step failure is recorded
+        except Exception as exc:
             latency = time.perf_counter() - began
             await self._record_failure(base, attempt, failures, policy, exc, latency, key)
             raise
         latency = time.perf_counter() - began
+        # The agent sees the value as memory holds it (tuples as lists, keys as strings),
+        # so the first run and every replay see exactly the same thing.
+        recorded = decode(result_bytes)
         await self._journal.commit(
             [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": round(latency, 6),
-                                          "result": decode(result_bytes)})]
+                                          "result": recorded})]
         )
-        return result  # type: ignore[return-value]
+        return recorded  # type: ignore[no-any-return]
 
     async def _record_failure(
         self,
@@ -437,7 +448,14 @@ class Run:
         return float(self._value("random", _random.random))
 
     async def progress(self, **fields: Any) -> None:
-        """Note progress in memory (shown by ``perdure show``); not part of replay."""
+        """Note progress in memory (shown by ``perdure show``); not part of replay.
+
+        While the agent is still replaying recorded commands the note is skipped:
+        it was written (or lost with the crash) the first time round. A note issued
+        right after the last recorded command may appear once more after a resume.
+        """
+        if self.replaying:
+            return
         self._journal.defer(RecordDraft(Kind.PROGRESS, {"fields": fields}))
 
 
@@ -503,5 +521,5 @@ class SyncRun:
 def is_async(fn: Callable[..., Any]) -> bool:
     """True for ``async def`` functions (and callables whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)  # noqa: B004
+        getattr(fn, "__call__", None)
     )

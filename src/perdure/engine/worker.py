@@ -227,7 +227,7 @@ class Worker:
             return
         for active in self._active.values():
             if active.run is not None:
-                active.run.pause_requested = True
+                active.run.release_requested = True
         tasks = [a.task for a in self._active.values()]
         _done, pending = await asyncio.wait(tasks, timeout=self.settings.drain_seconds)
         for task in pending:
@@ -256,7 +256,8 @@ class Worker:
                     continue
                 if run is not None:
                     run.cancel_requested = claim.cancel_requested
-                    run.pause_requested = claim.paused or stop.is_set()
+                    run.pause_requested = claim.paused
+                    run.release_requested = stop.is_set()
 
     # -- one object ---------------------------------------------------------------
 
@@ -309,6 +310,14 @@ class Worker:
             if not records:
                 raise IntegrityError(oid, 1, "object has no records")
             check_links(oid, records)
+            head = await self._read(self.store.get, oid)
+            last = records[-1]
+            if head is not None and head.head_seq != last.seq:
+                raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
+                                     f"object's head is #{head.head_seq} (records missing)")
+            if head is not None and head.head_hash != last.hash:
+                raise IntegrityError(oid, last.seq, "last record's hash differs from the "
+                                     "object's recorded head")
         except (IntegrityError, RecordDecodeError) as exc:
             log.error("parked %s: %s", oid, exc, extra={"action": "parked_damaged"})
             await self._release_plain(claim, ready_at=None, status="parked", parked=True,
@@ -387,6 +396,8 @@ class Worker:
             status, ready_at = "parked", None
         elif decision.reason.startswith("trust scope"):
             status, ready_at = "ready", self.clock() + self.settings.unknown_agent_retry
+        else:
+            ready_at = _by_deadline(ready_at, facts.intent.deadline)
         event = facts.dormancy.event if facts.dormancy is not None else None
         journal = self._journal(claim, records)
         await journal.commit([], status=status, phase="dormancy", ready_at=ready_at,
@@ -401,8 +412,12 @@ class Worker:
                 return await fn(*args, **kwargs)
 
             def call() -> Any:
-                step_scope.set(info)
-                return fn(*args, **kwargs)
+                # Pool threads are reused (also for sync agent code): reset, never leak.
+                inner = step_scope.set(info)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    step_scope.reset(inner)
 
             return await asyncio.get_running_loop().run_in_executor(self._code_pool, call)
         finally:
@@ -455,7 +470,8 @@ class Worker:
             self.completed += 1
         except Suspend as sus:
             await journal.commit(sus.drafts, status=sus.status, phase="dormancy",
-                                 ready_at=sus.ready_at, running=False,
+                                 ready_at=_by_deadline(sus.ready_at, run.intent.deadline),
+                                 running=False,
                                  waiting_event=sus.waiting_event, release=True)
         except Park as park:
             err = park.error
@@ -493,6 +509,13 @@ class Worker:
             status="failed", phase="termination", ready_at=None, running=False, release=True,
         )
         self.completed += 1
+
+
+def _by_deadline(ready_at: float | None, deadline: float | None) -> float | None:
+    """When a dormant object must be looked at again: no later than its deadline."""
+    if deadline is None:
+        return ready_at
+    return deadline if ready_at is None else min(ready_at, deadline)
 
 
 def _alive(pid: int) -> bool:

@@ -133,7 +133,7 @@ class Store(Protocol):
     ) -> list[ObjectRow]:
         """Rows matching the filters, newest first."""
 
-    def records(self, object_id: str, after_seq: int = 0) -> list[Record]:
+    def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
 
     def claim(self, owner: str, now: float, lease_until: float, limit: int) -> builtins.list[Claim]:
@@ -148,7 +148,11 @@ class Store(Protocol):
     def send(
         self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
     ) -> bool:
-        """Queue an event; ``False`` if ``dedupe_key`` was seen before for this object."""
+        """Queue an event; ``False`` if ``dedupe_key`` was seen before for this object.
+
+        A released object waiting for ``name`` becomes runnable now; so does any released
+        object for a control event (a name starting with ``perdure:``).
+        """
 
     def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""

@@ -23,6 +23,7 @@ from perdure.errors import (
     NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
+    RecordDecodeError,
     StoreCorruptError,
     StoreError,
 )
@@ -111,6 +112,34 @@ def _record_params(rec: Record) -> tuple[Any, ...]:
         bytes.fromhex(rec.prev_hash),
         bytes.fromhex(rec.hash),
         rec.signature,
+    )
+
+
+_RECORD_TYPES = (str, int, str, int, str, str, str, bytes, bytes, bytes, bytes)
+_RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
+                   "body", "prev_hash", "hash", "signature")
+
+
+def _decode_row(row: tuple[Any, ...]) -> Record:
+    """Decode one ``records`` row; a column of the wrong storage type is damage (fails closed)."""
+    for value, kind, column in zip(row, _RECORD_TYPES, _RECORD_COLUMNS, strict=True):
+        if not isinstance(value, kind):
+            raise RecordDecodeError(
+                str(row[0]), row[1] if isinstance(row[1], int) else -1,
+                f"column {column} holds {type(value).__name__}, not {kind.__name__}",
+            )
+    return decode_record(
+        object_id=row[0],
+        seq=row[1],
+        trace_id=row[2],
+        ts_us=row[3],
+        node_id=row[4],
+        policy_ref=row[5],
+        kind=row[6],
+        body_bytes=row[7],
+        prev_hash=row[8].hex(),
+        hash=row[9].hex(),
+        signature=row[10],
     )
 
 
@@ -287,24 +316,7 @@ class SQLiteStore:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
         with self._read() as conn:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
-        out = []
-        for row in rows:
-            out.append(
-                decode_record(
-                    object_id=row[0],
-                    seq=row[1],
-                    trace_id=row[2],
-                    ts_us=row[3],
-                    node_id=row[4],
-                    policy_ref=row[5],
-                    kind=row[6],
-                    body_bytes=bytes(row[7]),
-                    prev_hash=bytes(row[8]).hex(),
-                    hash=bytes(row[9]).hex(),
-                    signature=bytes(row[10]),
-                )
-            )
-        return out
+        return [_decode_row(row) for row in rows]
 
     # -- leases ----------------------------------------------------------------
 
@@ -401,7 +413,7 @@ class SQLiteStore:
     def send(
         self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
     ) -> bool:
-        """Queue an event and wake the object if it waits for that name."""
+        """Queue an event; wake the object if it waits for that name or it is ``perdure:…``."""
         with self._write() as conn:
             row = conn.execute(_Q["object_status"], (object_id,)).fetchone()
             if row is None:

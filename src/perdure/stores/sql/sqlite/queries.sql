@@ -86,8 +86,10 @@ INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at) VALUES (?, ?, 
 ON CONFLICT (object_id, dedupe_key) DO NOTHING;
 
 -- name: wake_for_event
+-- Wakes an object waiting for this event; a control event (``perdure:`` prefix) wakes any.
 UPDATE objects SET ready_at = :now
-WHERE object_id = :object_id AND waiting_event = :name AND lease_owner IS NULL
+WHERE object_id = :object_id AND lease_owner IS NULL
+  AND (waiting_event = :name OR substr(:name, 1, 8) = 'perdure:')
   AND (ready_at IS NULL OR ready_at > :now);
 
 -- name: pending_events
@@ -95,7 +97,9 @@ SELECT event_id, object_id, name, payload, dedupe_key, sent_at FROM inbox
 WHERE object_id = ? AND consumed_seq IS NULL ORDER BY event_id;
 
 -- name: set_paused
-UPDATE objects SET paused = :paused, updated_at = :now WHERE object_id = :object_id;
+UPDATE objects SET paused = :paused, updated_at = :now,
+                   status = CASE WHEN :paused = 0 AND status = 'paused' THEN 'ready' ELSE status END
+WHERE object_id = :object_id;
 
 -- name: request_cancel
 UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now), :now),

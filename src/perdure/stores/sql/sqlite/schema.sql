@@ -1,0 +1,64 @@
+-- perdure SQLite schema: what applying every file in migrations/ yields.
+-- version: 1
+-- Checked by tests/migration: when a migration changes the schema, update this file.
+
+CREATE TABLE nodes (
+    node_id     TEXT PRIMARY KEY,
+    public_key  BLOB NOT NULL,
+    created_at  REAL NOT NULL
+);
+
+CREATE TABLE objects (
+    object_id        TEXT PRIMARY KEY,
+    agent            TEXT NOT NULL,
+    agent_version    TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    phase            TEXT NOT NULL,
+    epoch            INTEGER NOT NULL DEFAULT 0,
+    lease_owner      TEXT,
+    lease_expires    REAL,
+    ready_at         REAL,
+    waiting_event    TEXT,
+    paused           INTEGER NOT NULL DEFAULT 0,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    parked           INTEGER NOT NULL DEFAULT 0,
+    note             TEXT,
+    head_seq         INTEGER NOT NULL,
+    head_hash        BLOB NOT NULL,
+    result           BLOB,
+    parent_id        TEXT,
+    created_at       REAL NOT NULL,
+    updated_at       REAL NOT NULL
+);
+
+CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX objects_status ON objects (status, created_at);
+CREATE INDEX objects_agent ON objects (agent, created_at);
+
+CREATE TABLE records (
+    object_id   TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    trace_id    TEXT NOT NULL,
+    ts_us       INTEGER NOT NULL,
+    node_id     TEXT NOT NULL,
+    policy_ref  TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    body        BLOB NOT NULL,
+    prev_hash   BLOB NOT NULL,
+    hash        BLOB NOT NULL,
+    signature   BLOB NOT NULL,
+    PRIMARY KEY (object_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE inbox (
+    event_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    object_id    TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    payload      BLOB NOT NULL,
+    dedupe_key   TEXT,
+    sent_at      REAL NOT NULL,
+    consumed_seq INTEGER,
+    UNIQUE (object_id, dedupe_key)
+);
+
+CREATE INDEX inbox_pending ON inbox (object_id, name) WHERE consumed_seq IS NULL;

@@ -1,0 +1,304 @@
+"""Bad input and a hostile environment give typed errors that say what to do.
+
+Each case is checked through the API (the exception type and its message) and,
+where a person would meet it, through the ``perdure`` CLI: exit code 1, one
+``error: ...`` line on stderr, and no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import perdure
+from perdure.errors import (
+    ConfigurationError,
+    ObjectNotFoundError,
+    ObjectTerminatedError,
+    SerializationError,
+    StoreCorruptError,
+    StoreError,
+    UnknownAgentError,
+)
+from perdure.stores import Store, open_store
+from perdure.stores.sqlite import SQLiteStore
+
+MakeApp = Callable[..., perdure.App]
+
+AGENTS_MODULE = textwrap.dedent(
+    """
+    import perdure
+
+    app = perdure.App(store="sqlite:///never-used.db")
+
+
+    @app.agent(name="hello")
+    def hello(run: perdure.SyncRun, who: str) -> str:
+        return f"hello {who}"
+    """
+)
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "perdure", *args],
+        capture_output=True, text=True, timeout=60, check=False, cwd=cwd,
+    )
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Assert the CLI failed with exit 1 and exactly one ``error:`` line holding ``needles``."""
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def cli_dir(tmp_path: Path) -> Path:
+    """A working folder holding ``agents.py`` (an App with the agent ``hello``)."""
+    (tmp_path / "agents.py").write_text(AGENTS_MODULE)
+    return tmp_path
+
+
+def _greet(who: str) -> str:
+    return f"hi {who}"
+
+
+@pytest.fixture
+def app(make_app: MakeApp) -> perdure.App:
+    """An App with one agent, ``greet``, that finishes at once."""
+    built = make_app()
+
+    @built.agent(name="greet")
+    async def greet(run: perdure.Run, who: str) -> str:
+        return await run.step(_greet, who)
+
+    return built
+
+
+# -- agents, arguments and events --------------------------------------------------------
+
+
+def test_start_unknown_agent(app: perdure.App) -> None:
+    """Starting an agent name nobody registered says which agents exist; nothing is stored."""
+    with pytest.raises(UnknownAgentError, match=r"'nope' is not registered.*greet"):
+        app.start("nope", object_id="o-1")
+
+    def stray(run: perdure.Run) -> None: ...
+
+    with pytest.raises(UnknownAgentError, match=r"@app\.agent"):
+        app.start(stray)
+    assert app.store.get("o-1") is None
+
+
+def test_cli_start_unknown_agent(cli_dir: Path) -> None:
+    """``perdure start`` of an unknown agent fails in one line naming the registered ones."""
+    url = f"sqlite:///{cli_dir / 'cli.db'}"
+    done = _cli(cli_dir, "--store", url, "--key-dir", str(cli_dir / "keys"), "--app",
+                "agents:app", "start", "nope")
+    _one_error_line(done, "'nope'", "hello")
+
+
+@pytest.mark.parametrize("bad", [object(), {1, 2}, float("nan"), b"bytes", {"k": (1, object())}])
+def test_start_with_non_json_args(app: perdure.App, bad: object) -> None:
+    """Arguments that are not JSON values raise SerializationError and create nothing."""
+    with pytest.raises(SerializationError, match="JSON"):
+        app.start("greet", bad, object_id="o-1")
+    assert app.store.get("o-1") is None
+
+
+def test_send_non_json_payload(app: perdure.App) -> None:
+    """An event payload that is not JSON raises SerializationError and queues nothing."""
+    app.start("greet", "ana", object_id="o-1")
+    with pytest.raises(SerializationError, match="payload of event 'go'"):
+        app.send("o-1", "go", {"when": time})
+    assert app.store.pending_events("o-1") == []
+
+
+def test_send_to_unknown_and_terminated(app: perdure.App) -> None:
+    """Events to an unknown or finished object raise and are not queued."""
+    with pytest.raises(ObjectNotFoundError, match="'ghost'"):
+        app.send("ghost", "go", 1)
+    handle = app.start("greet", "ana", object_id="o-1")
+    with app.background_worker():
+        assert handle.result(timeout=10) == "hi ana"
+    with pytest.raises(ObjectTerminatedError, match="'o-1' has completed"):
+        app.send("o-1", "go", 1)
+    with pytest.raises(ObjectTerminatedError):
+        app.cancel("o-1")
+    assert app.store.pending_events("o-1") == []
+
+
+def test_cli_bad_json_and_unknown_object(cli_dir: Path) -> None:
+    """The CLI refuses non-JSON ``--args`` and a send to an unknown id in one line each."""
+    url = f"sqlite:///{cli_dir / 'cli.db'}"
+    common = ("--store", url, "--key-dir", str(cli_dir / "keys"))
+    done = _cli(cli_dir, *common, "--app", "agents:app", "start", "hello", "--args", "[1,")
+    _one_error_line(done, "--args is not valid JSON")
+    done = _cli(cli_dir, *common, "send", "ghost", "go", "{bad")
+    _one_error_line(done, "PAYLOAD is not valid JSON")
+    done = _cli(cli_dir, *common, "send", "ghost", "go", "1")
+    _one_error_line(done, "no object 'ghost'")
+
+
+# -- store URLs and folders -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "hint"),
+    [
+        ("mysql://db/agents", "use sqlite:///FILE"),
+        ("agents.db", "use sqlite:///FILE"),
+        ("sqlite://host/agents.db", "use sqlite:///relative.db"),
+        ("sqlite:///", "use sqlite:///agents.db"),
+        ("sqlite:///agents.db?journal=off", "known: synchronous, busy_timeout"),
+        ("sqlite:///agents.db?busy_timeout=soon", "busy_timeout must be seconds"),
+        ("postgresql://localhost/perdure", "use sqlite:///FILE"),
+    ],
+)
+def test_bad_store_urls(url: str, hint: str, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad store URL is a ConfigurationError that names the URL and the fix."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as caught:
+        open_store(url)
+    assert hint in str(caught.value)
+    assert url in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_bad_store_url(tmp_path: Path) -> None:
+    """The CLI reports a bad store URL in one line with the fix."""
+    done = _cli(tmp_path, "--store", "mysql://db/agents", "ls")
+    _one_error_line(done, "unknown scheme", "use sqlite:///FILE")
+
+
+def test_store_folder_missing(tmp_path: Path) -> None:
+    """A store file in a folder that does not exist fails, names the folder, creates nothing."""
+    missing = tmp_path / "nope" / "deeper"
+    with pytest.raises(StoreError, match="does not exist; create it first") as caught:
+        open_store(f"sqlite:///{missing / 'a.db'}")
+    assert str(missing) in str(caught.value)
+    assert not (tmp_path / "nope").exists()
+    done = _cli(tmp_path, "--store", f"sqlite:///{missing / 'a.db'}", "ls")
+    _one_error_line(done, "does not exist")
+
+
+# -- disk full -----------------------------------------------------------------------------
+
+
+def _limit_pages(store: Store, extra: int | None) -> None:
+    """Cap the SQLite store's file at its current size plus ``extra`` pages (None: lift it).
+
+    ``PRAGMA max_page_count`` is per connection, so it is set on the store's own
+    write connection, under the store's write lock. Writes that need a page past
+    the cap fail with SQLITE_FULL, as on a full disk.
+    """
+    assert isinstance(store, SQLiteStore)
+    conn = store._w
+    with store._wlock:
+        if extra is None:
+            conn.execute("PRAGMA max_page_count=4294967294")
+        else:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count={pages + extra}")
+
+
+def test_disk_full_is_a_typed_store_error(app: perdure.App) -> None:
+    """A full disk gives a StoreError saying so; nothing half-written, older objects verify."""
+    done = [app.start("greet", f"p{k}", object_id=f"done-{k}") for k in range(3)]
+    with app.background_worker():
+        for handle in done:
+            handle.result(timeout=10)
+    _limit_pages(app.store, 0)
+    error: StoreError | None = None
+    started = 0
+    for k in range(2000):
+        try:
+            app.start("greet", "x" * 500, object_id=f"new-{k}")
+            started += 1
+        except StoreError as exc:
+            error = exc
+            failed = f"new-{k}"
+            break
+    assert error is not None, "the capped store never filled up"
+    assert not isinstance(error, StoreCorruptError)
+    assert "the disk is full" in str(error) and "nothing was written" in str(error)
+    assert app.store.get(failed) is None
+    assert app.store.records(failed) == []
+    for object_id in [h.object_id for h in done] + [f"new-{k}" for k in range(started)]:
+        assert app.verify(object_id).ok, object_id
+
+    _limit_pages(app.store, None)
+    app.start("greet", "x" * 500, object_id=failed)
+    assert app.verify(failed).ok
+
+
+def _pad(i: int) -> str:
+    return f"{i:04d}-" + "x" * 300
+
+
+STEPS = 25
+
+
+@pytest.fixture
+def capture(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """Log records of perdure at INFO and above."""
+    with caplog.at_level(logging.INFO, logger="perdure"):
+        yield caplog
+
+
+def test_worker_on_a_full_disk_loses_nothing(make_app: MakeApp,
+                                             capture: pytest.LogCaptureFixture) -> None:
+    """A worker whose commits hit a full disk logs it in one line (no traceback).
+
+    Records stored before the disk filled stay, and every object finishes with a
+    verifying chain once space is back.
+    """
+    app = make_app(lease_seconds=2.0)
+
+    @app.agent(name="filler")
+    async def filler(run: perdure.Run, n: int) -> list[str]:
+        return [await run.step(_pad, i) for i in range(n)]
+
+    ids = [f"fill-{k}" for k in range(4)]
+    for object_id in ids:
+        app.start(filler, STEPS, object_id=object_id)
+    _limit_pages(app.store, 1)
+    with app.background_worker():
+        deadline = time.monotonic() + 10
+        while not [r for r in capture.records if getattr(r, "action", "") == "store_down"]:
+            assert time.monotonic() < deadline, "the worker never hit the full disk"
+            time.sleep(0.01)
+        time.sleep(0.3)  # well inside one lease: no object has been retried yet
+        stored = {object_id: app.store.records(object_id) for object_id in ids}
+        down = [r for r in capture.records if r.levelno >= logging.ERROR]
+        # One line per failed group commit at most, never a traceback or one per step.
+        assert 1 <= len(down) <= len(ids), [r.getMessage() for r in down]
+        for record in down:
+            assert getattr(record, "action", "") == "store_down"
+            assert record.exc_info is None
+            assert "disk is full" in record.getMessage()
+            assert "\n" not in record.getMessage()
+        assert sum(len(records) for records in stored.values()) < len(ids) * (STEPS + 2)
+
+        _limit_pages(app.store, None)
+        results = [app.handle(object_id).result(timeout=20) for object_id in ids]
+    assert results == [[_pad(i) for i in range(STEPS)]] * len(ids)
+    for object_id in ids:
+        records = app.store.records(object_id)
+        assert records[: len(stored[object_id])] == stored[object_id]
+        assert len(records) == STEPS + 2
+        assert app.verify(object_id).ok
