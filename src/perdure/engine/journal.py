@@ -63,7 +63,9 @@ class Committer:
                 ops = [op for op, _ in batch]
                 try:
                     results = await self._apply(loop, ops)
-                except StoreError as exc:
+                except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
+                    # StoreError for the expected failures; anything else is a bug that
+                    # must still reach each submitter instead of leaving it waiting.
                     for _, future in batch:
                         if not future.done():
                             future.set_exception(exc)
