@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from perdure.app import App
 from perdure.core.records import Kind, Record
@@ -84,14 +85,14 @@ class _Ctx:
 def _rebind(app: App, store: str | None, key_dir: str | None, node_id: str | None) -> App:
     """A copy of ``app`` with its agents but another store, key directory or node id."""
     clone = App(
-        store=store or app._store_arg,  # noqa: SLF001 - same package
-        key_dir=key_dir or app._key_dir,  # noqa: SLF001
-        node_id=node_id or app._node_id,  # noqa: SLF001
+        store=store or app._store_arg,
+        key_dir=key_dir or app._key_dir,
+        node_id=node_id or app._node_id,
         policy=app.policy,
         lease_seconds=app.lease_seconds,
         poll_interval=app.poll_interval,
     )
-    clone._agents = dict(app._agents)  # noqa: SLF001
+    clone._agents = dict(app._agents)
     return clone
 
 
@@ -112,7 +113,8 @@ def _status(info: ObjectInfo) -> str:
     return f"[{style}]{info.status}[/]"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "PERDURE"})
+@click.group(context_settings={"help_option_names": ["-h", "--help"],
+                                "auto_envvar_prefix": "PERDURE"})
 @click.option("--store", envvar="PERDURE_STORE", show_envvar=True,
               help="Store URL, e.g. sqlite:///agents.db (default: the App's own).")
 @click.option("--app", "app_spec", envvar="PERDURE_APP", show_envvar=True,
@@ -220,8 +222,12 @@ def _describe(rec: Record) -> str:
             text += " final" if body.get("final") else f" retry at {_when(body.get('retry_at'))}"
         return text
     if kind == Kind.DORMANT:
-        what = f"event {body.get('event')!r}" if body.get("event") else "timer"
-        return f"#{body.get('pos')} {body.get('reason')}: {what} until {_when(body.get('wake_at'))}"
+        until = f" until {_when(body['wake_at'])}" if body.get("wake_at") is not None else ""
+        if body.get("event"):
+            return f"#{body.get('pos')} waiting for event {body.get('event')!r}{until}"
+        return f"#{body.get('pos')} {body.get('reason')}{until}"
+    if kind == Kind.WOKE:
+        return f"#{body.get('pos')} timer due"
     if kind == Kind.EVENT_RECEIVED:
         return f"#{body.get('pos')} {body.get('name')} = {json.dumps(body.get('payload'))[:80]}"
     if kind == Kind.TERMINATED:
@@ -244,16 +250,23 @@ def show(obj: _Ctx, object_id: str) -> None:
     app = obj.app()
     info = app.get(object_id)
     out.print(f"[bold]{info.object_id}[/]  {info.agent}@{info.agent_version}  {_status(info)}  "
-              f"phase {info.phase}  epoch {info.epoch}")
+              f"phase {info.phase}  epoch {info.epoch}  created {_when(info.created_at)}")
     if info.note:
         out.print(f"note: {info.note}")
     if info.waiting_event:
         out.print(f"waiting for event {info.waiting_event!r}")
     table = Table(box=None, pad_edge=False)
-    for col in ("seq", "time", "node", "kind", "what"):
-        table.add_column(col)
-    for rec in app.history(object_id):
-        table.add_row(str(rec.seq), _when(rec.ts), rec.node_id, rec.kind, _describe(rec))
+    rows = [(str(rec.seq), _when(rec.ts)[11:], rec.node_id, str(rec.kind), _describe(rec))
+            for rec in app.history(object_id)]
+    widths = [max([len(col), *(len(row[i]) for row in rows)])
+              for i, col in enumerate(("seq", "time", "node", "kind"))]
+    for col, width in zip(("seq", "time", "node", "kind"), widths, strict=True):
+        table.add_column(col, no_wrap=True, min_width=width)
+    table.add_column("what")
+    room = max(20, out.width - sum(widths) - 2 * len(widths) - 1)  # one line per record
+    for row in rows:
+        what = row[4] if len(row[4]) <= room else row[4][: room - 1] + "…"
+        table.add_row(*(Text(cell) for cell in (*row[:4], what)))  # record text is not markup
     out.print(table)
 
 
@@ -323,7 +336,8 @@ def result(obj: _Ctx, object_id: str, wait: float) -> None:
 @cli.command()
 @click.option("--dir", "folder", default="demo-data", show_default=True,
               help="Folder for the demo's store, keys and input files.")
-@click.option("--fresh", is_flag=True, help="Delete the demo folder first.")
+@click.option("--fresh", is_flag=True,
+              help="Delete the demo folder first (only a folder an earlier demo made).")
 def demo(folder: str, fresh: bool) -> None:
     """Run the crash-and-resume demo end to end on an embedded SQLite store."""
     from perdure.demo import run_demo

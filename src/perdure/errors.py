@@ -181,7 +181,7 @@ class ResultTimeoutError(PerdureError, TimeoutError):
     """No result arrived within the timeout; the object keeps running."""
 
 
-class PerdureSignal(BaseException):  # noqa: N818 - a signal, not an error
+class PerdureSignal(BaseException):
     """Control flow that user code must not swallow."""
 
 

@@ -1,0 +1,161 @@
+"""Dormancy: sleeping and waiting objects cost a row, not a thread, and wake on time or event."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import perdure
+from tests.integration.engine_support import kinds, wait_until
+
+AppFactory = Callable[..., perdure.App]
+
+
+def test_sleep_releases_the_object(make_app: AppFactory) -> None:
+    """While an agent sleeps its object is dormant with no lease owner, then it wakes on time."""
+    app = make_app()
+
+    @app.agent(name="napper")
+    async def napper(run: perdure.Run) -> float:
+        started = await run.now()
+        await run.sleep(0.5)
+        return time.time() - started
+
+    handle = app.start("napper", object_id="nap-1")
+    with app.background_worker():
+        assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
+        row = app.store.get("nap-1")
+        assert row is not None
+        assert row.lease_owner is None and row.lease_expires is None
+        assert row.ready_at is not None and row.ready_at > time.time()
+        assert app.get("nap-1").phase == "dormancy"
+        slept = handle.result(timeout=10)
+
+    assert slept >= 0.5
+    assert kinds(app, "nap-1") == ["instantiated", "value", "dormant", "woke", "terminated"]
+
+
+def test_wait_for_releases_the_object_and_an_event_wakes_it_promptly(
+    make_app: AppFactory,
+) -> None:
+    """A waiting object holds no lease; an event sent to it is picked up within moments."""
+    app = make_app()
+
+    @app.agent(name="waiter")
+    async def waiter(run: perdure.Run) -> Any:
+        return await run.wait_for("approval")
+
+    handle = app.start("waiter", object_id="wait-1")
+    with app.background_worker():
+        assert wait_until(lambda: handle.info().waiting_event == "approval")
+        info = handle.info()
+        assert info.status is perdure.Status.DORMANT
+        assert info.lease_owner is None and info.ready_at is None
+        time.sleep(0.2)
+        sent = time.monotonic()
+        assert app.send("wait-1", "approval", {"by": "ana"}) is True
+        assert handle.result(timeout=5) == {"by": "ana"}
+        took = time.monotonic() - sent
+
+    assert took < 1.0, f"an event woke the dormant object only after {took:.2f}s"
+    received = [r for r in app.history("wait-1") if r.kind == perdure.Kind.EVENT_RECEIVED]
+    assert [r.body["payload"] for r in received] == [{"by": "ana"}]
+
+
+def test_events_sent_before_waiting_are_delivered_in_order(make_app: AppFactory) -> None:
+    """Events sent before the agent waits are kept and delivered in arrival order."""
+    app = make_app()
+
+    @app.agent(name="collector")
+    async def collector(run: perdure.Run) -> list[Any]:
+        await run.sleep(0.3)
+        first = await run.wait_for("item")
+        second = await run.wait_for("item")
+        other = await run.wait_for("other")
+        return [first, second, other]
+
+    handle = app.start("collector", object_id="collect-1")
+    app.send("collect-1", "item", 1)
+    app.send("collect-1", "other", "o")
+    app.send("collect-1", "item", 2)
+    with app.background_worker():
+        assert handle.result(timeout=10) == [1, 2, "o"]
+    assert app.store.pending_events("collect-1") == []
+
+
+def test_duplicate_sends_with_a_dedupe_key_are_delivered_once(make_app: AppFactory) -> None:
+    """A second send with the same ``dedupe_key`` is refused and the event arrives once."""
+    app = make_app()
+
+    @app.agent(name="once")
+    async def once(run: perdure.Run) -> list[Any]:
+        first = await run.wait_for("pay")
+        second = await run.wait_for("pay", timeout=0.3)
+        return [first, second]
+
+    handle = app.start("once", object_id="once-1")
+    assert app.send("once-1", "pay", {"n": 1}, dedupe_key="payment-1") is True
+    assert app.send("once-1", "pay", {"n": 1}, dedupe_key="payment-1") is False
+    assert handle.send("pay", {"n": 2}, dedupe_key="payment-1") is False
+    with app.background_worker():
+        assert handle.result(timeout=10) == [{"n": 1}, None]
+    assert kinds(app, "once-1").count("event_received") == 1
+
+
+def test_wait_for_times_out_with_none(make_app: AppFactory) -> None:
+    """``wait_for(timeout=...)`` returns ``None`` once the timeout passes without the event."""
+    app = make_app()
+
+    @app.agent(name="impatient")
+    async def impatient(run: perdure.Run) -> dict[str, Any]:
+        began = await run.now()
+        got = await run.wait_for("reply", timeout=0.4)
+        ended = await run.now()
+        return {"got": got, "waited": ended - began}
+
+    handle = app.start("impatient", object_id="impatient-1")
+    with app.background_worker():
+        assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
+        assert handle.info().waiting_event == "reply"
+        result = handle.result(timeout=10)
+
+    assert result["got"] is None
+    assert result["waited"] >= 0.4
+    assert "wait_timed_out" in kinds(app, "impatient-1")
+
+
+def test_event_arriving_before_the_timeout_wins(make_app: AppFactory) -> None:
+    """An event sent during a timed wait is returned instead of ``None``."""
+    app = make_app()
+
+    @app.agent(name="timed")
+    async def timed(run: perdure.Run) -> Any:
+        return await run.wait_for("reply", timeout=5)
+
+    handle = app.start("timed", object_id="timed-1")
+    with app.background_worker():
+        assert wait_until(lambda: handle.info().waiting_event == "reply")
+        app.send("timed-1", "reply", "yes")
+        assert handle.result(timeout=3) == "yes"
+    assert "wait_timed_out" not in kinds(app, "timed-1")
+
+
+def test_many_dormant_objects_hold_no_worker_slots(make_app: AppFactory) -> None:
+    """Dormant objects do not occupy the node: with 2 slots, 10 waiting objects all finish.
+
+    If waiting held a slot, the node could never get to the events sent to the others.
+    """
+    app = make_app()
+
+    @app.agent(name="slot")
+    async def slot(run: perdure.Run, n: int) -> int:
+        got = await run.wait_for("go")
+        return int(got) + n
+
+    handles = [app.start("slot", n, object_id=f"slot-{n}") for n in range(10)]
+    with app.background_worker(concurrency=2):
+        assert wait_until(lambda: all(h.info().waiting_event == "go" for h in handles))
+        for h in handles:
+            h.send("go", 100)
+        assert [h.result(timeout=10) for h in handles] == [100 + n for n in range(10)]
