@@ -53,12 +53,12 @@ def load_or_create_key(key_dir: Path) -> Ed25519PrivateKey:
             "or set PERDURE_KEY_DIR to a writable folder"
         ) from exc
     try:
-        key = serialization.load_pem_private_key(data, password=None)
+        loaded = serialization.load_pem_private_key(data, password=None)
     except ValueError as exc:
         raise ConfigurationError(f"{path} is not a readable Ed25519 key: {exc}") from exc
-    if not isinstance(key, Ed25519PrivateKey):
+    if not isinstance(loaded, Ed25519PrivateKey):
         raise ConfigurationError(f"{path} holds a key that is not Ed25519")
-    return key
+    return loaded
 
 
 def public_bytes(key: Ed25519PrivateKey) -> bytes:

@@ -129,33 +129,36 @@ class App:
     # -- agents -------------------------------------------------------------------
 
     @overload
-    def agent(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+    def agent(self, fn: F, /) -> F: ...
 
     @overload
     def agent(
         self,
-        *,
-        name: str | None = None,
-        version: str = "1",
-        requires: set[str] | frozenset[str] | None = None,
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def agent(
-        self,
-        fn: Callable[P, R] | None = None,
+        fn: None = None,
         /,
         *,
         name: str | None = None,
         version: str = "1",
         requires: set[str] | frozenset[str] | None = None,
-    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+    ) -> Callable[[F], F]: ...
+
+    def agent(
+        self,
+        fn: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        version: str = "1",
+        requires: set[str] | frozenset[str] | None = None,
+    ) -> F | Callable[[F], F]:
         """Register an agent: ``@app.agent()`` or ``@app.agent(name=..., version=...)``.
 
         The function takes a ``Run`` (``async def``) or ``SyncRun`` (``def``) first,
-        then the JSON-encodable arguments given to ``start``.
+        then the JSON-encodable arguments given to ``start``. The decorated
+        function is returned unchanged, its signature intact.
         """
 
-        def register(func: Callable[P, R]) -> Callable[P, R]:
+        def register(func: F) -> F:
             agent_name = name or func.__qualname__
             if agent_name in self._agents and self._agents[agent_name].fn is not func:
                 raise ConfigurationError(f"agent {agent_name!r} is registered twice")

@@ -128,4 +128,4 @@ def next_delay(failures: Sequence[Failure], policy: RetryPolicy, *, salt: str) -
     if last.error_class is ErrorClass.TIMEOUT:
         # A slow target gets at least as long to recover as the attempt took.
         delay = max(delay, last.latency)
-    return min(delay * _jitter(salt, last.attempt), policy.cap)
+    return float(min(delay * _jitter(salt, last.attempt), policy.cap))

@@ -20,7 +20,7 @@ _encoder = json.JSONEncoder(
 
 
 def encode(value: Any, *, what: str = "value") -> bytes:
-    """Encode ``value`` canonically; raise ``SerializationError`` naming ``what`` if it cannot be."""
+    """Encode ``value`` canonically; ``SerializationError`` (naming ``what``) if it cannot be."""
     try:
         return _encoder.encode(value).encode("utf-8")
     except (TypeError, ValueError) as exc:

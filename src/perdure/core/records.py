@@ -113,7 +113,7 @@ def decode_record(
     kind: str,
     body_bytes: bytes,
     prev_hash: str,
-    hash: str,
+    hash: str,  # noqa: A002 - the record's field name
     signature: bytes,
 ) -> Record:
     """Build a ``Record`` from stored columns, failing closed on anything undecodable."""

@@ -22,7 +22,7 @@ from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, nex
 from perdure.core.codec import decode, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.records import Kind, Record, RecordDraft
-from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.context import StepInfo
 from perdure.engine.journal import Journal
 from perdure.errors import (
     CancelRequestedError,
@@ -100,7 +100,7 @@ def rebuild_error(step: str, body: Mapping[str, Any]) -> BaseException:
             obj = getattr(obj, part)
         if isinstance(obj, type) and issubclass(obj, Exception) and args is not None:
             return obj(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001, S110 - any failure to rebuild falls back below
         pass
     return StepFailedError(step, type_path, message)
 
@@ -250,7 +250,7 @@ class Run:
         key = f"{self.object_id}/{pos}/{step_name}"
         done = self._find(recs, Kind.STEP_DONE)
         if done is not None:
-            return done.body.get("result")  # type: ignore[no-any-return]
+            return done.body.get("result")  # type: ignore[return-value]
         failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
         if failures and failures[-1].body.get("final"):
             raise rebuild_error(step_name, failures[-1].body["error"])
@@ -521,5 +521,5 @@ class SyncRun:
 def is_async(fn: Callable[..., Any]) -> bool:
     """True for ``async def`` functions (and callables whose ``__call__`` is one)."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None)
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not callability
     )

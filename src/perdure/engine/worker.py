@@ -463,7 +463,8 @@ class Worker:
                 await self._finish_failed(journal, exc)
                 return
             await journal.commit(
-                [RecordDraft(Kind.TERMINATED, {"outcome": "completed", "result": decode(result_bytes)})],
+                [RecordDraft(Kind.TERMINATED,
+                             {"outcome": "completed", "result": decode(result_bytes)})],
                 status="completed", phase="termination", ready_at=None, running=False,
                 release=True, result=result_bytes,
             )
@@ -499,7 +500,7 @@ class Worker:
             )
         except (LeaseLostError, StoreUnavailable, asyncio.CancelledError):
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the agent's own failure ends the object
             await self._finish_failed(journal, exc)
 
     async def _finish_failed(self, journal: Journal, exc: BaseException) -> None:

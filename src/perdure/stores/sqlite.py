@@ -43,7 +43,8 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     if "malformed" in low or "not a database" in low or "file is not a database" in low:
         return StoreCorruptError(
             f"SQLite store {path} is damaged ({text}); nothing was resumed from it. "
-            "Restore the file from a backup or check it with `sqlite3 FILE 'PRAGMA integrity_check'`"
+            "Restore the file from a backup, or check it with "
+            "`sqlite3 FILE 'PRAGMA integrity_check'`"
         )
     if "full" in low:
         return StoreError(
@@ -307,7 +308,7 @@ class SQLiteStore:
                 clauses.append(f"{column} = ?")
                 params.append(value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT ?"
+        sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT ?"  # noqa: S608 - fixed column names, values bound
         with self._read() as conn:
             cur = conn.execute(sql, (*params, limit))
             return [_row(cur, row) for row in cur.fetchall()]
