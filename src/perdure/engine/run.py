@@ -16,7 +16,7 @@ import random as _random
 import time
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
 from perdure.core.codec import decode, encode
@@ -225,15 +225,37 @@ class Run:
 
     # -- commands --------------------------------------------------------------
 
+    @overload
     async def step(
         self,
-        fn: Callable[..., T] | Callable[..., Awaitable[T]],
+        fn: Callable[..., Awaitable[T]],
         *args: Any,
         name: str | None = None,
         idempotent: bool | None = None,
         retry: RetryPolicy | None = None,
         **kwargs: Any,
-    ) -> T:
+    ) -> T: ...
+
+    @overload
+    async def step(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        name: str | None = None,
+        idempotent: bool | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    async def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        idempotent: bool | None = None,
+        retry: RetryPolicy | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` once, durably; on replay return its record.
 
         ``idempotent=False`` records "started" first: after a crash mid-step the
@@ -250,7 +272,7 @@ class Run:
         key = f"{self.object_id}/{pos}/{step_name}"
         done = self._find(recs, Kind.STEP_DONE)
         if done is not None:
-            return done.body.get("result")  # type: ignore[return-value]
+            return done.body.get("result")
         failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
         if failures and failures[-1].body.get("final"):
             raise rebuild_error(step_name, failures[-1].body["error"])
@@ -298,7 +320,7 @@ class Run:
             [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": round(latency, 6),
                                           "result": recorded})]
         )
-        return recorded  # type: ignore[no-any-return]
+        return recorded
 
     async def _record_failure(
         self,
@@ -489,8 +511,14 @@ class SyncRun:
         """The fencing epoch."""
         return self._run.epoch
 
-    def step(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """See ``Run.step``."""
+    @overload
+    def step(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T: ...
+
+    @overload
+    def step(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T: ...
+
+    def step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """See ``Run.step``: the same options, without ``await``."""
         return self._call(self._run.step(fn, *args, **kwargs))
 
     def sleep(self, seconds: float) -> None:

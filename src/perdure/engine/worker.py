@@ -250,6 +250,8 @@ class Worker:
                     continue
                 run = active.run
                 if claim is None:
+                    if active.task.done() or await self._released_by_us(object_id, active):
+                        continue  # the run let the object go itself; nothing was lost
                     log.warning("lease on %s lost", object_id, extra={"action": "lease_lost"})
                     if run is not None:
                         run.lease_lost = True
@@ -258,6 +260,13 @@ class Worker:
                     run.cancel_requested = claim.cancel_requested
                     run.pause_requested = claim.paused
                     run.release_requested = stop.is_set()
+
+    async def _released_by_us(self, object_id: str, active: _Active) -> bool:
+        try:
+            row = await self._read(self.store.get, object_id)
+        except StoreError:
+            return False
+        return row is not None and row.epoch == active.claim.epoch and row.lease_owner is None
 
     # -- one object ---------------------------------------------------------------
 

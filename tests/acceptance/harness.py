@@ -1,0 +1,208 @@
+"""Real ``perdure worker`` processes for the acceptance tests: start, kill, stop, inspect.
+
+Each worker is a separate OS process running the console script, with its own
+node id (so memory records name the process that wrote them) and its own log
+file in the test's temporary folder. The ``cluster`` fixture attaches every log
+to the report of a failing test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import perdure
+from tests.acceptance import agents
+from tests.acceptance.sink import Sink
+
+__all__ = [
+    "Cluster",
+    "WorkerProc",
+    "soak_scale",
+    "sqlite_write_free",
+    "stop_outside_writes",
+    "wait_until",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_SCRIPT = Path(sys.executable).with_name("perdure")
+PERDURE_CMD = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "perdure"]
+APP_SPEC = "tests.acceptance.agents:app"
+
+
+def soak_scale() -> float:
+    """``PERDURE_SOAK_SCALE`` (default 1): multiplies the size of kill campaigns."""
+    return float(os.environ.get("PERDURE_SOAK_SCALE", "1"))
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float, poll: float = 0.02) -> None:
+    """Poll ``check`` until it is true; ``AssertionError`` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+@dataclass
+class WorkerProc:
+    """One worker process and its log."""
+
+    node_id: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    started_at: float = field(default_factory=time.monotonic)
+    killed: bool = False
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.proc.pid
+
+    def log(self) -> str:
+        """Everything the worker wrote so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def ready(self) -> bool:
+        """True once the worker printed its start line (agents loaded, store open)."""
+        return "serving" in self.log()
+
+    def alive(self) -> bool:
+        """True while the process runs (stopped processes count as running)."""
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the process and reap it."""
+        os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self.killed = True
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM (graceful drain) and wait; returns the exit code."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+
+class Cluster:
+    """The store, keys, sink and worker processes of one acceptance test."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.store_url = f"sqlite:///{tmp_path / 'store.db'}"
+        self.store_path = tmp_path / "store.db"
+        self.key_dir = tmp_path / "keys"
+        self.sink = Sink(tmp_path / "sink.db")
+        self.sink.create()
+        self.log_dir = tmp_path / "logs"
+        self.log_dir.mkdir()
+        self.workers: list[WorkerProc] = []
+        self._apps: list[perdure.App] = []
+
+    def app(self) -> perdure.App:
+        """An App on this cluster's store, for starting and inspecting objects."""
+        new = agents.build_app(self.store_url, str(self.key_dir))
+        self._apps.append(new)
+        return new
+
+    def env(self) -> dict[str, str]:
+        """Environment for processes that load the acceptance agents."""
+        env = dict(os.environ)
+        env.update(
+            PERDURE_TEST_STORE=self.store_url,
+            PERDURE_TEST_KEYS=str(self.key_dir),
+            PERDURE_TEST_SINK=str(self.sink.path),
+            PYTHONUNBUFFERED="1",
+        )
+        for name in ("PERDURE_STORE", "PERDURE_APP", "PERDURE_KEY_DIR", "PERDURE_NODE_ID"):
+            env.pop(name, None)
+        return env
+
+    def spawn(self, *, concurrency: int = 4, lease: float = 1.0, poll: float = 0.01) -> WorkerProc:
+        """Start ``perdure worker`` as a new process with its own node id and log file."""
+        node_id = f"w{len(self.workers):03d}"
+        log_path = self.log_dir / f"{node_id}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                [*PERDURE_CMD, "--app", APP_SPEC, "--node-id", node_id, "worker",
+                 "--concurrency", str(concurrency), "--lease", str(lease), "--poll", str(poll)],
+                cwd=REPO_ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        worker = WorkerProc(node_id, proc, log_path)
+        self.workers.append(worker)
+        return worker
+
+    def node_pids(self) -> dict[str, int]:
+        """node id -> pid of every worker started so far."""
+        return {w.node_id: w.pid for w in self.workers}
+
+    def killed_pids(self) -> set[int]:
+        """Pids of the workers that were SIGKILLed."""
+        return {w.pid for w in self.workers if w.killed}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run the ``perdure`` command line on this store."""
+        return subprocess.run(
+            [*PERDURE_CMD, "--store", self.store_url, "--key-dir", str(self.key_dir), *args],
+            cwd=REPO_ROOT, env=self.env(), capture_output=True, text=True, timeout=60,
+            check=False,
+        )
+
+    def logs(self) -> str:
+        """All worker logs, each under a header."""
+        parts = []
+        for w in self.workers:
+            state = "killed" if w.killed else f"exit {w.proc.poll()}"
+            parts.append(f"===== {w.node_id} pid {w.pid} ({state}) =====\n{w.log()}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Kill whatever still runs (including stopped processes) and close the Apps."""
+        for w in self.workers:
+            if w.alive():
+                os.kill(w.pid, signal.SIGCONT)
+                os.kill(w.pid, signal.SIGKILL)
+                w.proc.wait(timeout=10)
+        for app in self._apps:
+            app.close()
+
+
+def sqlite_write_free(paths: Iterable[Path], timeout: float = 0.3) -> bool:
+    """True if a write transaction can be taken on every SQLite file right now."""
+    for path in paths:
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        except sqlite3.OperationalError:
+            return False
+        finally:
+            conn.close()
+    return True
+
+
+def stop_outside_writes(worker: WorkerProc, paths: Iterable[Path], attempts: int = 50) -> None:
+    """SIGSTOP ``worker`` at a moment it holds no SQLite write lock on ``paths``.
+
+    A stopped process keeps its file locks; stopping it inside a write would
+    block every other process, which is not the scenario under test.
+    """
+    files = list(paths)
+    for _ in range(attempts):
+        os.kill(worker.pid, signal.SIGSTOP)
+        if sqlite_write_free(files):
+            return
+        os.kill(worker.pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError(f"could not stop {worker.node_id} outside a write")

@@ -1,0 +1,166 @@
+"""The public surface: ``perdure.__all__``, module ``__all__`` lists and the error tree."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+import perdure
+import perdure.errors
+from perdure.errors import PerdureError, PerdureSignal
+
+PACKAGE_DIR = Path(perdure.__file__).parent
+
+
+def _source(module_name: str) -> Path:
+    """The file a dotted module name under the package comes from."""
+    path = PACKAGE_DIR.joinpath(*module_name.split(".")[1:])
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _module_names() -> list[str]:
+    """Every module of the package, by dotted name, except the ``python -m`` entry point."""
+    names = ["perdure"]
+    for info in pkgutil.walk_packages([str(PACKAGE_DIR)], prefix="perdure."):
+        if info.name.rsplit(".", 1)[-1] != "__main__":
+            names.append(info.name)
+    return sorted(names)
+
+
+MODULES = _module_names()
+CODE_MODULES = [name for name in MODULES if _source(name).read_text().strip()]
+
+
+def _is_reexported_module_or_future(value: object) -> bool:
+    """Submodules and ``from __future__`` features are attributes, not public names."""
+    return isinstance(value, types.ModuleType) or type(value).__module__ == "__future__"
+
+
+def test_all_is_sorted_and_unique() -> None:
+    """``perdure.__all__`` is sorted and has no duplicates."""
+    assert perdure.__all__ == sorted(perdure.__all__)
+    assert len(set(perdure.__all__)) == len(perdure.__all__)
+
+
+def test_all_equals_the_public_names() -> None:
+    """Every public attribute of ``perdure`` is in ``__all__`` and nothing else is."""
+    public = {
+        name
+        for name, value in vars(perdure).items()
+        if not name.startswith("_") and not _is_reexported_module_or_future(value)
+    }
+    assert set(perdure.__all__) - {"__version__"} == public
+
+
+def test_all_has_no_private_names() -> None:
+    """No name in ``__all__`` starts with an underscore, apart from ``__version__``."""
+    assert [n for n in perdure.__all__ if n.startswith("_")] == ["__version__"]
+    assert isinstance(perdure.__version__, str)
+
+
+def test_every_name_is_importable() -> None:
+    """``from perdure import *`` binds every name in ``__all__``."""
+    namespace: dict[str, object] = {}
+    exec("from perdure import *", namespace)
+    for name in perdure.__all__:
+        assert namespace[name] is getattr(perdure, name)
+
+
+def test_exception_names() -> None:
+    """Every exported exception ends with ``Error`` or is a ``PerdureSignal``."""
+    for name in perdure.__all__:
+        value = getattr(perdure, name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert name.endswith("Error") or issubclass(value, PerdureSignal), name
+            assert issubclass(value, PerdureError | PerdureSignal), name
+
+
+def test_every_error_is_exported() -> None:
+    """Each exception class in ``perdure.errors`` is reachable as ``perdure.<Name>``."""
+    for name, value in vars(perdure.errors).items():
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert name in perdure.__all__, name
+
+
+def test_modules_are_found() -> None:
+    """The module walk sees the layers, so the per-module checks cannot pass vacuously."""
+    for name in ("perdure.app", "perdure.core.cycle", "perdure.engine.worker",
+                 "perdure.stores.sqlite", "perdure.errors"):
+        assert name in CODE_MODULES
+
+
+@pytest.mark.parametrize("module_name", CODE_MODULES)
+def test_module_defines_all(module_name: str) -> None:
+    """Each module with code lists its exports in ``__all__``, and each listed name exists."""
+    module = importlib.import_module(module_name)
+    exports = getattr(module, "__all__", None)
+    assert isinstance(exports, list), f"{module_name} has no __all__ list"
+    for name in exports:
+        assert hasattr(module, name), f"{module_name}.__all__ names missing {name!r}"
+
+
+def _tree_classes() -> list[type[BaseException]]:
+    """Every subclass of the two roots, found across all imported perdure modules."""
+    for name in MODULES:
+        importlib.import_module(name)
+    found: list[type[BaseException]] = []
+    todo: list[type[BaseException]] = [PerdureError, PerdureSignal]
+    while todo:
+        cls = todo.pop()
+        if cls.__module__.startswith("perdure") and cls not in found:
+            found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def _docstring_tree() -> dict[str, str | None]:
+    """Parse the drawn tree in the errors docstring into ``{name: parent name}``."""
+    doc = perdure.errors.__doc__ or ""
+    parents: dict[str, str | None] = {}
+    stack: list[tuple[int, str]] = []
+    for line in doc.splitlines():
+        match = re.match(r"^([\s│├└─]*)([A-Z]\w+)\b", line)
+        if match is None or not match.group(2).endswith(("Error", "Signal")):
+            continue
+        column = len(match.group(1))
+        name = match.group(2)
+        while stack and stack[-1][0] >= column:
+            stack.pop()
+        parents[name] = stack[-1][1] if stack else None
+        stack.append((column, name))
+    return parents
+
+
+def test_errors_docstring_names_every_exception() -> None:
+    """The errors module docstring names every exception class of the tree."""
+    doc = perdure.errors.__doc__ or ""
+    for cls in _tree_classes():
+        assert re.search(rf"\b{cls.__name__}\b", doc), f"{cls.__name__} missing from the tree"
+
+
+def test_errors_docstring_tree_matches_the_classes() -> None:
+    """The drawn tree gives each class its real parent, and draws no class that is gone."""
+    drawn = _docstring_tree()
+    classes = {cls.__name__: cls for cls in _tree_classes()}
+    assert set(drawn) == set(classes)
+    for name, parent in drawn.items():
+        cls = classes[name]
+        if parent is None:
+            assert cls in (PerdureError, PerdureSignal)
+        else:
+            assert classes[parent] in cls.__bases__, f"{name} is drawn under {parent}"
+
+
+def test_signals_are_not_exceptions() -> None:
+    """Control-flow signals cannot be swallowed by ``except Exception``."""
+    for cls in _tree_classes():
+        if issubclass(cls, PerdureSignal):
+            assert not issubclass(cls, Exception), cls.__name__
+    assert inspect.isclass(PerdureSignal)
+    assert PerdureSignal.__bases__ == (BaseException,)

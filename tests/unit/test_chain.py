@@ -1,0 +1,219 @@
+"""Sealing and verifying chains: the happy path, and every tampering caught at its seq."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from perdure.core.chain import VerifyReport, check_links, seal, verify_chain
+from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft, compute_hash
+from perdure.errors import IntegrityError
+from tests.unit.builders import OBJECT_ID, chain, public_key, signer
+
+SIG = signer("node-a", seed=1)
+OTHER = signer("node-b", seed=2)
+KEYS = {"node-a": public_key(SIG), "node-b": public_key(OTHER)}
+
+
+def _records(n: int = 5) -> list[Record]:
+    drafts = [(Kind.STEP_DONE, {"pos": i, "cmd": "step", "name": f"s{i}", "result": i})
+              for i in range(n - 1)]
+    return chain(drafts, sig=SIG)
+
+
+def _reseal(rec: Record, **changes: object) -> Record:
+    """``rec`` with ``changes``, hashed and signed again as an attacker with the key could."""
+    changed = dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+    digest = compute_hash(
+        object_id=changed.object_id, seq=changed.seq, trace_id=changed.trace_id,
+        ts_us=changed.ts_us, node_id=changed.node_id, policy_ref=changed.policy_ref,
+        kind=changed.kind, body_bytes=changed.body_bytes, prev_hash=changed.prev_hash,
+    )
+    return dataclasses.replace(changed, hash=digest,
+                               signature=SIG.sign(bytes.fromhex(digest)))
+
+
+def _bad(report: VerifyReport) -> tuple[int | None, str]:
+    assert not report.ok
+    assert report.reason is not None
+    return report.bad_seq, report.reason
+
+
+def test_seal_links_hashes_and_signs() -> None:
+    """Sealed records carry their seq, the previous hash, a matching hash and the node id."""
+    records = _records(3)
+    assert [r.seq for r in records] == [1, 2, 3]
+    assert records[0].prev_hash == GENESIS_HASH
+    assert records[1].prev_hash == records[0].hash
+    assert records[2].prev_hash == records[1].hash
+    assert {r.node_id for r in records} == {"node-a"}
+    assert records[1].body == {"pos": 0, "cmd": "step", "name": "s0", "result": 0}
+    assert records[1].body_bytes == b'{"cmd":"step","name":"s0","pos":0,"result":0}'
+
+
+def test_seal_is_deterministic() -> None:
+    """Sealing the same draft at the same place twice gives the same hash and signature."""
+    draft = RecordDraft(Kind.PROGRESS, {"fields": {"done": 1}})
+    kwargs = dict(object_id=OBJECT_ID, seq=1, prev_hash=GENESIS_HASH, trace_id="t",
+                  ts_us=1, policy_ref="p", signer=SIG)
+    assert seal(draft, **kwargs) == seal(draft, **kwargs)  # type: ignore[arg-type]
+
+
+def test_happy_path_verifies() -> None:
+    """An untouched chain passes check_links and verify_chain with its head."""
+    records = _records()
+    check_links(OBJECT_ID, records)
+    report = verify_chain(OBJECT_ID, records, KEYS, head_seq=5, head_hash=records[-1].hash)
+    assert report.ok
+    assert report.records == 5
+    assert report.bad_seq is None
+    assert report.head_hash == records[-1].hash
+    assert "5 records verified" in str(report)
+
+
+def test_chain_from_two_nodes_verifies() -> None:
+    """Records sealed by different nodes verify against each node's own key."""
+    first = _records(2)
+    extra = seal(RecordDraft(Kind.PROGRESS, {"fields": {}}), object_id=OBJECT_ID, seq=3,
+                 prev_hash=first[-1].hash, trace_id="t", ts_us=3, policy_ref="p", signer=OTHER)
+    assert verify_chain(OBJECT_ID, [*first, extra], KEYS, head_seq=3).ok
+
+
+def test_tampered_body_is_caught_at_its_seq() -> None:
+    """Editing a body without re-hashing fails at that record: content vs hash."""
+    records = _records()
+    records[2] = dataclasses.replace(records[2], body_bytes=b'{"pos":1,"result":999}')
+    with pytest.raises(IntegrityError) as info:
+        check_links(OBJECT_ID, records)
+    assert info.value.seq == 3
+    assert _bad(verify_chain(OBJECT_ID, records, KEYS)) == (3, "content does not match its hash")
+
+
+def test_rehashed_middle_record_breaks_the_next_link() -> None:
+    """Re-hashing an edited middle record keeps its own hash right; the next link breaks."""
+    records = _records()
+    records[2] = dataclasses.replace(_reseal(records[2], body_bytes=b"{}"),
+                                     signature=records[2].signature)
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
+    assert seq == 4
+    assert "previous-hash link" in reason
+
+
+def test_rehashed_last_record_without_the_key_fails_signature() -> None:
+    """Editing and re-hashing the head without the node's key fails its signature."""
+    records = _records()
+    records[-1] = dataclasses.replace(_reseal(records[-1], body_bytes=b"{}"),
+                                      signature=records[-1].signature)
+    check_links(OBJECT_ID, records)  # hashes and links are consistent again
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
+    assert seq == 5
+    assert "signature does not verify" in reason
+
+
+def test_seq_gap_is_caught() -> None:
+    """A missing middle record is reported at the first missing sequence number."""
+    records = _records()
+    del records[2]
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
+    assert seq == 3
+    assert "sequence gap" in reason
+    assert "expected #3, found #4" in reason
+
+
+def test_swapped_order_is_caught() -> None:
+    """Two records swapped are reported where the order first goes wrong."""
+    records = _records()
+    records[1], records[2] = records[2], records[1]
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
+    assert seq == 2
+    assert "sequence gap" in reason
+
+
+def test_broken_prev_link_is_caught() -> None:
+    """A record re-hashed and re-signed onto the wrong predecessor fails its link."""
+    records = _records()
+    records[3] = _reseal(records[3], prev_hash=records[1].hash)
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
+    assert seq == 4
+    assert reason == "previous-hash link is broken"
+
+
+def test_bad_signature_is_caught() -> None:
+    """A record signed by another key than its node's fails at that record."""
+    records = _records()
+    records[3] = dataclasses.replace(
+        records[3], signature=OTHER.sign(bytes.fromhex(records[3].hash))
+    )
+    check_links(OBJECT_ID, records)  # links alone do not cover signatures
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
+    assert seq == 4
+    assert "signature does not verify" in reason
+    assert "node-a" in reason
+
+
+def test_garbage_signature_is_caught() -> None:
+    """A signature of the right length but wrong bytes fails verification."""
+    records = _records()
+    records[0] = dataclasses.replace(records[0], signature=b"\x01" * 64)
+    assert _bad(verify_chain(OBJECT_ID, records, KEYS))[0] == 1
+
+
+def test_unknown_node_key_is_caught() -> None:
+    """A record from a node with no registered public key is reported."""
+    records = _records()
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, {"node-b": KEYS["node-b"]}))
+    assert seq == 1
+    assert "no registered public key" in reason
+
+
+def test_truncated_tail_is_caught_against_head_seq() -> None:
+    """A chain shorter than the object's head fails at the first missing seq."""
+    records = _records()
+    head = records[-1]
+    del records[-2:]
+    assert verify_chain(OBJECT_ID, records, KEYS).ok  # alone it looks fine
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS, head_seq=head.seq))
+    assert seq == 4
+    assert "records missing" in reason
+
+
+def test_head_hash_mismatch_is_caught() -> None:
+    """A last record whose hash differs from the object's head hash is reported."""
+    records = _records()
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS, head_seq=5,
+                                    head_hash=records[0].hash))
+    assert seq == 5
+    assert "differs" in reason
+
+
+def test_empty_chain_is_not_ok() -> None:
+    """An object with no records does not verify."""
+    assert _bad(verify_chain(OBJECT_ID, [], KEYS)) == (1, "object has no records")
+    assert _bad(verify_chain(OBJECT_ID, [], KEYS, head_seq=3))[0] == 1
+
+
+def test_record_of_another_object_is_caught() -> None:
+    """A valid record from another object's chain does not pass in this one."""
+    foreign = chain([], sig=SIG, object_id="obj-other")
+    seq, reason = _bad(verify_chain(OBJECT_ID, foreign, KEYS))
+    assert seq == 1
+    assert "obj-other" in reason
+
+
+def test_check_links_can_start_mid_chain() -> None:
+    """check_links verifies a tail given the hash and seq it follows."""
+    records = _records()
+    check_links(OBJECT_ID, records[2:], start_hash=records[1].hash, start_seq=3)
+    with pytest.raises(IntegrityError) as info:
+        check_links(OBJECT_ID, records[2:], start_hash=records[0].hash, start_seq=3)
+    assert info.value.seq == 3
+
+
+def test_failed_report_reads_well() -> None:
+    """A failed report's text names the bad record and the reason."""
+    records = _records()
+    del records[1]
+    assert str(verify_chain(OBJECT_ID, records, KEYS)) == (
+        f"{OBJECT_ID}: record #2 is bad: sequence gap: expected #2, found #3"
+    )
