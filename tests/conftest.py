@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,19 @@ from typing import Any
 import pytest
 
 import perdure
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``slow`` (soak variants) unless asked for.
+
+    Run them with ``-m slow`` or ``PERDURE_RUN_SLOW=1``; their bounded variants always run.
+    """
+    if "slow" in (config.getoption("markexpr") or "") or os.environ.get("PERDURE_RUN_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="soak variant: run with -m slow or PERDURE_RUN_SLOW=1")
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,21 +29,3 @@ def pytest_runtest_makereport(
     made = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and isinstance(made, Cluster):
         report.sections.append(("perdure worker logs", made.logs()))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip this folder's ``slow`` soak variants unless asked for.
-
-    Run them with ``-m slow`` or ``PERDURE_RUN_SLOW=1``; the bounded variants
-    always run.
-    """
-    wanted = "slow" in (config.getoption("markexpr") or "") or bool(
-        os.environ.get("PERDURE_RUN_SLOW")
-    )
-    if wanted:
-        return
-    here = Path(__file__).parent
-    skip = pytest.mark.skip(reason="soak variant: run with -m slow or PERDURE_RUN_SLOW=1")
-    for item in items:
-        if item.get_closest_marker("slow") and here in item.path.parents:
-            item.add_marker(skip)
