@@ -228,6 +228,25 @@ def test_renew_reports_pause_and_cancel(store: Store, signer: Signer) -> None:
     assert renewed is not None and renewed.cancel_requested
 
 
+def test_control_flags_and_leases_held(store: Store, signer: Signer) -> None:
+    """``control_flags`` reads epoch, cancel and pause in one go; ``leases_held`` and
+    ``expire_lease`` find and end the live leases of one owner prefix."""
+    _created(store, signer, "obj-1")
+    _created(store, signer, "obj-2")
+    claim = store.claim("node-a/123", NOW, NOW + 30, 1)[0]
+    store.control(claim.object_id, NOW, cancel=True)
+    flags = store.control_flags([claim.object_id, "missing"])
+    assert flags == {claim.object_id: (claim.epoch, True, False)}
+    assert store.control_flags([]) == {}
+    assert store.leases_held("node-a/", NOW) == [(claim.object_id, "node-a/123", claim.epoch)]
+    assert store.leases_held("node-b/", NOW) == []
+    assert not store.expire_lease(claim.object_id, "node-a/999", claim.epoch, NOW)
+    assert store.expire_lease(claim.object_id, "node-a/123", claim.epoch, NOW)
+    assert store.leases_held("node-a/", NOW) == []
+    retaken = store.claim("node-b/1", NOW, NOW + 30, 2)
+    assert claim.object_id in {c.object_id for c in retaken}
+
+
 # -- fenced appends -----------------------------------------------------------------------
 
 

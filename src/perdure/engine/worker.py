@@ -70,6 +70,7 @@ class WorkerSettings:
     lease_seconds: float = 30.0
     poll_interval: float = 0.1
     drain_seconds: float = 5.0
+    control_interval: float = 0.25
     unknown_agent_retry: float = 5.0
 
     def __post_init__(self) -> None:
@@ -144,6 +145,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         """Claim and run objects until ``stop`` is set, then drain and let go."""
         renewer = asyncio.create_task(self._renew_loop(stop))
+        watcher = asyncio.create_task(self._control_loop())
         backoff = self.settings.poll_interval
         try:
             await self._write(self.recover_dead_leases)
@@ -184,9 +186,10 @@ class Worker:
                         wake_wait.cancel()
         finally:
             await self._drain()
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            for task in (renewer, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             self._write_pool.shutdown(wait=True)
             self._read_pool.shutdown(wait=True)
             self._code_pool.shutdown(wait=False, cancel_futures=True)
@@ -260,6 +263,36 @@ class Worker:
                     run.cancel_requested = claim.cancel_requested
                     run.pause_requested = claim.paused
                     run.release_requested = stop.is_set()
+
+    async def _control_loop(self) -> None:
+        """Notice cancel and pause requests (and lost leases) within ``control_interval``.
+
+        One read for all running objects; the run acts on the flags at its next
+        command boundary.
+        """
+        while True:
+            await asyncio.sleep(self.settings.control_interval)
+            if not self._active:
+                continue
+            active = dict(self._active)
+            try:
+                flags = await self._read(self.store.control_flags, list(active))
+            except StoreError as exc:
+                self._store_failed(exc)
+                continue
+            for object_id, entry in active.items():
+                run = entry.run
+                found = flags.get(object_id)
+                if run is None or found is None or entry.task.done():
+                    continue
+                epoch, cancel, paused = found
+                if epoch != entry.claim.epoch:
+                    log.warning("lease on %s lost (epoch %d is now %d)", object_id,
+                                entry.claim.epoch, epoch, extra={"action": "lease_lost"})
+                    run.lease_lost = True
+                    continue
+                run.cancel_requested = run.cancel_requested or cancel
+                run.pause_requested = paused
 
     async def _released_by_us(self, object_id: str, active: _Active) -> bool:
         try:

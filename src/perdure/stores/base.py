@@ -176,3 +176,6 @@ class Store(Protocol):
 
     def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
         """End a lease now if ``owner`` still holds it at ``epoch`` (its process is gone)."""
+
+    def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
+        """``{object_id: (epoch, cancel_requested, paused)}`` for the ids that exist."""

@@ -484,3 +484,13 @@ class SQLiteStore:
                 {"now": now, "object_id": object_id, "epoch": epoch, "owner": owner},
             )
             return cur.rowcount == 1
+
+    def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
+        """Epoch and control flags of the given objects, in one read."""
+        if not object_ids:
+            return {}
+        marks = ",".join("?" * len(object_ids))
+        sql = f"SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id IN ({marks})"  # noqa: E501, S608 - placeholders only
+        with self._read() as conn:
+            rows = conn.execute(sql, tuple(object_ids)).fetchall()
+        return {row[0]: (int(row[1]), bool(row[2]), bool(row[3])) for row in rows}
