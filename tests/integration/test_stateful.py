@@ -15,7 +15,9 @@ store is still and every invariant is checked against it exactly.
 - The side-effect target remembers results by idempotency key and refuses a
   step whose fencing epoch is below the highest it has seen for the object.
 
-``PERDURE_SOAK_SCALE=N`` multiplies the number of examples and steps.
+By default a bounded, fixed set of examples runs. ``-m slow`` adds a longer soak on
+fresh random examples; ``PERDURE_SOAK_SCALE=N`` multiplies the examples and the steps
+of the bounded run (which then also draws fresh random examples).
 """
 
 from __future__ import annotations
@@ -238,16 +240,19 @@ class ObjectsMachine(RuleBasedStateMachine):
     @initialize(target=objects, kind=KINDS, n=st.integers(1, 3))
     def first_object(self, kind: str, n: int) -> str:
         """Every run begins with an object, so node rules always have work."""
-        return self.start(kind, n)
+        return self._start(kind, n)
 
     @initialize(target=objects, kind=KINDS, n=st.integers(1, 3))
     def second_object(self, kind: str, n: int) -> str:
         """And a second one, so objects share the node."""
-        return self.start(kind, n)
+        return self._start(kind, n)
 
     @rule(target=objects, kind=KINDS, n=st.integers(1, 3))
     def start(self, kind: str, n: int) -> str:
         """Start an object of one of the agent shapes; starting an existing id is a no-op."""
+        return self._start(kind, n)
+
+    def _start(self, kind: str, n: int) -> str:
         if self.model:
             old = next(iter(self.model))
             before = self.app.get(old).records
@@ -287,7 +292,7 @@ class ObjectsMachine(RuleBasedStateMachine):
     @rule(target=objects, kind=KINDS, n=st.integers(1, 3), when=WHEN, at=st.integers(0, 2))
     def crash_new(self, kind: str, n: int, when: str, at: int) -> str:
         """A new object's node dies in its step number ``at``, before or after the effect."""
-        oid = self.start(kind, n)
+        oid = self._start(kind, n)
         self.armed[oid] = (when, at % (2 if kind == "waiter" else n))
         self._serve(0.1 + (0.15 if kind == "sleepy" else 0.0))
         self.armed.pop(oid, None)
@@ -297,7 +302,7 @@ class ObjectsMachine(RuleBasedStateMachine):
           at=st.integers(0, 2))
     def stall_new(self, kind: str, n: int, at: int) -> str:
         """A node freezes mid-step past its lease while a second node runs: fencing holds."""
-        oid = self.start(kind, n)
+        oid = self._start(kind, n)
         self.armed[oid] = ("stall", at % n)
         self._serve(STALL + 0.3, nodes=2)
         self.armed.pop(oid, None)
@@ -443,4 +448,19 @@ ObjectsMachine.TestCase.settings = settings(
     derandomize=SCALE == 1,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestObjectsMachine = ObjectsMachine.TestCase
+TestObjectsMachine = pytest.mark.timeout(240 * SCALE * SCALE)(ObjectsMachine.TestCase)
+
+
+class SoakMachine(ObjectsMachine):
+    """The same machine, run longer on fresh random examples (``-m slow``)."""
+
+
+SoakMachine.TestCase.settings = settings(
+    ObjectsMachine.TestCase.settings,
+    max_examples=30 * SCALE,
+    stateful_step_count=30,
+    derandomize=False,
+)
+TestObjectsMachineSoak = pytest.mark.slow(
+    pytest.mark.timeout(600 * SCALE)(SoakMachine.TestCase)
+)

@@ -13,8 +13,7 @@ from perdure.core.intent import Context, Intent
 from tests.unit.builders import PROFILE
 
 scalars = st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(max_size=8)
-names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1,
-                max_size=12)
+names = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
 
 intents = st.builds(
     Intent,
