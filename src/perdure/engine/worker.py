@@ -71,6 +71,7 @@ class WorkerSettings:
     poll_interval: float = 0.1
     drain_seconds: float = 5.0
     control_interval: float = 0.25
+    idle_seconds: float = 2.0  # longest idle sleep when the store pushes wake-ups
     unknown_agent_retry: float = 5.0
 
     def __post_init__(self) -> None:
@@ -143,18 +144,34 @@ class Worker:
     # -- the loop ---------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Claim and run objects until ``stop`` is set, then drain and let go."""
+        """Claim and run objects until ``stop`` is set, then drain and let go.
+
+        Idle, the node sleeps until the next object is due (found through the
+        store's ready-time index) or a wake-up arrives: pushed by the store where it
+        can (PostgreSQL NOTIFY), otherwise by polling every ``poll_interval``.
+        """
+        loop = asyncio.get_running_loop()
         renewer = asyncio.create_task(self._renew_loop(stop))
         watcher = asyncio.create_task(self._control_loop())
-        backoff = self.settings.poll_interval
+
+        def pushed(_object_id: str) -> None:
+            loop.call_soon_threadsafe(self._wake.set)
+
+        unsubscribe = self.store.subscribe(pushed)
+        idle = self.settings.idle_seconds if unsubscribe is not None else (
+            self.settings.poll_interval
+        )
+        backoff = idle
         try:
             await self._write(self.recover_dead_leases)
         except StoreError as exc:
             self._store_failed(exc)
         try:
             while not stop.is_set():
+                self._wake.clear()
                 free = self.settings.concurrency - len(self._active)
                 claims: list[Claim] = []
+                wait = backoff
                 if free > 0:
                     now = self.clock()
                     try:
@@ -162,29 +179,34 @@ class Worker:
                             self.store.claim, self.owner, now, now + self.settings.lease_seconds,
                             free,
                         )
+                        if not claims:
+                            due = await self._read(self.store.next_ready_at)
+                            if due is not None and due > now:
+                                wait = min(wait, due - now)
                         self._store_ok()
-                        backoff = self.settings.poll_interval
+                        backoff = idle
+                        wait = min(wait, idle)
                     except StoreError as exc:
                         self._store_failed(exc)
-                        backoff = min(backoff * 2, 5.0)
+                        backoff = min(max(backoff, self.settings.poll_interval) * 2, 5.0)
+                        wait = backoff
                 for claim in claims:
                     self._start(claim)
                 if claims and len(self._active) < self.settings.concurrency:
                     continue
-                self._wake.clear()
-                wait = backoff
-                with contextlib.suppress(TimeoutError):
-                    stop_wait = asyncio.ensure_future(stop.wait())
-                    wake_wait = asyncio.ensure_future(self._wake.wait())
-                    try:
-                        await asyncio.wait(
-                            [stop_wait, wake_wait], timeout=wait,
-                            return_when=asyncio.FIRST_COMPLETED,
-                        )
-                    finally:
-                        stop_wait.cancel()
-                        wake_wait.cancel()
+                stop_wait = asyncio.ensure_future(stop.wait())
+                wake_wait = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait(
+                        [stop_wait, wake_wait], timeout=max(wait, 0.001),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    stop_wait.cancel()
+                    wake_wait.cancel()
         finally:
+            if unsubscribe is not None:
+                await loop.run_in_executor(None, unsubscribe)
             await self._drain()
             for task in (renewer, watcher):
                 task.cancel()

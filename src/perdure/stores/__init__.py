@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from perdure.errors import ConfigurationError
 from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow, Store
@@ -16,6 +16,8 @@ def open_store(url: str) -> Store:
 
     ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` (SQLAlchemy form);
     query options ``synchronous=full|normal`` and ``busy_timeout=SECONDS``.
+    ``postgresql://user@host:5432/db`` (needs ``pip install 'perdure[postgres]'``);
+    query options ``pool_size`` and ``connect_timeout_s``, the rest go to libpq.
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -46,10 +48,36 @@ def open_store(url: str) -> Store:
             path, synchronous=options.get("synchronous", "full"), busy_timeout=timeout, url=url
         )
     if scheme in ("postgresql", "postgres"):
-        raise ConfigurationError(
-            f"store URL {url!r}: the PostgreSQL store is not available in this version; "
-            "use sqlite:///FILE"
-        )
+        return _open_postgres(url, parts.query)
     raise ConfigurationError(
-        f"store URL {url!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE"
+        f"store URL {url!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE "
+        "or postgresql://USER@HOST:PORT/DB"
     )
+
+
+_PG_OPTIONS = {"pool_size", "connect_timeout_s"}
+
+
+def _open_postgres(url: str, query: str) -> Store:
+    """``postgresql://user:pass@host:port/db?pool_size=8&connect_timeout_s=5``.
+
+    Other query parameters (``sslmode``, ``application_name``, ...) go to libpq.
+    """
+    try:
+        from perdure.stores.postgres import PostgresStore
+    except ImportError as exc:  # pragma: no cover - raised as ConfigurationError inside
+        raise ConfigurationError(
+            "the PostgreSQL store needs psycopg: pip install 'perdure[postgres]'"
+        ) from exc
+    pairs = parse_qsl(query, keep_blank_values=True)
+    ours = {key: value for key, value in pairs if key in _PG_OPTIONS}
+    rest = [(key, value) for key, value in pairs if key not in _PG_OPTIONS]
+    conninfo = urlunsplit(urlsplit(url)._replace(scheme="postgresql", query=urlencode(rest)))
+    try:
+        pool_size = int(ours.get("pool_size", "8"))
+        timeout = float(ours.get("connect_timeout_s", "5"))
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"store URL {url!r}: pool_size must be a whole number and connect_timeout_s seconds"
+        ) from exc
+    return PostgresStore(conninfo, pool_size=pool_size, connect_timeout=timeout, url=url)

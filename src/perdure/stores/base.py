@@ -9,7 +9,7 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -179,3 +179,8 @@ class Store(Protocol):
 
     def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
         """``{object_id: (epoch, cancel_requested, paused)}`` for the ids that exist."""
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """Push wake-ups: call ``callback(object_id)`` when an object may have become
+        runnable; returns a function that stops it, or ``None`` if this backend cannot
+        push (nodes then poll)."""

@@ -13,7 +13,7 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -494,3 +494,8 @@ class SQLiteStore:
         with self._read() as conn:
             rows = conn.execute(sql, tuple(object_ids)).fetchall()
         return {row[0]: (int(row[1]), bool(row[2]), bool(row[3])) for row in rows}
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """SQLite cannot push across processes: ``None``, so nodes poll (cheaply, by index)."""
+        del callback
+        return None

@@ -111,7 +111,10 @@ UPDATE objects SET parked = 0, note = NULL, ready_at = :now, status = 'ready', u
 WHERE object_id = :object_id AND parked = 1;
 
 -- name: next_ready_at
-SELECT MIN(ready_at) FROM objects WHERE ready_at IS NOT NULL AND paused = 0;
+-- When the next object becomes claimable: its ready time, or its lease expiry if later.
+SELECT MIN(CASE WHEN lease_expires IS NOT NULL AND lease_expires > ready_at
+                THEN lease_expires ELSE ready_at END)
+FROM objects WHERE ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);
 
 -- name: leases_held
 SELECT object_id, lease_owner, epoch FROM objects

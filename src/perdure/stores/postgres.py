@@ -1,0 +1,502 @@
+"""PostgreSQL store: many nodes on many machines sharing one database, no coordinator.
+
+Uses psycopg 3 with a connection pool (install with ``pip install perdure[postgres]``).
+Runnable objects are claimed with ``FOR UPDATE SKIP LOCKED`` so nodes never wait on
+each other; lease expiry is decided by the database clock; every write is fenced by
+the epoch exactly as on SQLite. New objects and events are announced with
+``NOTIFY perdure_wake`` so idle nodes wake at once; due timers are found through the
+``ready_at`` index. Every ``psycopg`` error is translated here.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from perdure.core.records import Record, decode_record
+from perdure.errors import (
+    ConfigurationError,
+    LeaseLostError,
+    NodeIdentityError,
+    ObjectNotFoundError,
+    ObjectTerminatedError,
+    RecordDecodeError,
+    StoreError,
+)
+from perdure.stores._sql import load_migrations, load_queries
+from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised by the install-hint test
+    raise ConfigurationError(
+        "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
+        "pip install 'perdure[postgres]'"
+    ) from exc
+
+__all__ = ["PostgresStore"]
+
+log = logging.getLogger("perdure.store")
+
+_Q = {name: sql.encode() for name, sql in load_queries("postgres").items()}
+_TERMINAL = ("completed", "failed", "cancelled")
+_MIGRATION_LOCK = 0x70657264  # "perd": advisory lock serialising schema changes
+CHANNEL = "perdure_wake"
+
+_RECORD_TYPES: tuple[type, ...] = (str, int, str, int, str, str, str, bytes, bytes, bytes, bytes)
+_RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
+                   "body", "prev_hash", "hash", "signature")
+
+
+def _where(conninfo: str) -> str:
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "PostgreSQL"
+    host = params.get("host", "localhost")
+    port = params.get("port", "5432")
+    db = params.get("dbname", "")
+    return f"PostgreSQL at {host}:{port}/{db}"
+
+
+def _translate(exc: BaseException, where: str) -> StoreError:
+    """Turn a driver error into a perdure error that says what to do."""
+    if isinstance(exc, PoolTimeout):
+        return StoreError(
+            f"{where} is unreachable (no connection within the pool timeout: {exc}); "
+            "check that the server runs and accepts connections; workers retry by themselves"
+        )
+    if isinstance(exc, pg_errors.DiskFull):
+        return StoreError(f"{where}: the disk is full ({exc}); nothing was written")
+    if isinstance(exc, psycopg.OperationalError):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return StoreError(
+            f"{where} is unavailable ({first}); check the server and the URL; "
+            "workers retry by themselves"
+        )
+    return StoreError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _row(cur: psycopg.Cursor[Any], row: tuple[Any, ...]) -> ObjectRow:
+    assert cur.description is not None
+    data = {col.name: value for col, value in zip(cur.description, row, strict=True)}
+    return ObjectRow(
+        object_id=data["object_id"],
+        agent=data["agent"],
+        agent_version=data["agent_version"],
+        status=data["status"],
+        phase=data["phase"],
+        epoch=int(data["epoch"]),
+        lease_owner=data["lease_owner"],
+        lease_expires=data["lease_expires"],
+        ready_at=data["ready_at"],
+        waiting_event=data["waiting_event"],
+        paused=bool(data["paused"]),
+        cancel_requested=bool(data["cancel_requested"]),
+        parked=bool(data["parked"]),
+        note=data["note"],
+        head_seq=int(data["head_seq"]),
+        head_hash=bytes(data["head_hash"]).hex(),
+        result=bytes(data["result"]) if data["result"] is not None else None,
+        parent_id=data["parent_id"],
+        created_at=data["created_at"],
+        updated_at=data["updated_at"],
+    )
+
+
+def _claim(row: tuple[Any, ...]) -> Claim:
+    return Claim(object_id=row[0], epoch=int(row[1]), lease_expires=float(row[2]),
+                 cancel_requested=bool(row[3]), paused=bool(row[4]))
+
+
+def _record_params(rec: Record) -> tuple[Any, ...]:
+    return (rec.object_id, rec.seq, rec.trace_id, rec.ts_us, rec.node_id, rec.policy_ref,
+            rec.kind, rec.body_bytes, bytes.fromhex(rec.prev_hash), bytes.fromhex(rec.hash),
+            rec.signature)
+
+
+def _decode_row(row: tuple[Any, ...]) -> Record:
+    values: list[Any] = [bytes(v) if isinstance(v, memoryview) else v for v in row]
+    for value, kind, column in zip(values, _RECORD_TYPES, _RECORD_COLUMNS, strict=True):
+        if not isinstance(value, kind):
+            raise RecordDecodeError(
+                str(values[0]), values[1] if isinstance(values[1], int) else -1,
+                f"column {column} holds {type(value).__name__}, not {kind.__name__}",
+            )
+    return decode_record(
+        object_id=values[0], seq=values[1], trace_id=values[2], ts_us=values[3],
+        node_id=values[4], policy_ref=values[5], kind=values[6], body_bytes=values[7],
+        prev_hash=values[8].hex(), hash=values[9].hex(), signature=values[10],
+    )
+
+
+class PostgresStore:
+    """A ``Store`` on one PostgreSQL database shared by any number of nodes.
+
+    ``pool_size`` bounds this process's connections; ``connect_timeout`` is how long
+    a call waits for a connection before it fails with ``StoreError``.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        pool_size: int = 8,
+        connect_timeout: float = 5.0,
+        url: str | None = None,
+    ) -> None:
+        self.conninfo = conninfo
+        self.url = url or conninfo
+        self._where = _where(conninfo)
+        self._connect_timeout = connect_timeout
+        self._pool = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max(2, pool_size),
+            timeout=connect_timeout,
+            kwargs={"connect_timeout": max(1, int(connect_timeout))},
+            open=False,
+            name="perdure",
+            reconnect_timeout=0,
+            check=ConnectionPool.check_connection,
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout)
+        except (PoolTimeout, psycopg.Error) as exc:
+            self._pool.close()
+            raise _translate(exc, self._where) from exc
+        self._migrate()
+
+    # -- connections ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                yield conn
+        except (LeaseLostError, NodeIdentityError, ObjectNotFoundError,
+                ObjectTerminatedError, RecordDecodeError):
+            raise
+        except (psycopg.Error, PoolTimeout) as exc:
+            raise _translate(exc, self._where) from exc
+
+    def _migrate(self) -> None:
+        migrations = load_migrations("postgres")
+        with self._tx() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS perdure_migrations ("
+                "version INTEGER PRIMARY KEY, name TEXT NOT NULL, "
+                "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+            )
+            done = {row[0] for row in conn.execute("SELECT version FROM perdure_migrations")}
+            for version, name, text in migrations:
+                if version in done:
+                    continue
+                conn.execute(text.encode())
+                conn.execute(
+                    "INSERT INTO perdure_migrations (version, name) VALUES (%s, %s)",
+                    (version, name),
+                )
+
+    def close(self) -> None:
+        """Close the pool."""
+        self._pool.close()
+
+    # -- nodes -----------------------------------------------------------------
+
+    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
+        """Record a node's public key; refuse a second, different key for the same id."""
+        with self._tx() as conn:
+            conn.execute(_Q["register_node"], (node_id, public_key, now))
+            row = conn.execute(_Q["node_key"], (node_id,)).fetchone()
+        assert row is not None
+        if bytes(row[0]) != public_key:
+            raise NodeIdentityError(
+                f"node id {node_id!r} is registered in {self._where} with a different public "
+                "key; give this node another id or restore its key directory"
+            )
+
+    def public_keys(self) -> dict[str, bytes]:
+        """All registered node keys."""
+        with self._tx() as conn:
+            return {row[0]: bytes(row[1]) for row in conn.execute(_Q["public_keys"])}
+
+    # -- objects and records ---------------------------------------------------
+
+    def create(self, new: NewObject, now: float) -> bool:
+        """Insert the object row and its first record in one transaction."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                _Q["insert_object"],
+                {
+                    "object_id": new.object_id,
+                    "agent": new.agent,
+                    "agent_version": new.agent_version,
+                    "ready_at": new.ready_at,
+                    "head_seq": new.first.seq,
+                    "head_hash": bytes.fromhex(new.first.hash),
+                    "parent_id": new.parent_id,
+                    "now": now,
+                },
+            )
+            if cur.rowcount == 0:
+                return False
+            conn.execute(_Q["insert_record"], _record_params(new.first))
+            conn.execute(_Q["notify"], (new.object_id,))
+            return True
+
+    def get(self, object_id: str) -> ObjectRow | None:
+        """The object's row, or ``None``."""
+        with self._tx() as conn:
+            cur = conn.execute(_Q["get_object"], (object_id,))
+            row = cur.fetchone()
+            return None if row is None else _row(cur, row)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        phase: str | None = None,
+        agent: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[ObjectRow]:
+        """Rows matching the filters, newest first."""
+        clauses: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        for column, value in (("status", status), ("phase", phase), ("agent", agent)):
+            if value is not None:
+                clauses.append(f"{column} = %s")
+                params.append(value)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT %s"  # noqa: S608 - fixed column names, values bound
+        with self._tx() as conn:
+            cur = conn.execute(sql.encode(), (*params, limit))
+            return [_row(cur, row) for row in cur.fetchall()]
+
+    def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
+        """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
+        with self._tx() as conn:
+            rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
+        return [_decode_row(row) for row in rows]
+
+    # -- leases ----------------------------------------------------------------
+
+    def claim(self, owner: str, now: float, lease_until: float, limit: int
+              ) -> builtins.list[Claim]:
+        """Lease up to ``limit`` runnable objects, skipping rows other nodes are claiming."""
+        if limit <= 0:
+            return []
+        with self._tx() as conn:
+            rows = conn.execute(
+                _Q["claim"],
+                {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now},
+            ).fetchall()
+        return [_claim(row) for row in rows]
+
+    def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
+        """Extend the lease (by the database clock) if still held at ``epoch``."""
+        with self._tx() as conn:
+            row = conn.execute(
+                _Q["renew"],
+                {"lease": max(0.0, lease_until - time.time()), "object_id": object_id,
+                 "epoch": epoch},
+            ).fetchone()
+        return None if row is None else _claim(row)
+
+    def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
+        """Apply fenced appends in one transaction, each in its own savepoint."""
+        results: builtins.list[BaseException | None] = []
+        with self._tx() as conn:
+            woken: builtins.list[str] = []
+            for op in ops:
+                try:
+                    with conn.transaction():
+                        ready_at = self._apply_one(conn, op, now)
+                except (LeaseLostError, pg_errors.UniqueViolation) as exc:
+                    if isinstance(exc, pg_errors.UniqueViolation):
+                        exc = LeaseLostError(
+                            f"object {op.object_id!r}: another node appended first"
+                        )
+                    results.append(exc)
+                    continue
+                results.append(None)
+                if op.release and ready_at is not None and ready_at <= now:
+                    woken.append(op.object_id)
+            for object_id in woken:
+                conn.execute(_Q["notify"], (object_id,))
+        return results
+
+    def _apply_one(self, conn: psycopg.Connection[Any], op: Append, now: float) -> float | None:
+        first = op.records[0] if op.records else None
+        last = op.records[-1] if op.records else None
+        row = conn.execute(
+            _Q["append_update"],
+            {
+                "head_seq": last.seq if last else None,
+                "head_hash": bytes.fromhex(last.hash) if last else None,
+                "status": op.status,
+                "phase": op.phase,
+                "waiting_event": op.waiting_event,
+                "ready_at": op.ready_at,
+                "result": op.result,
+                "release": op.release,
+                "parked": op.parked,
+                "note": op.note,
+                "now": now,
+                "object_id": op.object_id,
+                "epoch": op.epoch,
+                "expected_head": first.seq - 1 if first else None,
+            },
+        ).fetchone()
+        if row is None:
+            raise LeaseLostError(
+                f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease or the "
+                "chain moved on (another node took it over); this node stops touching it"
+            )
+        if op.records:
+            with conn.cursor() as cur:
+                cur.executemany(_Q["insert_record"], [_record_params(r) for r in op.records])
+        for event_id in op.consume_event_ids:
+            assert last is not None, "consuming an event needs the record that receives it"
+            cur2 = conn.execute(_Q["consume_event"], (last.seq, event_id, op.object_id))
+            if cur2.rowcount != 1:
+                raise LeaseLostError(
+                    f"object {op.object_id!r}: event {event_id} was consumed by another node"
+                )
+        return None if row[0] is None else float(row[0])
+
+    # -- inbox and control -----------------------------------------------------
+
+    def send(
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
+    ) -> bool:
+        """Queue an event, wake the object if it waits for that name, and notify nodes."""
+        with self._tx() as conn:
+            row = conn.execute(_Q["object_status"], (object_id,)).fetchone()
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self._where}")
+            if row[0] in _TERMINAL:
+                raise ObjectTerminatedError(
+                    f"object {object_id!r} has {row[0]}; event {name!r} was not delivered"
+                )
+            cur = conn.execute(_Q["insert_event"], (object_id, name, payload, dedupe_key, now))
+            if cur.rowcount == 0:
+                return False
+            conn.execute(_Q["wake_for_event"], {"now": now, "object_id": object_id,
+                                                "name": name})
+            conn.execute(_Q["notify"], (object_id,))
+            return True
+
+    def pending_events(self, object_id: str) -> builtins.list[Event]:
+        """Unconsumed events in arrival order."""
+        with self._tx() as conn:
+            rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
+        return [Event(int(r[0]), r[1], r[2], bytes(r[3]), r[4], float(r[5])) for r in rows]
+
+    def control(
+        self,
+        object_id: str,
+        now: float,
+        *,
+        paused: bool | None = None,
+        cancel: bool = False,
+        unpark: bool = False,
+    ) -> ObjectRow:
+        """Pause, resume, cancel or unpark an object."""
+        with self._tx() as conn:
+            row = conn.execute(_Q["object_status"], (object_id,)).fetchone()
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self._where}")
+            if row[0] in _TERMINAL:
+                raise ObjectTerminatedError(f"object {object_id!r} has already {row[0]}")
+            if paused is not None:
+                conn.execute(_Q["set_paused"], {"paused": paused, "now": now,
+                                                "object_id": object_id})
+            if cancel:
+                conn.execute(_Q["request_cancel"], {"now": now, "object_id": object_id})
+            if unpark:
+                conn.execute(_Q["unpark"], {"now": now, "object_id": object_id})
+            if cancel or unpark or paused is False:
+                conn.execute(_Q["notify"], (object_id,))
+        found = self.get(object_id)
+        assert found is not None
+        return found
+
+    def next_ready_at(self) -> float | None:
+        """Earliest ``ready_at`` of a runnable object."""
+        with self._tx() as conn:
+            row = conn.execute(_Q["next_ready_at"]).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
+        """Live leases (by the database clock) whose owner starts with ``owner_prefix``."""
+        escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        with self._tx() as conn:
+            rows = conn.execute(_Q["leases_held"], {"prefix": escaped + "%"}).fetchall()
+        return [(row[0], row[1], int(row[2])) for row in rows]
+
+    def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
+        """End a lease at once when its holder is known to be dead."""
+        with self._tx() as conn:
+            cur = conn.execute(_Q["expire_lease"], {"now": now, "object_id": object_id,
+                                                    "epoch": epoch, "owner": owner})
+            return cur.rowcount == 1
+
+    def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
+        """Epoch and control flags of the given objects, in one read."""
+        if not object_ids:
+            return {}
+        with self._tx() as conn:
+            rows = conn.execute(_Q["control_flags"], (builtins.list(object_ids),)).fetchall()
+        return {row[0]: (int(row[1]), bool(row[2]), bool(row[3])) for row in rows}
+
+    # -- wake-ups ----------------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(object_id)`` on each wake-up notification; returns ``stop``.
+
+        A background thread holds one connection with ``LISTEN perdure_wake`` and
+        reconnects by itself when the server goes away (logging once per outage).
+        """
+        stopped = threading.Event()
+
+        def listen() -> None:
+            down = False
+            while not stopped.is_set():
+                try:
+                    with psycopg.connect(self.conninfo, autocommit=True,
+                                         connect_timeout=max(1, int(self._connect_timeout))
+                                         ) as conn:
+                        conn.execute(f"LISTEN {CHANNEL}")
+                        if down:
+                            log.warning("wake-up channel reconnected",
+                                        extra={"action": "listen_up"})
+                            down = False
+                        callback("")  # catch up on anything missed while disconnected
+                        while not stopped.is_set():
+                            for note in conn.notifies(timeout=0.5, stop_after=64):
+                                callback(note.payload)
+                except psycopg.Error as exc:
+                    if not down:
+                        log.error("wake-up channel lost (%s); polling until it is back",
+                                  str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                                  extra={"action": "listen_down"})
+                        down = True
+                    stopped.wait(1.0)
+
+        thread = threading.Thread(target=listen, name="perdure-listen", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            stopped.set()
+            thread.join(timeout=5)
+
+        return stop
