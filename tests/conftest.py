@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import perdure
+from tests.pg import BACKENDS, fresh_database
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,9 +26,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The store backend under test: ``sqlite`` and ``postgresql`` (see ``tests/pg.py``)."""
+    return str(request.param)
+
+
 @pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    """A fresh SQLite store URL in the test's temporary folder."""
+def store_url(backend: str, tmp_path: Path) -> Iterator[str]:
+    """A fresh store URL of the backend under test: a SQLite file or a private database."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite store URL, for tests about the SQLite file itself."""
     return f"sqlite:///{tmp_path / 'store.db'}"
 
 

@@ -130,6 +130,8 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
     """perdure: durable agents that survive crashes and resume on any node."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The PostgreSQL pool logs every failed reconnection; perdure says it once itself.
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL if verbose < 2 else logging.DEBUG)
     ctx.obj = _Ctx(store, app_spec, key_dir, node_id)
 
 

@@ -1,11 +1,9 @@
 """The ``store`` fixture: one fresh, isolated store per test, for every backend.
 
 Each backend is a context manager that opens an empty store for one test and
-disposes of it afterwards. Only SQLite exists today. A PostgreSQL backend is
-added by one more entry in ``BACKENDS``: it creates a database named after the
-test (``CREATE DATABASE perdure_test_<hex>`` on a server given by an environment
-variable, skipping when none is given), yields ``open_store`` on it, and drops
-the database on exit, so tests never see each other's rows.
+disposes of it afterwards: a SQLite file, or a private PostgreSQL database
+cloned from a migrated template (``tests/pg.py``) and dropped on exit, so tests
+never see each other's rows. ``PERDURE_TEST_BACKENDS`` selects the backends.
 """
 
 from __future__ import annotations
@@ -18,6 +16,8 @@ import pytest
 
 from perdure.core.chain import Signer
 from perdure.stores import Store, open_store
+from tests.pg import BACKENDS as SELECTED
+from tests.pg import fresh_database
 from tests.stores.builders import make_signer
 
 
@@ -30,9 +30,22 @@ def _sqlite(folder: Path) -> Iterator[Store]:
         store.close()
 
 
-BACKENDS: dict[str, Callable[[Path], contextlib.AbstractContextManager[Store]]] = {
+@contextlib.contextmanager
+def _postgresql(folder: Path) -> Iterator[Store]:
+    del folder
+    with fresh_database() as url:
+        store = open_store(url)
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+_ALL: dict[str, Callable[[Path], contextlib.AbstractContextManager[Store]]] = {
     "sqlite": _sqlite,
+    "postgresql": _postgresql,
 }
+BACKENDS = {name: _ALL[name] for name in SELECTED}
 
 
 @pytest.fixture(params=sorted(BACKENDS))

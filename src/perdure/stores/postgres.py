@@ -171,10 +171,19 @@ class PostgresStore:
             self._pool.open(wait=True, timeout=connect_timeout)
         except (PoolTimeout, psycopg.Error) as exc:
             self._pool.close()
-            raise _translate(exc, self._where) from exc
+            raise self._why_unreachable(exc) from exc
         self._migrate()
 
     # -- connections ---------------------------------------------------------
+
+    def _why_unreachable(self, exc: BaseException) -> StoreError:
+        """The server's own reason (no such database, refused, bad password) if it gives one."""
+        try:
+            with psycopg.connect(self.conninfo, connect_timeout=max(1, int(self._connect_timeout))):
+                pass
+        except psycopg.Error as direct:
+            return _translate(direct, self._where)
+        return _translate(exc, self._where)
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Any]]:
