@@ -165,7 +165,6 @@ class PostgresStore:
             open=False,
             name="perdure",
             reconnect_timeout=0,
-            check=ConnectionPool.check_connection,
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -194,6 +193,11 @@ class PostgresStore:
                 ObjectTerminatedError, RecordDecodeError):
             raise
         except (psycopg.Error, PoolTimeout) as exc:
+            if isinstance(exc, psycopg.OperationalError | PoolTimeout):
+                # The server may have restarted: drop every broken idle connection now
+                # rather than failing once per pooled connection.
+                with contextlib.suppress(Exception):
+                    self._pool.check()
             raise _translate(exc, self._where) from exc
 
     def _migrate(self) -> None:
