@@ -1,11 +1,13 @@
-"""Cost of a durable step: perdure against one bare SQLite commit on the same disk.
+"""Cost of a durable step: perdure against each backend's own floor commit.
 
-Run ``python bench/steps.py`` (or ``--quick`` for a seconds-long smoke run). It prints
-one JSON document; nothing here asserts on speed. For each SQLite durability mode
-(``synchronous=FULL`` and ``NORMAL``), on fresh database files in one folder:
+Run ``python bench/steps.py`` (or ``--quick`` for a seconds-long smoke run; ``python -m
+bench`` runs this and the wake and claim benchmarks together). It prints one JSON
+document; nothing here asserts on speed. For each backend (SQLite ``synchronous=FULL``,
+SQLite ``synchronous=NORMAL``, PostgreSQL), on fresh databases:
 
 * ``floor``: one hand-written ``INSERT`` + ``COMMIT`` per iteration on a plain
-  ``sqlite3`` connection with the store's pragmas (WAL, same ``synchronous``);
+  connection (``sqlite3`` with the store's pragmas: WAL, same ``synchronous``; or
+  ``psycopg`` to a fresh PostgreSQL database on the same server);
 * ``sequential``: one object running N trivial steps; time per step is taken from
   timestamps the step function records in memory, first step to last, so worker
   start-up and claiming are not counted;
@@ -14,7 +16,7 @@ one JSON document; nothing here asserts on speed. For each SQLite durability mod
   commit, counted by the worker's ``Committer``).
 
 Besides, ``baseline`` is the plain-Python cost of awaiting the trivial step function.
-Each scenario runs ``--repeats`` times on a fresh file; figures are medians over runs.
+Each scenario runs ``--repeats`` times on a fresh database; figures are medians over runs.
 """
 
 from __future__ import annotations
@@ -25,10 +27,7 @@ import contextlib
 import itertools
 import json
 import logging
-import os
-import platform
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -37,9 +36,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-import perdure
+if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MODES = ("full", "normal")
+import perdure
+from bench.common import (
+    DEFAULT_PG,
+    Backend,
+    Database,
+    floor,
+    fresh_database,
+    machine,
+    median_of,
+    pick_backends,
+)
 
 
 class Clock:
@@ -59,49 +69,6 @@ async def bare(i: int) -> int:
     return i
 
 
-# -- machine facts -----------------------------------------------------------------
-
-
-def _mount_of(path: Path) -> dict[str, str]:
-    """Device, mount point and filesystem holding ``path`` (Linux; best effort)."""
-    best: dict[str, str] = {}
-    with contextlib.suppress(OSError):
-        resolved = str(path.resolve())
-        for line in Path("/proc/mounts").read_text().splitlines():
-            device, mount, fstype, *_ = line.split()
-            inside = resolved == mount or resolved.startswith(mount.rstrip("/") + "/")
-            if inside and len(mount) >= len(best.get("mount", "")):
-                best = {"device": device, "mount": mount, "filesystem": fstype}
-    device = best.get("device", "")
-    if device.startswith("/dev/"):
-        name = device.removeprefix("/dev/")
-        rotational = Path(f"/sys/class/block/{name}/queue/rotational")
-        with contextlib.suppress(OSError):
-            best["rotational"] = rotational.read_text().strip()
-    return best
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def machine(db_dir: Path) -> dict[str, Any]:
-    """What the figures were measured on."""
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "db_dir": str(db_dir),
-        "disk": _mount_of(db_dir),
-    }
-
-
 # -- measurements --------------------------------------------------------------------
 
 
@@ -118,47 +85,9 @@ def python_baseline(calls: int) -> dict[str, Any]:
     return {"calls": calls, "us_per_call": round(elapsed / calls * 1e6, 3)}
 
 
-def floor(path: Path, mode: str, commits: int) -> dict[str, Any]:
-    """One INSERT + COMMIT per iteration on a plain connection with the store's pragmas."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={mode.upper()}")
-        conn.execute(
-            "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,"
-            " hash BLOB NOT NULL, signature BLOB NOT NULL, PRIMARY KEY (object_id, seq))"
-            " WITHOUT ROWID"
-        )
-        body, digest, signature = b"x" * 160, os.urandom(32), os.urandom(64)
-        times: list[float] = []
-        for seq in range(commits):
-            began = time.perf_counter()
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO rows VALUES (?, ?, ?, ?, ?)", ("object", seq, body, digest, signature)
-            )
-            conn.execute("COMMIT")
-            times.append(time.perf_counter() - began)
-    finally:
-        conn.close()
-    mean = statistics.fmean(times)
-    return {
-        "commits": commits,
-        "us_per_commit": mean * 1e6,
-        "us_per_commit_median": statistics.median(times) * 1e6,
-        "commits_per_s": 1 / mean,
-    }
-
-
 @contextlib.contextmanager
-def _app(folder: Path, mode: str) -> Iterator[perdure.App]:
-    folder.mkdir(parents=True)
-    app = perdure.App(
-        store=f"sqlite:///{folder / 'store.db'}?synchronous={mode}",
-        key_dir=folder / "keys",
-        node_id="bench",
-        poll_interval=0.005,
-    )
+def _app(db: Database, folder: Path) -> Iterator[perdure.App]:
+    app = perdure.App(store=db.url, key_dir=folder / "keys", node_id="bench", poll_interval=0.005)
     try:
         yield app
     finally:
@@ -196,10 +125,10 @@ async def _drive(app: perdure.App, concurrency: int, objects: int, timeout: floa
 
 
 def _run_objects(
-    folder: Path, mode: str, objects: int, steps: int, concurrency: int
+    db: Database, folder: Path, objects: int, steps: int, concurrency: int
 ) -> tuple[list[float], Any, bool]:
     """Start ``objects`` objects of ``steps`` steps, run them, return the step stamps."""
-    with _app(folder, mode) as app:
+    with _app(db, folder) as app:
         agent = _register(app)
         handles = [app.start(agent, steps) for _ in range(objects)]
         Clock.stamps = []
@@ -214,9 +143,9 @@ def _run_objects(
     return stamps, worker, verified
 
 
-def sequential(folder: Path, mode: str, steps: int, floor: dict[str, Any]) -> dict[str, Any]:
+def sequential(db: Database, folder: Path, steps: int, floor: dict[str, Any]) -> dict[str, Any]:
     """One object, ``steps`` trivial steps, timed inside the agent."""
-    stamps, _worker, verified = _run_objects(folder, mode, 1, steps, concurrency=1)
+    stamps, _worker, verified = _run_objects(db, folder, 1, steps, concurrency=1)
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     per_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     return {
@@ -234,10 +163,10 @@ def sequential(folder: Path, mode: str, steps: int, floor: dict[str, Any]) -> di
 
 
 def concurrent(
-    folder: Path, mode: str, objects: int, steps: int, floor_rate: float
+    db: Database, folder: Path, objects: int, steps: int, floor_rate: float
 ) -> dict[str, Any]:
     """``objects`` objects of ``steps`` steps each on one worker, all at once."""
-    stamps, worker, verified = _run_objects(folder, mode, objects, steps, concurrency=objects)
+    stamps, worker, verified = _run_objects(db, folder, objects, steps, concurrency=objects)
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
     commits, appends = worker.committer.commits, worker.committer.appends
     return {
@@ -252,95 +181,113 @@ def concurrent(
     }
 
 
-def _median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median of every numeric field over runs (other fields from the first run)."""
-    out: dict[str, Any] = {}
-    for key, value in runs[0].items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            out[key] = all(r[key] for r in runs) if isinstance(value, bool) else value
-        else:
-            med = statistics.median(r[key] for r in runs)
-            out[key] = round(med, 3) if isinstance(med, float) else med
-    return out
+QUICK_SIZES = {
+    "floor_commits": 50,
+    "seq_steps": 30,
+    "objects": 5,
+    "steps_per_object": 4,
+    "baseline_calls": 1000,
+    "repeats": 1,
+}
+FULL_SIZES = {
+    "floor_commits": 1000,
+    "seq_steps": 1000,
+    "objects": 50,
+    "steps_per_object": 20,
+    "baseline_calls": 1000,
+    "repeats": 3,
+}
 
 
-def measure(db_dir: Path, sizes: dict[str, int]) -> dict[str, Any]:
-    """Every scenario in both durability modes."""
-    result: dict[str, Any] = {}
-    for mode in MODES:
-        floors, seqs, concs = [], [], []
-        for rep in range(sizes["repeats"]):
-            base = db_dir / mode / f"run{rep}"
-            base.mkdir(parents=True)
-            fl = floor(base / "floor.db", mode, sizes["floor_commits"])
-            floors.append(fl)
-            seqs.append(sequential(base / "sequential", mode, sizes["seq_steps"], fl))
+def measure_backend(
+    backend: Backend, folder: Path, sizes: dict[str, int], admin_url: str
+) -> dict[str, Any]:
+    """Floor, sequential and concurrent figures for one backend (medians over repeats)."""
+    floors, seqs, concs = [], [], []
+    for rep in range(sizes["repeats"]):
+        base = folder / f"run{rep}"
+        with fresh_database(backend, base / "floor", admin_url) as db:
+            fl = floor(db, sizes["floor_commits"])
+        floors.append(fl)
+        with fresh_database(backend, base / "sequential", admin_url) as db:
+            seqs.append(sequential(db, base / "sequential", sizes["seq_steps"], fl))
+        with fresh_database(backend, base / "concurrent", admin_url) as db:
             concs.append(
                 concurrent(
+                    db,
                     base / "concurrent",
-                    mode,
                     sizes["objects"],
                     sizes["steps_per_object"],
                     fl["commits_per_s"],
                 )
             )
-        result[mode] = {
-            "floor": _median_of(floors),
-            "sequential": _median_of(seqs),
-            "concurrent": _median_of(concs),
-        }
-    return result
+    return {
+        "store": backend.label,
+        "floor": median_of(floors),
+        "sequential": median_of(seqs),
+        "concurrent": median_of(concs),
+    }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse options, measure, print JSON."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options every benchmark entry point shares."""
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for CI smoke runs")
     parser.add_argument("--repeats", type=int, help="runs per scenario (default 3, quick 1)")
     parser.add_argument(
         "--dir",
         type=Path,
-        help="folder for the database files (default: a fresh temporary folder, removed after)",
+        help="folder for SQLite files, keys and logs (default: a temporary folder, removed after)",
     )
+    parser.add_argument(
+        "--backends",
+        help="comma-separated: sqlite_full, sqlite_normal, postgresql (default: all three)",
+    )
+    parser.add_argument(
+        "--pg",
+        default=DEFAULT_PG,
+        help="PostgreSQL admin URL; a fresh database is created on that server for each "
+        "scenario and dropped after (default: $PERDURE_BENCH_PG or %(default)s)",
+    )
+
+
+@contextlib.contextmanager
+def bench_dir(given: Path | None) -> Iterator[Path]:
+    """The folder for this run's files: ``given``, or a temporary one removed afterwards."""
+    owned = given is None
+    folder = Path(tempfile.mkdtemp(prefix="perdure-bench-")) if owned else given
+    assert folder is not None
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    finally:
+        if owned:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse options, measure, print JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
     args = parser.parse_args(argv)
     logging.getLogger("perdure").setLevel(logging.ERROR)
-    sizes = (
-        {
-            "floor_commits": 50,
-            "seq_steps": 30,
-            "objects": 5,
-            "steps_per_object": 4,
-            "baseline_calls": 1000,
-            "repeats": 1,
-        }
-        if args.quick
-        else {
-            "floor_commits": 1000,
-            "seq_steps": 1000,
-            "objects": 50,
-            "steps_per_object": 20,
-            "baseline_calls": 1000,
-            "repeats": 3,
-        }
-    )
+    backends = pick_backends(args.backends)
+    sizes = dict(QUICK_SIZES if args.quick else FULL_SIZES)
     if args.repeats is not None:
         sizes["repeats"] = max(1, args.repeats)
-    owned = args.dir is None
-    db_dir = Path(tempfile.mkdtemp(prefix="perdure-bench-")) if owned else args.dir
-    db_dir = db_dir.resolve()
-    db_dir.mkdir(parents=True, exist_ok=True)
-    try:
+    uses_pg = any(b.kind == "postgresql" for b in backends)
+    with bench_dir(args.dir) as db_dir:
+        run_dir = db_dir / time.strftime("%Y%m%d-%H%M%S")
         report = {
             "bench": "steps",
             "quick": args.quick,
             "sizes": sizes,
-            "machine": machine(db_dir),
+            "machine": machine(db_dir, args.pg if uses_pg else None),
             "baseline": python_baseline(sizes["baseline_calls"]),
-            "modes": measure(db_dir / time.strftime("%Y%m%d-%H%M%S"), sizes),
+            "backends": {
+                b.name: measure_backend(b, run_dir / b.name, sizes, args.pg) for b in backends
+            },
         }
-    finally:
-        if owned:
-            shutil.rmtree(db_dir, ignore_errors=True)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

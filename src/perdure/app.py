@@ -28,10 +28,12 @@ from perdure.errors import (
     ConfigurationError,
     ObjectNotFoundError,
     RecordDecodeError,
+    StoreCorruptError,
+    StoreError,
     UnknownAgentError,
 )
 from perdure.handle import Handle, ObjectInfo, info_from_row
-from perdure.stores import Store, open_store
+from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NewObject
 
 __all__ = ["App", "step"]
@@ -98,6 +100,13 @@ class App:
                 assert isinstance(self._store_arg, str)
                 self._store = open_store(self._store_arg)
             return self._store
+
+    @property
+    def store_url(self) -> str:
+        """The store's URL with any password masked; does not open the store."""
+        if self._store is not None:
+            return self._store.url
+        return redact_url(self._store_arg) if isinstance(self._store_arg, str) else "store"
 
     @property
     def signer(self) -> Signer:
@@ -341,8 +350,32 @@ class App:
                       agents=self._agents, settings=settings)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16) -> None:
-        """Run a worker on the current event loop until ``stop`` is set."""
-        await self.worker(concurrency=concurrency).run(stop or asyncio.Event())
+        """Run a worker on the current event loop until ``stop`` is set.
+
+        If the store cannot be reached when the node starts, it says so once and
+        keeps trying (backing off up to 5 s) instead of exiting; a damaged store or
+        a wrong setting still fails at once.
+        """
+        stop = stop or asyncio.Event()
+        delay, said = 0.25, False
+        while not stop.is_set():
+            try:
+                worker = await asyncio.to_thread(self.worker, concurrency=concurrency)
+            except StoreCorruptError:
+                raise
+            except StoreError as exc:
+                if not said:
+                    log.error("store unavailable at start, retrying: %s", exc,
+                              extra={"action": "store_down"})
+                    said = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if said:
+                log.warning("store reachable; node starting", extra={"action": "store_up"})
+            await worker.run(stop)
+            return
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
                    install_signals: bool = True) -> None:

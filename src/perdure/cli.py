@@ -153,7 +153,7 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
         app.poll_interval = poll_interval
     logging.getLogger("perdure").setLevel(min(logging.getLogger().level, logging.INFO))
     err.print(f"node {app.node_id} serving {', '.join(sorted(app.agents)) or 'no agents'} "
-              f"from {app.store.url} (concurrency {concurrency})")
+              f"from {app.store_url} (concurrency {concurrency})")
     app.run_worker(concurrency=concurrency)
 
 

@@ -9,14 +9,28 @@ from typing import Any
 import pytest
 
 from tests.acceptance.harness import Cluster
+from tests.pg import BACKENDS, fresh_database
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """Store, keys, sink and worker processes in the test's folder; all killed afterwards."""
-    made = Cluster(tmp_path)
+def cluster(tmp_path: Path, store_url: str) -> Iterator[Cluster]:
+    """Store (of each backend), keys, sink and worker processes; all killed afterwards."""
+    made = Cluster(tmp_path, store_url)
     yield made
     made.close()
+
+
+@pytest.fixture
+def pg_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster on a fresh PostgreSQL database (skipped when that backend is not selected)."""
+    if "postgresql" not in BACKENDS:
+        pytest.skip("PostgreSQL is not among PERDURE_TEST_BACKENDS")
+    with fresh_database() as url:
+        made = Cluster(tmp_path, url)
+        try:
+            yield made
+        finally:
+            made.close()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -26,6 +40,8 @@ def pytest_runtest_makereport(
     """Attach every worker's log to the report of a failing acceptance test."""
     outcome = yield
     report = outcome.get_result()
-    made = getattr(item, "funcargs", {}).get("cluster")
-    if report.failed and isinstance(made, Cluster):
-        report.sections.append(("perdure worker logs", made.logs()))
+    if not report.failed:
+        return
+    for made in getattr(item, "funcargs", {}).values():
+        if isinstance(made, Cluster):
+            report.sections.append(("perdure worker logs", made.logs()))

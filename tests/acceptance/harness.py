@@ -95,12 +95,19 @@ class WorkerProc:
 
 
 class Cluster:
-    """The store, keys, sink and worker processes of one acceptance test."""
+    """The store, keys, sink and worker processes of one acceptance test.
 
-    def __init__(self, tmp_path: Path) -> None:
+    The store is the one ``store_url`` names (a SQLite file or a PostgreSQL
+    database); the sink is always a SQLite file in ``tmp_path``.
+    """
+
+    def __init__(self, tmp_path: Path, store_url: str | None = None) -> None:
         self.tmp_path = tmp_path
-        self.store_url = f"sqlite:///{tmp_path / 'store.db'}"
-        self.store_path = tmp_path / "store.db"
+        self.store_url = store_url or f"sqlite:///{tmp_path / 'store.db'}"
+        self.backend = "postgresql" if self.store_url.startswith("postgres") else "sqlite"
+        self.store_path: Path | None = None
+        if self.backend == "sqlite":
+            self.store_path = Path(self.store_url.removeprefix("sqlite:///").split("?")[0])
         self.key_dir = tmp_path / "keys"
         self.sink = Sink(tmp_path / "sink.db")
         self.sink.create()
@@ -115,9 +122,18 @@ class Cluster:
         self._apps.append(new)
         return new
 
-    def env(self) -> dict[str, str]:
-        """Environment for processes that load the acceptance agents."""
+    def sqlite_files(self) -> list[Path]:
+        """The SQLite files worker processes write: the sink, and the store on SQLite."""
+        return [self.sink.path] + ([self.store_path] if self.store_path is not None else [])
+
+    def env(self, node_id: str = "cli") -> dict[str, str]:
+        """Environment for processes that load the acceptance agents.
+
+        ``PGAPPNAME`` (read by libpq) names the process's PostgreSQL sessions
+        ``perdure-<node_id>``, so a test can find them in ``pg_stat_activity``.
+        """
         env = dict(os.environ)
+        env["PGAPPNAME"] = f"perdure-{node_id}"
         env.update(
             PERDURE_TEST_STORE=self.store_url,
             PERDURE_TEST_KEYS=str(self.key_dir),
@@ -136,12 +152,25 @@ class Cluster:
             proc = subprocess.Popen(
                 [*PERDURE_CMD, "--app", APP_SPEC, "--node-id", node_id, "worker",
                  "--concurrency", str(concurrency), "--lease", str(lease), "--poll", str(poll)],
-                cwd=REPO_ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT, env=self.env(node_id), stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         worker = WorkerProc(node_id, proc, log_path)
         self.workers.append(worker)
         return worker
+
+    def pg_sessions(self, worker: WorkerProc) -> list[tuple[str, bool, str | None]]:
+        """The worker's PostgreSQL sessions: (state, inside a transaction, lock it waits on)."""
+        import psycopg
+
+        with psycopg.connect(self.store_url, autocommit=True, connect_timeout=5) as conn:
+            rows = conn.execute(
+                "SELECT state, xact_start IS NOT NULL, "
+                "CASE WHEN wait_event_type = 'Lock' THEN wait_event END "
+                "FROM pg_stat_activity WHERE application_name = %s ORDER BY pid",
+                (f"perdure-{worker.node_id}",),
+            ).fetchall()
+        return [(str(state), bool(in_tx), lock) for state, in_tx, lock in rows]
 
     def node_pids(self) -> dict[str, int]:
         """node id -> pid of every worker started so far."""

@@ -8,12 +8,15 @@ where a person would meet it, through the ``perdure`` CLI: exit code 1, one
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -29,8 +32,13 @@ from perdure.errors import (
 )
 from perdure.stores import Store, open_store
 from perdure.stores.sqlite import SQLiteStore
+from tests.pg import BACKENDS, url_for
 
 MakeApp = Callable[..., perdure.App]
+
+needs_postgres = pytest.mark.skipif(
+    "postgresql" not in BACKENDS, reason="PERDURE_TEST_BACKENDS leaves out postgresql"
+)
 
 AGENTS_MODULE = textwrap.dedent(
     """
@@ -165,7 +173,9 @@ def test_cli_bad_json_and_unknown_object(cli_dir: Path) -> None:
         ("sqlite:///", "use sqlite:///agents.db"),
         ("sqlite:///agents.db?journal=off", "known: synchronous, busy_timeout"),
         ("sqlite:///agents.db?busy_timeout=soon", "busy_timeout must be seconds"),
-        ("postgresql://localhost/perdure", "use sqlite:///FILE"),
+        ("postgresql://localhost/perdure?pool_size=many", "pool_size must be a whole number"),
+        ("postgresql://localhost/perdure?pool_size=0", "at least 1"),
+        ("postgresql://localhost/perdure?connect_timeout_s=-1", "connect_timeout_s must be"),
     ],
 )
 def test_bad_store_urls(url: str, hint: str, tmp_path: Path,
@@ -177,6 +187,103 @@ def test_bad_store_urls(url: str, hint: str, tmp_path: Path,
     assert hint in str(caught.value)
     assert url in str(caught.value)
     assert list(tmp_path.iterdir()) == []
+
+
+def _pg_url(database: str, **options: str) -> str:
+    """The test server's URL pointed at ``database``, with query ``options``."""
+    query = "&".join(f"{key}={value}" for key, value in options.items())
+    return url_for(database) + (f"?{query}" if query else "")
+
+
+def _free_port() -> int:
+    """A local TCP port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _refused_url() -> str:
+    """The test server's URL moved to a local port where nothing listens."""
+    parts = urlsplit(url_for("postgres"))
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}127.0.0.1:{_free_port()}",
+                                     query="connect_timeout_s=2"))
+
+
+@needs_postgres
+@pytest.mark.parametrize(
+    ("which", "needles"),
+    [
+        ("unknown-database", ('database "perdure_no_such_db" does not exist',
+                              "perdure_no_such_db")),
+        ("refused-port", ("Connection refused", "check the server and the URL")),
+    ],
+)
+def test_unreachable_postgres_urls(which: str, needles: tuple[str, ...]) -> None:
+    """A PostgreSQL URL naming a missing database or a port nobody listens on fails at
+    once with a StoreError giving the server's reason and where it looked."""
+    url = _pg_url("perdure_no_such_db") if which == "unknown-database" else _refused_url()
+    began = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        open_store(url)
+    assert time.monotonic() - began < 3.0
+    assert not isinstance(caught.value, StoreCorruptError)
+    message = str(caught.value)
+    assert message.startswith("PostgreSQL at ")
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, message
+
+
+@needs_postgres
+def test_cli_unreachable_postgres(tmp_path: Path) -> None:
+    """The CLI against an unreachable PostgreSQL prints one ``error:`` line (no traceback,
+    no connection-pool warnings) and exits 1; so does one naming a missing database."""
+    done = _cli(tmp_path, "--store", _refused_url(), "--key-dir", str(tmp_path / "keys"), "ls")
+    _one_error_line(done, "error: PostgreSQL at 127.0.0.1:", "Connection refused")
+    assert done.stdout == ""
+    done = _cli(tmp_path, "--store", _pg_url("perdure_no_such_db"), "--key-dir",
+                str(tmp_path / "keys"), "verify", "--all")
+    _one_error_line(done, "perdure_no_such_db", "does not exist")
+
+
+INSTALL_HINT_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.modules["psycopg"] = None  # as if perdure[postgres] were not installed
+    sys.modules["psycopg_pool"] = None
+    from perdure.errors import ConfigurationError
+    from perdure.stores import open_store
+    try:
+        open_store("postgresql://postgres@127.0.0.1:5432/perdure")
+    except ConfigurationError as exc:
+        print(exc)
+    else:
+        print("opened")
+    """
+)
+
+
+def test_missing_psycopg_gives_the_install_hint(tmp_path: Path) -> None:
+    """Without psycopg installed, a PostgreSQL URL is a ConfigurationError saying how to
+    install it; the SQLite store still works in that environment."""
+    done = subprocess.run([sys.executable, "-c", INSTALL_HINT_CHILD], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'perdure[postgres]'" in done.stdout, done.stdout
+    assert "psycopg" in done.stdout
+    lite = textwrap.dedent(
+        """
+        import sys
+        sys.modules["psycopg"] = None
+        from perdure.stores import open_store
+        open_store("sqlite:///lite.db").close()
+        print("sqlite ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", lite], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=tmp_path)
+    assert done.stdout.strip() == "sqlite ok", done.stderr
 
 
 def test_cli_bad_store_url(tmp_path: Path) -> None:
@@ -196,7 +303,35 @@ def test_store_folder_missing(tmp_path: Path) -> None:
     _one_error_line(done, "does not exist")
 
 
-# -- disk full -----------------------------------------------------------------------------
+# -- disk full (SQLite only: the cap is SQLite's max_page_count) -------------------------
+
+
+@pytest.fixture
+def make_sqlite_app(sqlite_url: str, key_dir: Path) -> Iterator[MakeApp]:
+    """Apps on one SQLite store file (short leases, fast polling); closed afterwards."""
+    apps: list[perdure.App] = []
+
+    def make(**options: Any) -> perdure.App:
+        options.setdefault("lease_seconds", 2.0)
+        app = perdure.App(store=sqlite_url, key_dir=key_dir, poll_interval=0.01, **options)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
+def sqlite_app(make_sqlite_app: MakeApp) -> perdure.App:
+    """The ``greet`` App on a SQLite store file."""
+    built = make_sqlite_app()
+
+    @built.agent(name="greet")
+    async def greet(run: perdure.Run, who: str) -> str:
+        return await run.step(_greet, who)
+
+    return built
 
 
 def _limit_pages(store: Store, extra: int | None) -> None:
@@ -216,8 +351,9 @@ def _limit_pages(store: Store, extra: int | None) -> None:
             conn.execute(f"PRAGMA max_page_count={pages + extra}")
 
 
-def test_disk_full_is_a_typed_store_error(app: perdure.App) -> None:
+def test_disk_full_is_a_typed_store_error(sqlite_app: perdure.App) -> None:
     """A full disk gives a StoreError saying so; nothing half-written, older objects verify."""
+    app = sqlite_app
     done = [app.start("greet", f"p{k}", object_id=f"done-{k}") for k in range(3)]
     with app.background_worker():
         for handle in done:
@@ -260,14 +396,14 @@ def capture(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixtu
         yield caplog
 
 
-def test_worker_on_a_full_disk_loses_nothing(make_app: MakeApp,
+def test_worker_on_a_full_disk_loses_nothing(make_sqlite_app: MakeApp,
                                              capture: pytest.LogCaptureFixture) -> None:
     """A worker whose commits hit a full disk logs it in one line (no traceback).
 
     Records stored before the disk filled stay, and every object finishes with a
     verifying chain once space is back.
     """
-    app = make_app(lease_seconds=2.0)
+    app = make_sqlite_app(lease_seconds=2.0)
 
     @app.agent(name="filler")
     async def filler(run: perdure.Run, n: int) -> list[str]:

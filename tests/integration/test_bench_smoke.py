@@ -1,4 +1,8 @@
-"""The step benchmark runs end to end in quick mode and prints the figures it promises."""
+"""The benchmarks run end to end in quick mode and print the figures they promise.
+
+Speed is never checked: only that each figure is there, for every backend under test
+(``PERDURE_TEST_BACKENDS``, see ``tests/pg.py``), and is a positive number.
+"""
 
 from __future__ import annotations
 
@@ -6,44 +10,93 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from tests.pg import ADMIN_URL, BACKENDS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_steps_bench_quick_prints_json_with_every_figure(tmp_path: Path) -> None:
-    """``bench/steps.py --quick`` prints JSON with floor, sequential and concurrent figures.
+def _bench_backends() -> list[str]:
+    names = []
+    if "sqlite" in BACKENDS:
+        names += ["sqlite_full", "sqlite_normal"]
+    if "postgresql" in BACKENDS:
+        names.append("postgresql")
+    return names
 
-    Speed is not checked: only that each figure is there and is a positive number.
-    """
+
+def _run(args: list[str], tmp_path: Path) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "steps.py"), "--quick", "--dir", str(tmp_path)],
+        [*args, "--quick", "--dir", str(tmp_path), "--pg", ADMIN_URL,
+         "--backends", ",".join(_bench_backends())],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
         cwd=ROOT,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+    report: dict[str, Any] = json.loads(proc.stdout)
     assert report["quick"] is True
+    assert set(report["backends"]) == set(_bench_backends())
     assert {"cpus", "python", "sqlite", "db_dir", "disk"} <= set(report["machine"])
+    if "postgresql" in report["backends"]:
+        assert "server_version" in report["machine"]["postgresql"]
+    return report
+
+
+def _check_steps(figures: dict[str, Any]) -> None:
+    assert figures["floor"]["us_per_commit"] > 0
+    assert figures["floor"]["commits_per_s"] > 0
+    seq = figures["sequential"]
+    for key in ("us_per_step", "us_per_step_median", "steps_per_s", "ratio_to_floor_commit"):
+        assert seq[key] > 0, key
+    assert seq["chain_verified"] is True
+    conc = figures["concurrent"]
+    for key in (
+        "steps_per_s",
+        "ratio_to_single_commit_rate",
+        "commits",
+        "appends",
+        "appends_per_commit",
+    ):
+        assert conc[key] > 0, key
+    assert conc["appends"] >= conc["commits"]
+    assert conc["chain_verified"] is True
+
+
+def test_steps_bench_quick_prints_every_figure_per_backend(tmp_path: Path) -> None:
+    """``bench/steps.py --quick`` still runs as a script: floor, sequential, concurrent."""
+    report = _run([sys.executable, str(ROOT / "bench" / "steps.py")], tmp_path)
     assert report["baseline"]["us_per_call"] > 0
-    assert set(report["modes"]) == {"full", "normal"}
-    for mode in report["modes"].values():
-        assert mode["floor"]["us_per_commit"] > 0
-        assert mode["floor"]["commits_per_s"] > 0
-        seq = mode["sequential"]
-        for key in ("us_per_step", "us_per_step_median", "steps_per_s", "ratio_to_floor_commit"):
-            assert seq[key] > 0, key
-        assert seq["chain_verified"] is True
-        conc = mode["concurrent"]
-        for key in (
-            "steps_per_s",
-            "ratio_to_single_commit_rate",
-            "commits",
-            "appends",
-            "appends_per_commit",
-        ):
-            assert conc[key] > 0, key
-        assert conc["appends"] >= conc["commits"]
-        assert conc["chain_verified"] is True
+    for figures in report["backends"].values():
+        _check_steps(figures)
+
+
+def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> None:
+    """``python -m bench --quick``: steps, wake latency and claim throughput per backend."""
+    report = _run([sys.executable, "-m", "bench"], tmp_path)
+    assert report["parts"] == ["steps", "wake", "claims"]
+    for name, figures in report["backends"].items():
+        _check_steps(figures)
+        wake = figures["wake"]
+        expected = {"notify"} if name == "postgresql" else {"poll_0.1s", "poll_0.01s"}
+        assert set(wake) == expected
+        for how in wake.values():
+            for key in ("ms_p50", "ms_p90", "ms_p99", "ms_max", "send_call_ms_median"):
+                assert how[key] > 0, key
+            assert how["wakes"] > 0
+            assert how["chain_verified"] is True
+        claims = figures["claims"]
+        assert set(claims) == {"1", "2", "4"}
+        for workers, got in claims.items():
+            assert got["workers"] == int(workers)
+            assert got["objects_per_s"] > 0
+            assert sum(got["objects_per_worker"]) == got["objects"]
+            assert got["chain_verified"] is True
+    from bench.render import render
+
+    tables = render(report)
+    for title in ("Durable steps", "Wake latency", "Claim throughput"):
+        assert title in tables

@@ -1,7 +1,9 @@
 """Tampered or corrupted memory is detected, named by sequence number, and never resumed.
 
-Every test edits a real SQLite store file behind perdure's back with the plain
-``sqlite3`` module (or raw byte writes), the way damage or an attacker would.
+Every test edits a real store behind perdure's back, the way damage or an attacker
+would: record-level edits go through a plain driver connection of the backend under
+test (``sqlite3`` on the SQLite file, ``psycopg`` on the PostgreSQL database); the
+damaged-file test overwrites pages of a SQLite file with raw bytes.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -35,13 +38,47 @@ def _db_path(store_url: str) -> str:
     return store_url.removeprefix("sqlite:///")
 
 
-@pytest.fixture
-def db(store_url: str) -> Iterator[Callable[[], sqlite3.Connection]]:
-    """Plain ``sqlite3`` connections to the store file, closed after the test."""
-    opened: list[sqlite3.Connection] = []
+class RawSQL:
+    """A plain driver connection to the store in autocommit mode, outside perdure.
 
-    def connect() -> sqlite3.Connection:
-        conn = sqlite3.connect(_db_path(store_url), isolation_level=None)
+    Statements use ``?`` placeholders and portable SQL; blobs go in and come out as
+    ``bytes`` (BLOB on SQLite, BYTEA on PostgreSQL). ``BEGIN``/``COMMIT`` group edits.
+    """
+
+    def __init__(self, store_url: str) -> None:
+        self.postgres = not store_url.startswith("sqlite:")
+        if self.postgres:
+            import psycopg
+
+            self._pg = psycopg.connect(store_url, autocommit=True)
+        else:
+            self._lite = sqlite3.connect(_db_path(store_url), isolation_level=None)
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement; its rows (none for a statement that returns none)."""
+        if not self.postgres:
+            return self._lite.execute(sql, tuple(params)).fetchall()
+        cur = self._pg.execute(sql.replace("?", "%s").encode(), tuple(params))
+        return [tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
+                for row in cur.fetchall()] if cur.description else []
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """Run a query that returns exactly one row; that row."""
+        (row,) = self.execute(sql, params)
+        return row
+
+    def close(self) -> None:
+        """Close the connection."""
+        (self._pg if self.postgres else self._lite).close()
+
+
+@pytest.fixture
+def db(store_url: str) -> Iterator[Callable[[], RawSQL]]:
+    """Plain driver connections to the test's store, closed after the test."""
+    opened: list[RawSQL] = []
+
+    def connect() -> RawSQL:
+        conn = RawSQL(store_url)
         opened.append(conn)
         return conn
 
@@ -99,12 +136,11 @@ def test_untouched_memory_verifies(finished: perdure.App, store_url: str, key_di
     assert "8 records verified" in done.stdout
 
 
-def test_edited_body_is_named(finished: perdure.App, db: Callable[[], sqlite3.Connection],
+def test_edited_body_is_named(finished: perdure.App, db: Callable[[], RawSQL],
                               store_url: str, key_dir: Path) -> None:
     """Changing one byte of a record's body (still valid JSON) fails at that record."""
     conn = db()
-    (body,) = conn.execute("SELECT body FROM records WHERE object_id=? AND seq=4",
-                           (OID,)).fetchone()
+    (body,) = conn.one("SELECT body FROM records WHERE object_id=? AND seq=4", (OID,))
     edited = bytes(body).replace(b'"result":4', b'"result":5')
     assert edited != bytes(body)
     conn.execute("UPDATE records SET body=? WHERE object_id=? AND seq=4", (edited, OID))
@@ -112,21 +148,20 @@ def test_edited_body_is_named(finished: perdure.App, db: Callable[[], sqlite3.Co
 
 
 def test_deleted_middle_record_is_named(finished: perdure.App,
-                                        db: Callable[[], sqlite3.Connection],
+                                        db: Callable[[], RawSQL],
                                         store_url: str, key_dir: Path) -> None:
     """Deleting a record from the middle reports the missing sequence number."""
     db().execute("DELETE FROM records WHERE object_id=? AND seq=3", (OID,))
     _assert_bad(finished, store_url, key_dir, 3, "sequence gap")
 
 
-def test_swapped_records_are_named(finished: perdure.App, db: Callable[[], sqlite3.Connection],
+def test_swapped_records_are_named(finished: perdure.App, db: Callable[[], RawSQL],
                                    store_url: str, key_dir: Path) -> None:
     """Swapping two records' contents while keeping their seq fails at the first of them."""
     conn = db()
     cols = "trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash, signature"
     rows = {
-        seq: conn.execute(f"SELECT {cols} FROM records WHERE object_id=? AND seq=?",
-                          (OID, seq)).fetchone()
+        seq: conn.one(f"SELECT {cols} FROM records WHERE object_id=? AND seq=?", (OID, seq))
         for seq in (3, 5)
     }
     sets = ", ".join(f"{c.strip()}=?" for c in cols.split(","))
@@ -138,12 +173,12 @@ def test_swapped_records_are_named(finished: perdure.App, db: Callable[[], sqlit
     _assert_bad(finished, store_url, key_dir, 3, "previous-hash link is broken")
 
 
-def test_swapped_bodies_are_named(finished: perdure.App, db: Callable[[], sqlite3.Connection],
+def test_swapped_bodies_are_named(finished: perdure.App, db: Callable[[], RawSQL],
                                   store_url: str, key_dir: Path) -> None:
     """Swapping only two bodies (headers, hashes and signatures stay) fails at the first."""
     conn = db()
-    b3, b6 = (conn.execute("SELECT body FROM records WHERE object_id=? AND seq=?",
-                           (OID, s)).fetchone()[0] for s in (3, 6))
+    b3, b6 = (conn.one("SELECT body FROM records WHERE object_id=? AND seq=?", (OID, s))[0]
+              for s in (3, 6))
     conn.execute("UPDATE records SET body=? WHERE object_id=? AND seq=3", (b6, OID))
     conn.execute("UPDATE records SET body=? WHERE object_id=? AND seq=6", (b3, OID))
     _assert_bad(finished, store_url, key_dir, 3, "content does not match its hash")
@@ -151,7 +186,7 @@ def test_swapped_bodies_are_named(finished: perdure.App, db: Callable[[], sqlite
 
 @pytest.mark.parametrize("claimed_node", ["real", "forger"])
 def test_resigned_forgery_fails_on_signature(
-    finished: perdure.App, db: Callable[[], sqlite3.Connection], store_url: str,
+    finished: perdure.App, db: Callable[[], RawSQL], store_url: str,
     key_dir: Path, claimed_node: str,
 ) -> None:
     """A forger rewrites #4 onwards with correct hashes and links, signs with an unknown key.
@@ -189,7 +224,7 @@ def test_resigned_forgery_fails_on_signature(
 
 
 def test_deleted_tail_fails_on_the_head(finished: perdure.App,
-                                        db: Callable[[], sqlite3.Connection],
+                                        db: Callable[[], RawSQL],
                                         store_url: str, key_dir: Path) -> None:
     """Deleting the last record leaves a valid-looking chain the row's head contradicts."""
     db().execute("DELETE FROM records WHERE object_id=? AND seq=8", (OID,))
@@ -197,7 +232,7 @@ def test_deleted_tail_fails_on_the_head(finished: perdure.App,
 
 
 def test_non_json_body_names_object_and_seq(finished: perdure.App,
-                                            db: Callable[[], sqlite3.Connection],
+                                            db: Callable[[], RawSQL],
                                             store_url: str, key_dir: Path) -> None:
     """A body that is not JSON raises RecordDecodeError naming object and seq; never None."""
     db().execute("UPDATE records SET body=? WHERE object_id=? AND seq=5",
@@ -219,7 +254,7 @@ def test_non_json_body_names_object_and_seq(finished: perdure.App,
 
 @pytest.mark.parametrize("damage", ["edit", "text", "not-json", "delete-middle", "delete-tail"])
 def test_tampered_dormant_object_is_parked(make_app: MakeApp,
-                                           db: Callable[[], sqlite3.Connection],
+                                           db: Callable[[], RawSQL],
                                            damage: str) -> None:
     """A dormant object whose memory was changed is parked with a note when claimed.
 
@@ -247,21 +282,25 @@ def test_tampered_dormant_object_is_parked(make_app: MakeApp,
             time.sleep(0.01)
     assert calls == ["a", "b"]
     conn = db()
-    count_before = conn.execute("SELECT count(*) FROM records").fetchone()[0]
+    if damage == "text" and conn.postgres:
+        pytest.skip("PostgreSQL enforces the BYTEA type: a body cannot be stored as text")
+    (count_before,) = conn.one("SELECT count(*) FROM records")
     if damage == "edit":
-        conn.execute("UPDATE records SET body=CAST(replace(body, '\"a\"', '\"z\"') AS BLOB) "
-                     "WHERE object_id=? AND seq=2", (OID,))
+        (body,) = conn.one("SELECT body FROM records WHERE object_id=? AND seq=2", (OID,))
+        edited = bytes(body).replace(b'"a"', b'"z"')
+        assert edited != bytes(body)
+        conn.execute("UPDATE records SET body=? WHERE object_id=? AND seq=2", (edited, OID))
     elif damage == "text":
         conn.execute("UPDATE records SET body=CAST(body AS TEXT) WHERE object_id=? AND seq=2",
                      (OID,))
     elif damage == "not-json":
-        conn.execute("UPDATE records SET body=X'00FF' WHERE object_id=? AND seq=2", (OID,))
+        conn.execute("UPDATE records SET body=? WHERE object_id=? AND seq=2",
+                     (b"\x00\xff", OID))
     elif damage == "delete-middle":
         conn.execute("DELETE FROM records WHERE object_id=? AND seq=2", (OID,))
         count_before -= 1
     else:
-        (tail,) = conn.execute("SELECT max(seq) FROM records WHERE object_id=?",
-                               (OID,)).fetchone()
+        (tail,) = conn.one("SELECT max(seq) FROM records WHERE object_id=?", (OID,))
         conn.execute("DELETE FROM records WHERE object_id=? AND seq=?", (OID, tail))
         count_before -= 1
     app.send(OID, "go", True)
@@ -277,7 +316,7 @@ def test_tampered_dormant_object_is_parked(make_app: MakeApp,
     assert row.note is not None and "memory damaged" in row.note
     assert ("#2" if damage != "delete-tail" else "records missing") in row.note
     assert calls == ["a", "b"]
-    assert conn.execute("SELECT count(*) FROM records").fetchone()[0] == count_before
+    assert conn.one("SELECT count(*) FROM records") == (count_before,)
     assert app.get(OID).status == "parked"
     with pytest.raises(AgentParkedError, match="memory damaged"):
         handle.result(timeout=1)
@@ -290,12 +329,31 @@ def _pad(i: int) -> str:
     return f"{i:04d}-" + "x" * 150
 
 
-def test_corrupt_pages_fail_closed(make_app: MakeApp, store_url: str, key_dir: Path) -> None:
+@pytest.fixture
+def make_sqlite_app(sqlite_url: str, key_dir: Path) -> Iterator[MakeApp]:
+    """Apps on one SQLite store file (short leases, fast polling); closed afterwards."""
+    apps: list[perdure.App] = []
+
+    def make() -> perdure.App:
+        app = perdure.App(store=sqlite_url, key_dir=key_dir, lease_seconds=2.0,
+                          poll_interval=0.01)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+def test_corrupt_pages_fail_closed(make_sqlite_app: MakeApp, sqlite_url: str,
+                                   key_dir: Path) -> None:
     """Garbage over pages in the middle of the file gives StoreCorruptError, never a resume.
 
-    The App and the CLI both report the damage in one clear line; a worker on the
-    damaged store does not run the dormant agent's next step.
+    SQLite only: it is about the store's own file. The App and the CLI both report
+    the damage in one clear line; a worker on the damaged store does not run the
+    dormant agent's next step.
     """
+    make_app, store_url = make_sqlite_app, sqlite_url
     app = make_app()
     after: list[int] = []
 

@@ -1,9 +1,10 @@
 """The ``store`` fixture: one fresh, isolated store per test, for every backend.
 
-Each backend is a context manager that opens an empty store for one test and
-disposes of it afterwards: a SQLite file, or a private PostgreSQL database
+Each backend is a context manager that gives one test the URL of an empty place
+and disposes of it afterwards: a SQLite file, or a private PostgreSQL database
 cloned from a migrated template (``tests/pg.py``) and dropped on exit, so tests
-never see each other's rows. ``PERDURE_TEST_BACKENDS`` selects the backends.
+never see each other's rows. ``store`` opens it; ``open_again`` opens more stores
+on it, as other nodes would. ``PERDURE_TEST_BACKENDS`` selects the backends.
 """
 
 from __future__ import annotations
@@ -22,26 +23,18 @@ from tests.stores.builders import make_signer
 
 
 @contextlib.contextmanager
-def _sqlite(folder: Path) -> Iterator[Store]:
-    store = open_store(f"sqlite:///{folder / 'contract.db'}")
-    try:
-        yield store
-    finally:
-        store.close()
+def _sqlite(folder: Path) -> Iterator[str]:
+    yield f"sqlite:///{folder / 'contract.db'}"
 
 
 @contextlib.contextmanager
-def _postgresql(folder: Path) -> Iterator[Store]:
+def _postgresql(folder: Path) -> Iterator[str]:
     del folder
     with fresh_database() as url:
-        store = open_store(url)
-        try:
-            yield store
-        finally:
-            store.close()
+        yield url
 
 
-_ALL: dict[str, Callable[[Path], contextlib.AbstractContextManager[Store]]] = {
+_ALL: dict[str, Callable[[Path], contextlib.AbstractContextManager[str]]] = {
     "sqlite": _sqlite,
     "postgresql": _postgresql,
 }
@@ -49,10 +42,34 @@ BACKENDS = {name: _ALL[name] for name in SELECTED}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty place for a store of each backend, private to this test."""
+    with BACKENDS[request.param](tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def store(place: str) -> Iterator[Store]:
     """An empty store of each backend, private to this test."""
-    with BACKENDS[request.param](tmp_path) as opened:
+    opened = open_store(place)
+    try:
         yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def open_again(place: str) -> Iterator[Callable[[], Store]]:
+    """Open more stores on the test's store (as other nodes do); closed after the test."""
+    opened: list[Store] = []
+
+    def open_one() -> Store:
+        opened.append(open_store(place))
+        return opened[-1]
+
+    yield open_one
+    for other in opened:
+        other.close()
 
 
 @pytest.fixture

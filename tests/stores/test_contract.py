@@ -2,11 +2,18 @@
 
 Written against the protocol only (no backend internals); records are sealed and
 signed the way a node does it.
+
+Timers (``ready_at``) are compared with the ``now`` a node passes, so most tests use
+the logical time ``NOW``. Lease expiry is real time (a backend may decide it by its
+own clock, as PostgreSQL does), so tests about leases running out use ``time.time()``,
+short leases and real waits.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -22,6 +29,16 @@ from perdure.stores import Claim, Store
 from tests.stores.builders import NOW, Chain, make_signer
 
 LEASE = NOW + 30.0
+SHORT = 0.3
+"""Seconds of a lease meant to run out during the test."""
+CLOCK_SLACK = 1.0
+"""How far a lease expiry may be from ``lease_until``: a backend deciding expiry by its
+own clock counts the lease from when it runs the claim, a little after ``now``."""
+
+
+def _sleep_past(moment: float) -> None:
+    """Sleep in real time until a little after the Unix time ``moment``."""
+    time.sleep(max(0.0, moment - time.time()) + 0.05)
 
 
 def _created(store: Store, signer: Signer, object_id: str, *, ready_at: float = NOW,
@@ -143,20 +160,27 @@ def test_records_in_order_after_seq(store: Store, signer: Signer) -> None:
 
 
 def test_claim_up_to_limit_and_bumps_epoch(store: Store, signer: Signer) -> None:
-    """``claim`` leases at most ``limit`` objects, oldest ready first, each at epoch + 1."""
+    """``claim`` leases at most ``limit`` objects, oldest ready first, each at epoch + 1.
+
+    The lease runs ``lease_until - now`` seconds of real time from the claim; the row
+    and the claim agree on its expiry, and nobody else can claim it meanwhile.
+    """
+    now = time.time()
     for index, oid in enumerate(["o1", "o2", "o3"]):
-        _created(store, signer, oid, ready_at=NOW - 10 + index)
-    first = store.claim("w1", NOW, LEASE, 2)
+        _created(store, signer, oid, ready_at=now - 10 + index)
+    lease_until = now + 30.0
+    first = store.claim("w1", now, lease_until, 2)
     assert [c.object_id for c in first] == ["o1", "o2"]
-    assert all(c.epoch == 1 and c.lease_expires == LEASE for c in first)
-    second = store.claim("w2", NOW, LEASE, 5)
+    assert all(c.epoch == 1 for c in first)
+    assert all(c.lease_expires == pytest.approx(lease_until, abs=CLOCK_SLACK) for c in first)
+    second = store.claim("w2", time.time(), time.time() + 30.0, 5)
     assert [c.object_id for c in second] == ["o3"]
-    assert store.claim("w3", NOW, LEASE, 5) == []
+    assert store.claim("w3", time.time(), time.time() + 30.0, 5) == []
     row = store.get("o1")
     assert row is not None
-    assert (row.lease_owner, row.lease_expires, row.epoch) == ("w1", LEASE, 1)
+    assert (row.lease_owner, row.lease_expires, row.epoch) == ("w1", first[0].lease_expires, 1)
     assert row.status == "running"
-    assert store.claim("w1", NOW, LEASE, 0) == []
+    assert store.claim("w1", time.time(), time.time() + 30.0, 0) == []
 
 
 def test_claim_skips_not_ready_paused_and_parked(store: Store, signer: Signer) -> None:
@@ -177,35 +201,50 @@ def test_claim_skips_not_ready_paused_and_parked(store: Store, signer: Signer) -
 
 
 def test_claim_takes_over_an_expired_lease(store: Store, signer: Signer) -> None:
-    """A lease that ran out in real time is taken over by another owner at a higher epoch."""
+    """A lease that ran out in real time is taken over by another owner at a higher epoch.
+
+    Until it runs out nobody else gets it, whatever ``now`` the other node passes.
+    """
     _created(store, signer, "obj-1", ready_at=time.time() - 1)
     start = time.time()
-    held = store.claim("w1", start, start + 0.2, 1)
+    held = store.claim("w1", start, start + SHORT, 1)
     assert [c.epoch for c in held] == [1]
-    assert store.claim("w2", time.time(), time.time() + 0.2, 1) == []
-    time.sleep(0.25)
+    assert store.claim("w2", time.time(), time.time() + 30, 1) == []
+    _sleep_past(held[0].lease_expires)
     now = time.time()
     taken = store.claim("w2", now, now + 30, 1)
     assert [(c.object_id, c.epoch) for c in taken] == [("obj-1", 2)]
     row = store.get("obj-1")
-    assert row is not None and row.lease_owner == "w2"
+    assert row is not None and (row.lease_owner, row.epoch) == ("w2", 2)
+    assert row.lease_expires == taken[0].lease_expires
 
 
 def test_renew_while_held_and_none_after_takeover(store: Store, signer: Signer) -> None:
-    """``renew`` extends a held lease; after a takeover the old epoch gets None."""
-    _created(store, signer, "obj-1")
-    claim = _claim_one(store, "obj-1")
-    renewed = store.renew("obj-1", claim.epoch, NOW + 45)
-    assert renewed is not None
-    assert (renewed.epoch, renewed.lease_expires) == (claim.epoch, NOW + 45)
+    """``renew`` extends a held lease past its first expiry; after a takeover the old
+    epoch gets None and the new holder can renew."""
+    _created(store, signer, "obj-1", ready_at=time.time() - 1)
+    start = time.time()
+    (claim,) = store.claim("w1", start, start + SHORT, 1)
+    until = time.time() + 45
+    renewed = store.renew("obj-1", claim.epoch, until)
+    assert renewed is not None and renewed.object_id == "obj-1"
+    assert renewed.epoch == claim.epoch
+    assert renewed.lease_expires == pytest.approx(until, abs=CLOCK_SLACK)
     row = store.get("obj-1")
-    assert row is not None and row.lease_expires == NOW + 45
+    assert row is not None and row.lease_expires == renewed.lease_expires
+    _sleep_past(claim.lease_expires)  # the first lease would have run out by now
+    assert store.claim("w2", time.time(), time.time() + 30, 1) == []
 
-    later = NOW + 46
+    shortened = store.renew("obj-1", claim.epoch, time.time() + SHORT)
+    assert shortened is not None
+    _sleep_past(shortened.lease_expires)
+    later = time.time()
     taken = store.claim("w2", later, later + 30, 1)
     assert [c.epoch for c in taken] == [claim.epoch + 1]
-    assert store.renew("obj-1", claim.epoch, later + 60) is None
-    assert store.renew("obj-1", taken[0].epoch, later + 60) is not None
+    assert store.renew("obj-1", claim.epoch, time.time() + 60) is None
+    assert store.renew("obj-1", taken[0].epoch, time.time() + 60) is not None
+    row = store.get("obj-1")
+    assert row is not None and (row.lease_owner, row.epoch) == ("w2", taken[0].epoch)
 
 
 def test_renew_after_release_is_none(store: Store, signer: Signer) -> None:
@@ -213,7 +252,9 @@ def test_renew_after_release_is_none(store: Store, signer: Signer) -> None:
     chain = _created(store, signer, "obj-1")
     claim = _claim_one(store, "obj-1")
     _dormant(store, chain, claim, ready_at=NOW + 100)
-    assert store.renew("obj-1", claim.epoch, NOW + 60) is None
+    assert store.renew("obj-1", claim.epoch, time.time() + 60) is None
+    row = store.get("obj-1")
+    assert row is not None and (row.lease_owner, row.lease_expires) == (None, None)
 
 
 def test_renew_reports_pause_and_cancel(store: Store, signer: Signer) -> None:
@@ -221,30 +262,107 @@ def test_renew_reports_pause_and_cancel(store: Store, signer: Signer) -> None:
     _created(store, signer, "obj-1")
     claim = _claim_one(store, "obj-1")
     store.control("obj-1", NOW, paused=True)
-    renewed = store.renew("obj-1", claim.epoch, NOW + 40)
+    renewed = store.renew("obj-1", claim.epoch, time.time() + 40)
     assert renewed is not None and renewed.paused and not renewed.cancel_requested
     store.control("obj-1", NOW, cancel=True)
-    renewed = store.renew("obj-1", claim.epoch, NOW + 40)
+    renewed = store.renew("obj-1", claim.epoch, time.time() + 40)
     assert renewed is not None and renewed.cancel_requested
 
 
 def test_control_flags_and_leases_held(store: Store, signer: Signer) -> None:
     """``control_flags`` reads epoch, cancel and pause in one go; ``leases_held`` and
     ``expire_lease`` find and end the live leases of one owner prefix."""
-    _created(store, signer, "obj-1")
-    _created(store, signer, "obj-2")
-    claim = store.claim("node-a/123", NOW, NOW + 30, 1)[0]
-    store.control(claim.object_id, NOW, cancel=True)
+    _created(store, signer, "obj-1", ready_at=time.time() - 2)
+    _created(store, signer, "obj-2", ready_at=time.time() - 1)
+    now = time.time()
+    claim = store.claim("node-a/123", now, now + 30, 1)[0]
+    store.control(claim.object_id, now, cancel=True)
     flags = store.control_flags([claim.object_id, "missing"])
     assert flags == {claim.object_id: (claim.epoch, True, False)}
     assert store.control_flags([]) == {}
-    assert store.leases_held("node-a/", NOW) == [(claim.object_id, "node-a/123", claim.epoch)]
-    assert store.leases_held("node-b/", NOW) == []
-    assert not store.expire_lease(claim.object_id, "node-a/999", claim.epoch, NOW)
-    assert store.expire_lease(claim.object_id, "node-a/123", claim.epoch, NOW)
-    assert store.leases_held("node-a/", NOW) == []
-    retaken = store.claim("node-b/1", NOW, NOW + 30, 2)
-    assert claim.object_id in {c.object_id for c in retaken}
+    now = time.time()
+    assert store.leases_held("node-a/", now) == [(claim.object_id, "node-a/123", claim.epoch)]
+    assert store.leases_held("node-b/", now) == []
+    assert store.leases_held("node-a_", now) == []  # the prefix is literal, not a pattern
+    assert not store.expire_lease(claim.object_id, "node-a/999", claim.epoch, now)
+    assert not store.expire_lease(claim.object_id, "node-a/123", claim.epoch + 1, now)
+    assert store.leases_held("node-a/", now) == [(claim.object_id, "node-a/123", claim.epoch)]
+    assert store.expire_lease(claim.object_id, "node-a/123", claim.epoch, now)
+    assert store.leases_held("node-a/", time.time()) == []
+    now = time.time()
+    retaken = store.claim("node-b/1", now, now + 30, 2)
+    assert {c.object_id for c in retaken} == {"obj-1", "obj-2"}
+
+
+def test_leases_held_drops_a_lease_that_ran_out(store: Store, signer: Signer) -> None:
+    """A lease past its expiry in real time is no longer listed by ``leases_held``."""
+    _created(store, signer, "obj-1", ready_at=time.time() - 1)
+    start = time.time()
+    (claim,) = store.claim("node-a/7", start, start + SHORT, 1)
+    assert store.leases_held("node-a/", time.time()) == [("obj-1", "node-a/7", claim.epoch)]
+    _sleep_past(claim.lease_expires)
+    assert store.leases_held("node-a/", time.time()) == []
+
+
+def test_next_ready_at_waits_for_a_held_lease(store: Store, signer: Signer) -> None:
+    """An object that is due but leased becomes claimable when its lease runs out."""
+    _created(store, signer, "obj-1", ready_at=time.time() - 5)
+    start = time.time()
+    (claim,) = store.claim("w1", start, start + 20, 1)
+    due = store.next_ready_at()
+    assert due is not None and due == pytest.approx(claim.lease_expires, abs=CLOCK_SLACK)
+
+
+def test_concurrent_claims_never_share_or_wait(store: Store, signer: Signer,
+                                               open_again: Callable[[], Store]) -> None:
+    """Two nodes (own connections, own threads) claiming at the same moment, round after
+    round, on many ready objects: each claim gets a full batch, no object is claimed
+    twice, every object is claimed once, and no claim waits on the other."""
+    batch, rounds = 6, 10
+    total = 2 * batch * rounds
+    base = time.time() - 60
+    for index in range(total):
+        _created(store, signer, f"obj-{index:03d}", ready_at=base + index * 0.001)
+    other = open_again()
+    barrier = threading.Barrier(2, timeout=20)
+    taken: dict[str, list[Claim]] = {"node-a": [], "node-b": []}
+    sizes: dict[str, list[int]] = {"node-a": [], "node-b": []}
+    slowest: dict[str, float] = {"node-a": 0.0, "node-b": 0.0}
+    errors: list[BaseException] = []
+
+    def node(owner: str, opened: Store) -> None:
+        try:
+            for _ in range(rounds):
+                barrier.wait()
+                began = time.monotonic()
+                now = time.time()
+                claims = opened.claim(owner, now, now + 30, batch)
+                slowest[owner] = max(slowest[owner], time.monotonic() - began)
+                sizes[owner].append(len(claims))
+                taken[owner].extend(claims)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=node, args=("node-a", store)),
+               threading.Thread(target=node, args=("node-b", other))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert sizes == {"node-a": [batch] * rounds, "node-b": [batch] * rounds}
+    ids_a = {c.object_id for c in taken["node-a"]}
+    ids_b = {c.object_id for c in taken["node-b"]}
+    assert len(ids_a) == len(ids_b) == batch * rounds
+    assert not ids_a & ids_b
+    assert ids_a | ids_b == {f"obj-{index:03d}" for index in range(total)}
+    assert all(c.epoch == 1 for c in taken["node-a"] + taken["node-b"])
+    assert max(slowest.values()) < 2.0, slowest
+    assert store.claim("node-c", time.time(), time.time() + 30, total) == []
+    for owner in ("node-a", "node-b"):
+        row = store.get(taken[owner][0].object_id)
+        assert row is not None and row.lease_owner == owner
 
 
 # -- fenced appends -----------------------------------------------------------------------
@@ -267,10 +385,12 @@ def test_apply_appends_and_updates_the_row(store: Store, signer: Signer) -> None
 
 def test_apply_is_fenced_by_epoch(store: Store, signer: Signer) -> None:
     """A stale epoch is refused with LeaseLostError while others in the batch still apply."""
-    stale = _created(store, signer, "stale")
-    fresh = _created(store, signer, "fresh")
-    claims = {c.object_id: c for c in store.claim("w1", NOW, NOW + 1, 10)}
-    later = NOW + 2
+    stale = _created(store, signer, "stale", ready_at=time.time() - 1)
+    fresh = _created(store, signer, "fresh", ready_at=time.time() - 1)
+    start = time.time()
+    claims = {c.object_id: c for c in store.claim("w1", start, start + SHORT, 10)}
+    _sleep_past(max(c.lease_expires for c in claims.values()))
+    later = time.time()
     retaken = store.claim("w2", later, later + 30, 10)
     assert {c.object_id for c in retaken} == {"stale", "fresh"}
     fresh_epoch = next(c.epoch for c in retaken if c.object_id == "fresh")

@@ -236,12 +236,18 @@ class Worker:
         return ended
 
     def _start(self, claim: Claim) -> None:
+        earlier = self._active.get(claim.object_id)
+        if earlier is not None and earlier.run is not None:
+            # Our own older run lost its lease (e.g. the store was down longer than
+            # the lease) and this node claimed the object again: the old run stops.
+            earlier.run.lease_lost = True
         task = asyncio.create_task(self._handle(claim), name=f"perdure:{claim.object_id}")
         active = _Active(claim, task)
         self._active[claim.object_id] = active
 
         def finished(_: asyncio.Task[None]) -> None:
-            self._active.pop(claim.object_id, None)
+            if self._active.get(claim.object_id) is active:  # not a newer claim's entry
+                del self._active[claim.object_id]
             active.done.set()
             self._wake.set()
 
@@ -504,7 +510,10 @@ class Worker:
         loop = asyncio.get_running_loop()
 
         async def load_events() -> list[Event]:
-            return list(await self._read(self.store.pending_events, oid))
+            try:
+                return list(await self._read(self.store.pending_events, oid))
+            except StoreError as exc:  # not the agent's failure: abandon the run, retry later
+                raise StoreUnavailable(exc) from exc
 
         run = Run(journal=journal, intent=intent, context=facts.context, records=records,
                   load_events=load_events, step_executor=self._run_step, clock=self.clock)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from perdure.errors import ConfigurationError
 from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow, Store
 
-__all__ = ["Append", "Claim", "Event", "NewObject", "ObjectRow", "Store", "open_store"]
+__all__ = [
+    "Append",
+    "Claim",
+    "Event",
+    "NewObject",
+    "ObjectRow",
+    "Store",
+    "open_store",
+    "redact_url",
+]
 
 
 def open_store(url: str) -> Store:
@@ -20,22 +30,23 @@ def open_store(url: str) -> Store:
     query options ``pool_size`` and ``connect_timeout_s``, the rest go to libpq.
     """
     parts = urlsplit(url)
+    shown = redact_url(url)
     scheme = parts.scheme.lower()
     if scheme == "sqlite":
         if parts.netloc:
             raise ConfigurationError(
-                f"store URL {url!r}: a SQLite URL has no host; use sqlite:///relative.db "
+                f"store URL {shown!r}: a SQLite URL has no host; use sqlite:///relative.db "
                 "or sqlite:////absolute/path.db"
             )
         raw = unquote(parts.path)
         if not raw or raw == "/":
-            raise ConfigurationError(f"store URL {url!r} names no file; use sqlite:///agents.db")
+            raise ConfigurationError(f"store URL {shown!r} names no file; use sqlite:///agents.db")
         path = Path(raw[1:])  # one slash separates the empty host from the path
         options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         unknown = set(options) - {"synchronous", "busy_timeout"}
         if unknown:
             raise ConfigurationError(
-                f"store URL {url!r}: unknown option(s) {sorted(unknown)}; "
+                f"store URL {shown!r}: unknown option(s) {sorted(unknown)}; "
                 "known: synchronous, busy_timeout"
             )
         from perdure.stores.sqlite import SQLiteStore
@@ -43,14 +54,14 @@ def open_store(url: str) -> Store:
         try:
             timeout = float(options.get("busy_timeout", "30"))
         except ValueError as exc:
-            raise ConfigurationError(f"store URL {url!r}: busy_timeout must be seconds") from exc
+            raise ConfigurationError(f"store URL {shown!r}: busy_timeout must be seconds") from exc
         return SQLiteStore(
             path, synchronous=options.get("synchronous", "full"), busy_timeout=timeout, url=url
         )
     if scheme in ("postgresql", "postgres"):
         return _open_postgres(url, parts.query)
     raise ConfigurationError(
-        f"store URL {url!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE "
+        f"store URL {shown!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE "
         "or postgresql://USER@HOST:PORT/DB"
     )
 
@@ -63,6 +74,7 @@ def _open_postgres(url: str, query: str) -> Store:
 
     Other query parameters (``sslmode``, ``application_name``, ...) go to libpq.
     """
+    shown = redact_url(url)
     try:
         from perdure.stores.postgres import PostgresStore
     except ImportError as exc:  # pragma: no cover - raised as ConfigurationError inside
@@ -75,9 +87,27 @@ def _open_postgres(url: str, query: str) -> Store:
     conninfo = urlunsplit(urlsplit(url)._replace(scheme="postgresql", query=urlencode(rest)))
     try:
         pool_size = int(ours.get("pool_size", "8"))
-        timeout = float(ours.get("connect_timeout_s", "5"))
-    except ValueError as exc:
+    except ValueError:
+        pool_size = 0
+    if pool_size < 1:
         raise ConfigurationError(
-            f"store URL {url!r}: pool_size must be a whole number and connect_timeout_s seconds"
-        ) from exc
+            f"store URL {shown!r}: pool_size must be a whole number of connections, at least 1"
+        )
+    try:
+        timeout = float(ours.get("connect_timeout_s", "5"))
+    except ValueError:
+        timeout = math.nan
+    if not timeout > 0 or math.isinf(timeout):
+        raise ConfigurationError(
+            f"store URL {shown!r}: connect_timeout_s must be a number of seconds above 0"
+        )
     return PostgresStore(conninfo, pool_size=pool_size, connect_timeout=timeout, url=url)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for banners, logs and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user, _, host = parts.netloc.rpartition("@")
+    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))

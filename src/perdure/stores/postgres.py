@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from perdure.core.records import Record, decode_record
 from perdure.errors import (
@@ -64,6 +65,24 @@ def _where(conninfo: str) -> str:
     port = params.get("port", "5432")
     db = params.get("dbname", "")
     return f"PostgreSQL at {host}:{port}/{db}"
+
+
+def _without_password(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for banners and error messages."""
+    if "://" not in url:  # a keyword conninfo string: host=... password=...
+        try:
+            params = psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError:
+            return "PostgreSQL"
+        if "password" in params:
+            params["password"] = "***"  # noqa: S105 - a mask, not a password
+        return psycopg.conninfo.make_conninfo(**{k: str(v) for k, v in params.items()})
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _translate(exc: BaseException, where: str) -> StoreError:
@@ -153,9 +172,14 @@ class PostgresStore:
         url: str | None = None,
     ) -> None:
         self.conninfo = conninfo
-        self.url = url or conninfo
+        self.url = _without_password(url or conninfo)  # shown in banners and errors
         self._where = _where(conninfo)
         self._connect_timeout = connect_timeout
+        try:  # one direct attempt first: a wrong URL fails at once with the server's reason
+            with psycopg.connect(conninfo, connect_timeout=max(1, int(connect_timeout))):
+                pass
+        except psycopg.Error as exc:
+            raise _translate(exc, self._where) from exc
         self._pool = ConnectionPool(
             conninfo,
             min_size=1,

@@ -334,6 +334,12 @@ class SQLiteStore:
             return []
         claims = []
         with self._write() as conn:
+            # Choose again under the write lock: another node may have claimed the rows
+            # read above, and this claim should still get a full batch of the others.
+            candidates = [
+                row[0]
+                for row in conn.execute(_Q["claim_candidates"], {"now": now, "limit": limit})
+            ]
             for object_id in candidates:
                 row = conn.execute(
                     _Q["claim_one"],

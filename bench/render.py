@@ -1,0 +1,146 @@
+"""Markdown tables of a ``python -m bench`` JSON document (for ``docs/benchmarks.md``).
+
+``python -m bench.render FILE.json`` (or JSON on standard input) prints one table per
+workload with a column per backend; ratios against each backend's own floor stand
+beside the absolute numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def _num(value: float | None, unit: str = "") -> str:
+    """Three significant figures, thousands separated."""
+    if value is None:
+        return "–"  # noqa: RUF001
+    if value >= 1000:
+        text = f"{value:,.0f}"
+    elif value >= 100:
+        text = f"{value:.0f}"
+    elif value >= 10:
+        text = f"{value:.1f}"
+    else:
+        text = f"{value:.2f}"
+    return f"{text}{unit}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}×" if value < 10 else f"{value:.1f}×"  # noqa: RUF001
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def steps_table(report: dict[str, Any]) -> str:
+    """Floor, sequential and concurrent figures, a column per backend."""
+    backends = [b for b in report["backends"].values() if "floor" in b]
+    if not backends:
+        return ""
+    header = [""] + [b["store"] for b in backends]
+
+    def row(label: str, cell: Any) -> list[str]:
+        return [label] + [cell(b) for b in backends]
+
+    rows = [
+        row("floor: one INSERT + COMMIT, mean (median)", lambda b: (
+            f"{_num(b['floor']['us_per_commit'], ' µs')} "
+            f"({_num(b['floor']['us_per_commit_median'], ' µs')})")),
+        row("floor: commits per second (from the mean)",
+            lambda b: _num(b["floor"]["commits_per_s"], " /s")),
+        row("sequential: µs per step, mean (median)", lambda b: (
+            f"{_num(b['sequential']['us_per_step'], ' µs')} "
+            f"({_num(b['sequential']['us_per_step_median'], ' µs')})")),
+        row("sequential: steps per second", lambda b: _num(b["sequential"]["steps_per_s"], " /s")),
+        row("sequential ÷ floor commit, mean (median)", lambda b: (
+            f"**{_ratio(b['sequential']['ratio_to_floor_commit'])}** "
+            f"({_ratio(b['sequential']['ratio_to_floor_commit_median'])})")),
+        row("concurrent: steps per second", lambda b: _num(b["concurrent"]["steps_per_s"], " /s")),
+        row("concurrent ÷ floor commits per second",
+            lambda b: f"**{_ratio(b['concurrent']['ratio_to_single_commit_rate'])}**"),
+        row("concurrent: commits / appends (appends per commit)", lambda b: (
+            f"{b['concurrent']['commits']:,} / {b['concurrent']['appends']:,} "
+            f"({_num(b['concurrent']['appends_per_commit'])})")),
+    ]
+    baseline = report.get("baseline", {}).get("us_per_call")
+    if baseline is not None:
+        rows.append(row("Python baseline: one await of the trivial step",
+                        lambda _b: _num(baseline, " µs")))
+    return _table(header, rows)
+
+
+def wake_table(report: dict[str, Any]) -> str:
+    """Wake latency percentiles, a row per backend and wake mechanism."""
+    rows = []
+    for b in report["backends"].values():
+        for figures in b.get("wake", {}).values():
+            how = (f"polls every {figures['poll_s']:g} s" if figures["wake_by"] == "poll"
+                   else "LISTEN/NOTIFY push")
+            rows.append([
+                f"{b['store']}, {how}",
+                _num(figures["ms_p50"], " ms"),
+                _num(figures["ms_p90"], " ms"),
+                _num(figures["ms_p99"], " ms"),
+                _num(figures["ms_max"], " ms"),
+                f"{figures['wakes']}",
+                _num(figures["send_call_ms_median"], " ms"),
+            ])
+    if not rows:
+        return ""
+    return _table(["backend, worker", "p50", "p90", "p99", "max", "wakes",
+                   "`app.send` call (median)"], rows)
+
+
+def claims_table(report: dict[str, Any]) -> str:
+    """Objects per second by worker-process count, a row per backend."""
+    backends = [b for b in report["backends"].values() if "claims" in b]
+    if not backends:
+        return ""
+    counts = list(backends[0]["claims"])
+    header = ["backend"] + [f"{n} worker{'s' if n != '1' else ''}" for n in counts]
+    header.append("4 workers ÷ floor commits/s" if "4" in counts and "floor" in backends[0]
+                  else "")
+    rows = []
+    for b in backends:
+        one = b["claims"][counts[0]]["objects_per_s"]
+        cells = [b["store"]]
+        for n in counts:
+            rate = b["claims"][n]["objects_per_s"]
+            cells.append(f"{_num(rate, ' /s')} ({_ratio(rate / one)})")
+        if "floor" in b and "4" in b["claims"]:
+            cells.append(_ratio(b["claims"]["4"]["objects_per_s"] / b["floor"]["commits_per_s"]))
+        else:
+            cells.append("")
+        rows.append(cells)
+    if not header[-1]:
+        header.pop()
+        rows = [r[:-1] for r in rows]
+    return _table(header, rows)
+
+
+def render(report: dict[str, Any]) -> str:
+    """All tables, each under a heading."""
+    parts = []
+    for title, table in (("Durable steps", steps_table(report)),
+                         ("Wake latency", wake_table(report)),
+                         ("Claim throughput (objects per second)", claims_table(report))):
+        if table:
+            parts.append(f"#### {title}\n\n{table}")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Render the JSON document named on the command line (or on standard input)."""
+    args = sys.argv[1:] if argv is None else argv
+    text = open(args[0]).read() if args else sys.stdin.read()  # noqa: SIM115
+    sys.stdout.write(render(json.loads(text)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

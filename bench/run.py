@@ -1,0 +1,142 @@
+"""Every perdure benchmark, on every backend, in one JSON document.
+
+``python -m bench`` (or ``python bench/run.py``) runs, for SQLite FULL, SQLite NORMAL
+and PostgreSQL:
+
+* ``steps``: the floor commit, sequential steps and concurrent objects
+  (``bench/steps.py``);
+* ``wake``: latency from ``app.send`` to the agent running again, with a worker in a
+  separate process (``bench/wake.py``); SQLite workers poll, PostgreSQL pushes;
+* ``claims``: objects per second with 1, 2 and 4 worker processes on objects that are
+  all ready at once (``bench/claims.py``).
+
+``--quick`` uses tiny sizes (a smoke run of some seconds); ``--only steps,wake`` picks
+parts; ``--markdown`` prints the tables for ``docs/benchmarks.md`` instead of JSON
+(``python -m bench.render FILE.json`` renders a saved JSON document). Nothing asserts
+on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import claims, steps, wake
+from bench.common import Backend, fresh_database, loadavg, machine, median_of, pick_backends
+
+PARTS = ("steps", "wake", "claims")
+
+QUICK = {
+    "steps": steps.QUICK_SIZES,
+    "wake": {"objects": 1, "wakes_per_object": 2, "sqlite_polls": [0.1, 0.01]},
+    "claims": {"objects": 20, "workers": [1, 2, 4], "concurrency": 16, "poll": 0.01,
+               "repeats": 1},
+}
+FULL = {
+    "steps": steps.FULL_SIZES,
+    "wake": {"objects": 10, "wakes_per_object": 20, "sqlite_polls": [0.1, 0.01]},
+    "claims": {"objects": 1000, "workers": [1, 2, 4], "concurrency": 16, "poll": 0.01,
+               "repeats": 1},
+}
+
+
+def measure_wake(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: str
+                 ) -> dict[str, Any]:
+    """Wake latency for each poll interval (SQLite) or by NOTIFY (PostgreSQL)."""
+    out: dict[str, Any] = {}
+    for name, poll in wake.settings_for(backend, tuple(sizes["sqlite_polls"])):
+        sub = folder / name
+        with fresh_database(backend, sub, admin_url) as db:
+            out[name] = wake.wake_latency(
+                db, sub, poll=poll, objects=sizes["objects"],
+                wakes_per_object=sizes["wakes_per_object"],
+                jitter=poll if backend.kind == "sqlite" else 0.02,
+            )
+    return out
+
+
+def measure_claims(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: str
+                   ) -> dict[str, Any]:
+    """Objects per second for each worker-process count (median over repeats)."""
+    out: dict[str, Any] = {}
+    for workers in sizes["workers"]:
+        runs = []
+        for rep in range(sizes["repeats"]):
+            sub = folder / f"workers{workers}" / f"run{rep}"
+            with fresh_database(backend, sub, admin_url) as db:
+                runs.append(claims.claim_throughput(
+                    db, sub, workers=workers, objects=sizes["objects"],
+                    concurrency=sizes["concurrency"], poll=sizes["poll"],
+                ))
+        out[str(workers)] = median_of(runs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse options, run the chosen parts on the chosen backends, print JSON or tables."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    steps.add_arguments(parser)
+    parser.add_argument("--only", help=f"comma-separated parts to run (of {', '.join(PARTS)})")
+    parser.add_argument("--claim-repeats", type=int, help="runs per claim figure (default 1)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print Markdown tables instead of JSON")
+    args = parser.parse_args(argv)
+    logging.getLogger("perdure").setLevel(logging.ERROR)
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    parts = [p.strip() for p in (args.only or ",".join(PARTS)).split(",") if p.strip()]
+    if unknown := sorted(set(parts) - set(PARTS)):
+        parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    backends = pick_backends(args.backends)
+    sizes = json.loads(json.dumps(QUICK if args.quick else FULL))
+    if args.repeats is not None:
+        sizes["steps"]["repeats"] = max(1, args.repeats)
+    if args.claim_repeats is not None:
+        sizes["claims"]["repeats"] = max(1, args.claim_repeats)
+    uses_pg = any(b.kind == "postgresql" for b in backends)
+    began = time.monotonic()
+    with steps.bench_dir(args.dir) as db_dir:
+        run_dir = db_dir / time.strftime("%Y%m%d-%H%M%S")
+        report: dict[str, Any] = {
+            "bench": "perdure",
+            "quick": args.quick,
+            "parts": parts,
+            "sizes": {p: sizes[p] for p in parts},
+            "machine": machine(db_dir, args.pg if uses_pg else None),
+        }
+        if "steps" in parts:
+            report["baseline"] = steps.python_baseline(sizes["steps"]["baseline_calls"])
+        report["backends"] = {}
+        for backend in backends:
+            here = run_dir / backend.name
+            figures: dict[str, Any] = {"store": backend.label}
+            if "steps" in parts:
+                got = steps.measure_backend(backend, here / "steps", sizes["steps"], args.pg)
+                figures.update({k: got[k] for k in ("floor", "sequential", "concurrent")})
+            if "wake" in parts:
+                figures["wake"] = measure_wake(backend, here / "wake", sizes["wake"], args.pg)
+            if "claims" in parts:
+                figures["claims"] = measure_claims(backend, here / "claims", sizes["claims"],
+                                                   args.pg)
+            report["backends"][backend.name] = figures
+        report["loadavg_at_end"] = loadavg()
+        report["seconds"] = round(time.monotonic() - began, 1)
+    if args.markdown:
+        from bench.render import render
+
+        sys.stdout.write(render(report))
+    else:
+        json.dump(report, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+-- perdure PostgreSQL schema: what applying every file in migrations/ yields.
+-- version: 1
+-- Checked by tests/migration: when a migration changes the schema, update this file.
+
+-- Written by the store itself before the first migration runs: one row per applied file.
+CREATE TABLE perdure_migrations (
+    version     INTEGER PRIMARY KEY,
+    name        TEXT NOT NULL,
+    applied_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+
+CREATE TABLE nodes (
+    node_id     TEXT PRIMARY KEY,
+    public_key  BYTEA NOT NULL,
+    created_at  DOUBLE PRECISION NOT NULL
+);
+
+CREATE TABLE objects (
+    object_id        TEXT PRIMARY KEY,
+    agent            TEXT NOT NULL,
+    agent_version    TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    phase            TEXT NOT NULL,
+    epoch            BIGINT NOT NULL DEFAULT 0,
+    lease_owner      TEXT,
+    lease_expires    DOUBLE PRECISION,
+    ready_at         DOUBLE PRECISION,
+    waiting_event    TEXT,
+    paused           BOOLEAN NOT NULL DEFAULT FALSE,
+    cancel_requested BOOLEAN NOT NULL DEFAULT FALSE,
+    parked           BOOLEAN NOT NULL DEFAULT FALSE,
+    note             TEXT,
+    head_seq         BIGINT NOT NULL,
+    head_hash        BYTEA NOT NULL,
+    result           BYTEA,
+    parent_id        TEXT,
+    created_at       DOUBLE PRECISION NOT NULL,
+    updated_at       DOUBLE PRECISION NOT NULL
+);
+
+CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
+CREATE INDEX objects_status ON objects (status, created_at);
+CREATE INDEX objects_agent ON objects (agent, created_at);
+CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;
+
+CREATE TABLE records (
+    object_id   TEXT NOT NULL,
+    seq         BIGINT NOT NULL,
+    trace_id    TEXT NOT NULL,
+    ts_us       BIGINT NOT NULL,
+    node_id     TEXT NOT NULL,
+    policy_ref  TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    body        BYTEA NOT NULL,
+    prev_hash   BYTEA NOT NULL,
+    hash        BYTEA NOT NULL,
+    signature   BYTEA NOT NULL,
+    PRIMARY KEY (object_id, seq)
+);
+
+CREATE TABLE inbox (
+    event_id     BIGSERIAL PRIMARY KEY,
+    object_id    TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    payload      BYTEA NOT NULL,
+    dedupe_key   TEXT,
+    sent_at      DOUBLE PRECISION NOT NULL,
+    consumed_seq BIGINT,
+    UNIQUE (object_id, dedupe_key)
+);
+
+CREATE INDEX inbox_pending ON inbox (object_id, name) WHERE consumed_seq IS NULL;
