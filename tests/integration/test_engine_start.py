@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +109,31 @@ def test_object_of_an_agent_this_node_lacks_is_left_alone(make_app: AppFactory) 
 
     with owner.background_worker():
         assert handle.result(timeout=5) == "done by a node that has it"
+
+
+def test_worker_started_before_its_store_is_reachable_waits_for_it(
+    tmp_path: Path, key_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node whose store cannot be opened yet logs that once and keeps trying; once the
+    store is there it serves objects as usual."""
+    folder = tmp_path / "later"
+    url = f"sqlite:///{folder / 'store.db'}"
+    node = perdure.App(store=url, key_dir=key_dir, poll_interval=0.01)
+    client = perdure.App(store=url, key_dir=key_dir)
+
+    @node.agent(name="hello")
+    @client.agent(name="hello")
+    async def hello(run: perdure.Run, who: str) -> str:
+        return f"hello {who}"
+
+    caplog.set_level(logging.INFO, logger="perdure")
+    with node.background_worker():
+        time.sleep(0.8)
+        down = [r for r in caplog.records if getattr(r, "action", None) == "store_down"]
+        assert len(down) == 1, [r.getMessage() for r in caplog.records]
+        folder.mkdir()
+        handle = client.start(hello, "later", object_id="late-1")
+        assert handle.result(timeout=15) == "hello later"
+    assert any(getattr(r, "action", None) == "store_up" for r in caplog.records)
+    node.close()
+    client.close()
