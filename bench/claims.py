@@ -28,26 +28,29 @@ def claim_throughput(
     app = agents.register(perdure.App(store=db.url, key_dir=key_dir, node_id="bench-starter"))
     procs = []
     log_dir = folder / "logs"
+    ids = [f"one-{i:05d}" for i in range(objects)]
     try:
-        ids = [f"one-{i:05d}" for i in range(objects)]
         for i, oid in enumerate(ids):
             app.start("one_step", i, object_id=oid)
         gate = folder / "gate"
-        procs = start_workers(db.url, key_dir, workers, concurrency=concurrency, poll=poll,
-                              log_dir=log_dir, gate=gate)
-        open_gate(gate, procs)
-        deadline = time.monotonic() + 600
         done_sql = "SELECT count(*) FROM objects WHERE status = 'completed'"
-        while (db.scalar(done_sql) or 0) < objects:
-            for proc in procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"a worker exited with {proc.returncode} (see {log_dir})")
-            if time.monotonic() > deadline:
-                raise TimeoutError("objects did not complete within 600 s")
-            time.sleep(0.02)
-    finally:
-        stop_workers(procs, log_dir)
-    try:
+        with db.query(done_sql) as completed:
+            try:
+                procs = start_workers(db.url, key_dir, workers, concurrency=concurrency,
+                                      poll=poll, log_dir=log_dir, gate=gate)
+                open_gate(gate, procs)
+                deadline = time.monotonic() + 600
+                while (completed() or 0) < objects:
+                    for proc in procs:
+                        if proc.poll() is not None:
+                            raise RuntimeError(
+                                f"a worker exited with {proc.returncode} (see {log_dir})"
+                            )
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("objects did not complete within 600 s")
+                    time.sleep(0.02)
+            finally:
+                stop_workers(procs, log_dir)
         first_step, last_done = float("inf"), 0.0
         by_node: collections.Counter[str] = collections.Counter()
         for oid in ids:

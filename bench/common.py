@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,21 +69,25 @@ class Database:
     sqlite_path: Path | None = None
     pg_url: str | None = None
 
-    def scalar(self, sql: str) -> Any:
-        """First column of the first row of ``sql`` on a short plain connection."""
+    @contextlib.contextmanager
+    def query(self, sql: str) -> Iterator[Callable[[], Any]]:
+        """A function running ``sql`` on one open connection; first column of the first row.
+
+        For polling: the connection stays open, so polling does not start a server
+        process per call on PostgreSQL.
+        """
         if self.sqlite_path is not None:
-            conn = sqlite3.connect(self.sqlite_path, timeout=30)
+            lite = sqlite3.connect(self.sqlite_path, timeout=30, isolation_level=None)
             try:
-                row = conn.execute(sql).fetchone()
+                yield lambda: (lite.execute(sql).fetchone() or (None,))[0]
             finally:
-                conn.close()
-            return None if row is None else row[0]
+                lite.close()
+            return
         import psycopg
 
         assert self.pg_url is not None
         with psycopg.connect(self.pg_url, autocommit=True) as conn:
-            row = conn.execute(sql.encode()).fetchone()
-        return None if row is None else row[0]
+            yield lambda: (conn.execute(sql.encode()).fetchone() or (None,))[0]
 
 
 def _pg_admin(admin_url: str, sql: str) -> None:

@@ -43,6 +43,8 @@ def steps_table(report: dict[str, Any]) -> str:
     if not backends:
         return ""
     header = [""] + [b["store"] for b in backends]
+    conc = backends[0]["concurrent"]
+    shape = f"{conc['objects']} × {conc['steps_per_object']}"  # noqa: RUF001
 
     def row(label: str, cell: Any) -> list[str]:
         return [label] + [cell(b) for b in backends]
@@ -60,7 +62,8 @@ def steps_table(report: dict[str, Any]) -> str:
         row("sequential ÷ floor commit, mean (median)", lambda b: (
             f"**{_ratio(b['sequential']['ratio_to_floor_commit'])}** "
             f"({_ratio(b['sequential']['ratio_to_floor_commit_median'])})")),
-        row("concurrent: steps per second", lambda b: _num(b["concurrent"]["steps_per_s"], " /s")),
+        row(f"concurrent {shape}: steps per second",
+            lambda b: _num(b["concurrent"]["steps_per_s"], " /s")),
         row("concurrent ÷ floor commits per second",
             lambda b: f"**{_ratio(b['concurrent']['ratio_to_single_commit_rate'])}**"),
         row("concurrent: commits / appends (appends per commit)", lambda b: (
@@ -81,18 +84,19 @@ def wake_table(report: dict[str, Any]) -> str:
         for figures in b.get("wake", {}).values():
             how = (f"polls every {figures['poll_s']:g} s" if figures["wake_by"] == "poll"
                    else "LISTEN/NOTIFY push")
+            if figures["poll_s"] == 0.1:
+                how += " (default)"
             rows.append([
                 f"{b['store']}, {how}",
                 _num(figures["ms_p50"], " ms"),
                 _num(figures["ms_p90"], " ms"),
                 _num(figures["ms_p99"], " ms"),
                 _num(figures["ms_max"], " ms"),
-                f"{figures['wakes']}",
                 _num(figures["send_call_ms_median"], " ms"),
             ])
     if not rows:
         return ""
-    return _table(["backend, worker", "p50", "p90", "p99", "max", "wakes",
+    return _table(["backend, worker", "p50", "p90", "p99", "max",
                    "`app.send` call (median)"], rows)
 
 

@@ -14,12 +14,13 @@ import os
 import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +31,19 @@ import perdure
 from perdure.errors import ObjectTerminatedError, StoreError
 from tests.acceptance.checks import (
     Spec,
+    all_terminal,
     assert_clean_logs,
     check_pipelines,
     cli_verify_all,
     start_pipelines,
 )
-from tests.acceptance.harness import Cluster, WorkerProc, soak_scale, wait_until
+from tests.acceptance.harness import (
+    Cluster,
+    WorkerProc,
+    soak_scale,
+    sqlite_write_free,
+    wait_until,
+)
 from tests.acceptance.sink import Execution
 from tests.pg import BACKENDS
 
@@ -192,6 +200,79 @@ def test_multi_node_kill_campaign_large(pg_cluster: Cluster) -> None:
                    kills=max(20, round(60 * soak_scale())), seed=seed)
 
 
+# -- a worker stopped inside a store transaction ----------------------------------------
+
+
+def row_locked_objects(store_url: str) -> set[str]:
+    """Object rows some open transaction holds a lock on right now."""
+    import psycopg
+
+    with psycopg.connect(store_url, connect_timeout=5) as conn:
+        rows = conn.execute(
+            "SELECT object_id FROM objects WHERE object_id NOT IN "
+            "(SELECT object_id FROM objects FOR UPDATE SKIP LOCKED)"
+        ).fetchall()
+        conn.rollback()
+    return {str(row[0]) for row in rows}
+
+
+
+def test_worker_stopped_inside_a_transaction(pg_cluster: Cluster) -> None:
+    """A worker frozen (SIGSTOP) inside a store transaction does not stop the others.
+
+    Worker A is stopped at a moment one of its PostgreSQL sessions is inside a
+    transaction (and it holds no SQLite write lock on the sink). Worker B
+    claims around the rows A's open transaction locks (``SKIP LOCKED``) and
+    finishes every other object, including the ones A had claimed, once their
+    leases lapse. Only rows A's open transaction locks wait for A (the
+    database cannot hand them over while that transaction lives). When A
+    continues, its late writes are fenced, and everything completes, verified,
+    with each effect once.
+    """
+    cluster = pg_cluster
+    app = cluster.app()
+    specs = start_pipelines(app, 12, 4, "tx")
+    approvals = {s.object_id: {"by": f"approver-{s.n}"} for s in specs}
+    for oid, payload in approvals.items():
+        assert app.send(oid, "approval", payload, dedupe_key="once")
+    a = cluster.spawn(concurrency=8, lease=1.0)
+    wait_until("worker A to run steps", lambda: len(cluster.sink.effects()) >= 4, 30)
+    sessions: list[tuple[str, bool, str | None]] = []
+    locked: set[str] = set()
+    attempts, give_up = 0, time.monotonic() + 30
+    while True:
+        assert time.monotonic() < give_up, f"never caught A in a write ({attempts} tries)"
+        attempts += 1
+        os.kill(a.pid, signal.SIGSTOP)
+        sessions = cluster.pg_sessions(a)
+        if any(in_tx for _state, in_tx, _lock in sessions):
+            locked = row_locked_objects(cluster.store_url)
+            if locked and sqlite_write_free([cluster.sink.path]):
+                break
+        os.kill(a.pid, signal.SIGCONT)
+        time.sleep(0.002)
+    print(f"A stopped after {attempts} tries with sessions (state, in transaction, lock): "
+          f"{sessions}; "
+          f"rows its open transaction locks: {sorted(locked)}")
+
+    b = cluster.spawn(concurrency=8, lease=1.0)
+    others = [s for s in specs if s.object_id not in locked]
+    wait_until("B to finish every object whose row A's transaction does not lock",
+               lambda: all(app.get(s.object_id).terminal for s in others), 60, poll=0.1)
+    stuck = [s.object_id for s in specs if not app.get(s.object_id).terminal]
+    print(f"objects waiting for the stopped worker: {stuck}")
+    assert set(stuck) <= locked, f"objects stuck without a row lock: {set(stuck) - locked}"
+    assert row_locked_objects(cluster.store_url) == locked, "B's transactions were left open"
+
+    os.kill(a.pid, signal.SIGCONT)
+    wait_until("every object to finish", lambda: all_terminal(app, specs), 60, poll=0.1)
+    assert a.stop() == 0, a.log()
+    assert b.stop() == 0, b.log()
+    check_pipelines(cluster, app, specs, approvals, {a.pid})
+    cli_verify_all(cluster)
+    assert_clean_logs(cluster)
+
+
 # -- the server restarts under running workers --------------------------------------------
 
 
@@ -317,12 +398,19 @@ def test_server_restart(restart_cluster: Cluster, private_pg: PrivateServer) -> 
     early = [s for s in specs if s not in late]
     wait_until("every approved object to finish",
                lambda: all(app.get(s.object_id).terminal for s in early), 60, poll=0.1)
+    def waiting(oid: str) -> Callable[[], bool]:
+        return lambda: app.get(oid).waiting_event == "approval"
+
+    def finished(oid: str) -> Callable[[], bool]:
+        return lambda: app.get(oid).terminal
+
+    def relistening(worker: WorkerProc) -> Callable[[], bool]:
+        return lambda: "wake-up channel reconnected" in worker.log()
+
     for s in late:
-        wait_until(f"{s.object_id} to wait for its approval",
-                   lambda s=s: app.get(s.object_id).waiting_event == "approval", 30, poll=0.1)
+        wait_until(f"{s.object_id} to wait for its approval", waiting(s.object_id), 30, poll=0.1)
     for w in workers:
-        wait_until(f"{w.node_id}'s wake-up channel to reconnect",
-                   lambda w=w: "wake-up channel reconnected" in w.log(), 30)
+        wait_until(f"{w.node_id}'s wake-up channel to reconnect", relistening(w), 30)
         assert w.alive(), w.log()
     time.sleep(0.5)  # both workers idle now: only a pushed wake-up acts within a second
 
@@ -330,7 +418,7 @@ def test_server_restart(restart_cluster: Cluster, private_pg: PrivateServer) -> 
     for s in late:
         sent_at = time.monotonic()
         assert app.send(s.object_id, "approval", approvals[s.object_id], dedupe_key="once")
-        wait_until(f"{s.object_id} to finish", lambda s=s: app.get(s.object_id).terminal, 30)
+        wait_until(f"{s.object_id} to finish", finished(s.object_id), 30)
         latencies.append(time.monotonic() - sent_at)
     print("approval to completion after the restart: "
           + ", ".join(f"{lat:.2f}s" for lat in latencies))

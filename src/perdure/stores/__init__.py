@@ -27,7 +27,9 @@ def open_store(url: str) -> Store:
     ``sqlite:///relative.db`` and ``sqlite:////absolute/path.db`` (SQLAlchemy form);
     query options ``synchronous=full|normal`` and ``busy_timeout=SECONDS``.
     ``postgresql://user@host:5432/db`` (needs ``pip install 'perdure[postgres]'``);
-    query options ``pool_size`` and ``connect_timeout_s``, the rest go to libpq.
+    query options ``pool_size``, ``connect_timeout_s`` and ``idle_tx_timeout_s``
+    (default 30: the server ends a session left idle inside a transaction, such as
+    a frozen node's, so its row locks do not block other nodes); the rest go to libpq.
     """
     parts = urlsplit(url)
     shown = redact_url(url)
@@ -66,7 +68,7 @@ def open_store(url: str) -> Store:
     )
 
 
-_PG_OPTIONS = {"pool_size", "connect_timeout_s"}
+_PG_OPTIONS = {"pool_size", "connect_timeout_s", "idle_tx_timeout_s"}
 
 
 def _open_postgres(url: str, query: str) -> Store:
@@ -101,7 +103,16 @@ def _open_postgres(url: str, query: str) -> Store:
         raise ConfigurationError(
             f"store URL {shown!r}: connect_timeout_s must be a number of seconds above 0"
         )
-    return PostgresStore(conninfo, pool_size=pool_size, connect_timeout=timeout, url=url)
+    try:
+        idle_tx = float(ours.get("idle_tx_timeout_s", "30"))
+    except ValueError:
+        idle_tx = -1.0
+    if idle_tx < 0:
+        raise ConfigurationError(
+            f"store URL {shown!r}: idle_tx_timeout_s must be seconds (0 turns it off)"
+        )
+    return PostgresStore(conninfo, pool_size=pool_size, connect_timeout=timeout,
+                         idle_tx_timeout=idle_tx, url=url)
 
 
 def redact_url(url: str) -> str:

@@ -169,12 +169,14 @@ class PostgresStore:
         *,
         pool_size: int = 8,
         connect_timeout: float = 5.0,
+        idle_tx_timeout: float = 30.0,
         url: str | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.url = _without_password(url or conninfo)  # shown in banners and errors
         self._where = _where(conninfo)
         self._connect_timeout = connect_timeout
+        self._idle_tx_ms = int(idle_tx_timeout * 1000)
         try:  # one direct attempt first: a wrong URL fails at once with the server's reason
             with psycopg.connect(conninfo, connect_timeout=max(1, int(connect_timeout))):
                 pass
@@ -189,6 +191,7 @@ class PostgresStore:
             open=False,
             name="perdure",
             reconnect_timeout=0,
+            configure=self._configure,
         )
         try:
             self._pool.open(wait=True, timeout=connect_timeout)
@@ -198,6 +201,16 @@ class PostgresStore:
         self._migrate()
 
     # -- connections ---------------------------------------------------------
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        """Per connection: a node frozen mid-transaction (SIGSTOP, VM pause) must not hold
+        row locks forever; the server ends such a session after ``idle_tx_timeout``."""
+        if self._idle_tx_ms > 0:
+            conn.execute(
+                b"SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (str(self._idle_tx_ms),),
+            )
+            conn.commit()
 
     def _why_unreachable(self, exc: BaseException) -> StoreError:
         """The server's own reason (no such database, refused, bad password) if it gives one."""
