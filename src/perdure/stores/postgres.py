@@ -156,6 +156,10 @@ def _decode_row(row: tuple[Any, ...]) -> Record:
     )
 
 
+class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
+    """A batch hit an error that aborted its transaction; retry it op by op."""
+
+
 class PostgresStore:
     """A ``Store`` on one PostgreSQL database shared by any number of nodes.
 
@@ -187,7 +191,7 @@ class PostgresStore:
             min_size=1,
             max_size=max(2, pool_size),
             timeout=connect_timeout,
-            kwargs={"connect_timeout": max(1, int(connect_timeout))},
+            kwargs={"connect_timeout": max(1, int(connect_timeout)), "autocommit": True},
             open=False,
             name="perdure",
             reconnect_timeout=0,
@@ -222,10 +226,20 @@ class PostgresStore:
         return _translate(exc, self._where)
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[psycopg.Connection[Any]]:
+    def _single(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for one statement, its own transaction (one round trip)."""
+        with self._tx(transaction=False) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _tx(self, *, transaction: bool = True) -> Iterator[psycopg.Connection[Any]]:
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                yield conn
+            with self._pool.connection() as conn:
+                if transaction:
+                    with conn.transaction():
+                        yield conn
+                else:
+                    yield conn
         except (LeaseLostError, NodeIdentityError, ObjectNotFoundError,
                 ObjectTerminatedError, RecordDecodeError):
             raise
@@ -276,7 +290,7 @@ class PostgresStore:
 
     def public_keys(self) -> dict[str, bytes]:
         """All registered node keys."""
-        with self._tx() as conn:
+        with self._single() as conn:
             return {row[0]: bytes(row[1]) for row in conn.execute(_Q["public_keys"])}
 
     # -- objects and records ---------------------------------------------------
@@ -305,7 +319,7 @@ class PostgresStore:
 
     def get(self, object_id: str) -> ObjectRow | None:
         """The object's row, or ``None``."""
-        with self._tx() as conn:
+        with self._single() as conn:
             cur = conn.execute(_Q["get_object"], (object_id,))
             row = cur.fetchone()
             return None if row is None else _row(cur, row)
@@ -327,13 +341,13 @@ class PostgresStore:
                 params.append(value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT %s"  # noqa: S608 - fixed column names, values bound
-        with self._tx() as conn:
+        with self._single() as conn:
             cur = conn.execute(sql.encode(), (*params, limit))
             return [_row(cur, row) for row in cur.fetchall()]
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
-        with self._tx() as conn:
+        with self._single() as conn:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
         return [_decode_row(row) for row in rows]
 
@@ -344,7 +358,7 @@ class PostgresStore:
         """Lease up to ``limit`` runnable objects, skipping rows other nodes are claiming."""
         if limit <= 0:
             return []
-        with self._tx() as conn:
+        with self._single() as conn:
             rows = conn.execute(
                 _Q["claim"],
                 {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now},
@@ -353,7 +367,7 @@ class PostgresStore:
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease (by the database clock) if still held at ``epoch``."""
-        with self._tx() as conn:
+        with self._single() as conn:
             row = conn.execute(
                 _Q["renew"],
                 {"lease": max(0.0, lease_until - time.time()), "object_id": object_id,
@@ -362,19 +376,38 @@ class PostgresStore:
         return None if row is None else _claim(row)
 
     def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
-        """Apply fenced appends in one transaction, each in its own savepoint."""
+        """Apply fenced appends in one transaction (group commit).
+
+        An append refused by its fence writes nothing, so most appends need no
+        savepoint; one that consumes events gets one. If an insert still fails
+        (which aborts the transaction), the batch is retried with a savepoint per
+        append so that only the offender is refused.
+        """
+        try:
+            return self._apply_batch(ops, now, savepoints=False)
+        except _RetryWithSavepoints:
+            return self._apply_batch(ops, now, savepoints=True)
+
+    def _apply_batch(self, ops: Sequence[Append], now: float, *, savepoints: bool
+                     ) -> builtins.list[BaseException | None]:
         results: builtins.list[BaseException | None] = []
         with self._tx() as conn:
             woken: builtins.list[str] = []
             for op in ops:
                 try:
-                    with conn.transaction():
+                    if savepoints or op.consume_event_ids:
+                        with conn.transaction():
+                            ready_at = self._apply_one(conn, op, now)
+                    else:
                         ready_at = self._apply_one(conn, op, now)
-                except (LeaseLostError, pg_errors.UniqueViolation) as exc:
-                    if isinstance(exc, pg_errors.UniqueViolation):
-                        exc = LeaseLostError(
-                            f"object {op.object_id!r}: another node appended first"
-                        )
+                except pg_errors.UniqueViolation as exc:
+                    if not (savepoints or op.consume_event_ids):
+                        raise _RetryWithSavepoints from exc
+                    results.append(
+                        LeaseLostError(f"object {op.object_id!r}: another node appended first")
+                    )
+                    continue
+                except LeaseLostError as exc:
                     results.append(exc)
                     continue
                 results.append(None)
@@ -447,7 +480,7 @@ class PostgresStore:
 
     def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""
-        with self._tx() as conn:
+        with self._single() as conn:
             rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
         return [Event(int(r[0]), r[1], r[2], bytes(r[3]), r[4], float(r[5])) for r in rows]
 
@@ -482,20 +515,20 @@ class PostgresStore:
 
     def next_ready_at(self) -> float | None:
         """Earliest ``ready_at`` of a runnable object."""
-        with self._tx() as conn:
+        with self._single() as conn:
             row = conn.execute(_Q["next_ready_at"]).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
     def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
         """Live leases (by the database clock) whose owner starts with ``owner_prefix``."""
         escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        with self._tx() as conn:
+        with self._single() as conn:
             rows = conn.execute(_Q["leases_held"], {"prefix": escaped + "%"}).fetchall()
         return [(row[0], row[1], int(row[2])) for row in rows]
 
     def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
         """End a lease at once when its holder is known to be dead."""
-        with self._tx() as conn:
+        with self._single() as conn:
             cur = conn.execute(_Q["expire_lease"], {"now": now, "object_id": object_id,
                                                     "epoch": epoch, "owner": owner})
             return cur.rowcount == 1
@@ -504,7 +537,7 @@ class PostgresStore:
         """Epoch and control flags of the given objects, in one read."""
         if not object_ids:
             return {}
-        with self._tx() as conn:
+        with self._single() as conn:
             rows = conn.execute(_Q["control_flags"], (builtins.list(object_ids),)).fetchall()
         return {row[0]: (int(row[1]), bool(row[2]), bool(row[3])) for row in rows}
 
