@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from perdure.core.chain import Signer, seal
 from perdure.core.records import Record, RecordDraft
-from perdure.errors import LeaseLostError, StoreError
-from perdure.stores.base import Append, Store
+from perdure.errors import StoreError
+from perdure.stores.base import Append, Signal, Store
 
 __all__ = ["Committer", "Journal", "StoreUnavailable"]
 
@@ -172,9 +172,21 @@ class Journal:
         consume_event_ids: Sequence[int] = (),
         parked: bool = False,
         note: str | None = None,
+        signal: Signal | None = None,
+        requires: tuple[str, ...] | None = None,
+        avoid_node: str | None = None,
     ) -> list[Record]:
-        """Durably append deferred records plus ``drafts`` and update the row, fenced."""
+        """Durably append deferred records plus ``drafts`` and update the row, fenced.
+
+        Records are sealed onto the head at once, so concurrent commits of one
+        object (parallel branches) chain in submission order and the group commit
+        applies them in that order; if one is refused, the run stops.
+        """
         records = self._seal([*self.buffer, *drafts])
+        self.buffer.clear()
+        if records:
+            self.head_seq = records[-1].seq
+            self.head_hash = records[-1].hash
         op = Append(
             object_id=self.object_id,
             epoch=self.epoch,
@@ -188,15 +200,12 @@ class Journal:
             consume_event_ids=tuple(consume_event_ids),
             parked=parked,
             note=note,
+            signal=signal,
+            requires=requires,
+            avoid_node=avoid_node,
         )
         try:
             await self.committer.submit(op)
         except StoreError as exc:
             raise StoreUnavailable(exc) from exc
-        except LeaseLostError:
-            raise
-        self.buffer.clear()
-        if records:
-            self.head_seq = records[-1].seq
-            self.head_hash = records[-1].hash
         return records

@@ -15,7 +15,17 @@ from typing import Protocol
 
 from perdure.core.records import Record
 
-__all__ = ["Append", "Claim", "Event", "NewObject", "ObjectRow", "Store"]
+__all__ = [
+    "Append",
+    "Claim",
+    "Event",
+    "NewObject",
+    "NodeInfo",
+    "ObjectRow",
+    "Route",
+    "Signal",
+    "Store",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,28 @@ class NewObject:
     first: Record
     ready_at: float
     parent_id: str | None = None
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a claiming node can serve: ``agent@version`` names (``None``: anything),
+    its capabilities, and its node id (objects that said this node cannot do their
+    next step are skipped). Objects asked to cancel are claimable by any node."""
+
+    node_id: str | None = None
+    serves: tuple[str, ...] | None = None
+    capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node as its last heartbeat described it."""
+
+    node_id: str
+    serves: tuple[str, ...]
+    capabilities: tuple[str, ...]
+    seen_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +112,20 @@ class Event:
 
 
 @dataclass(frozen=True, slots=True)
+class Signal:
+    """An event for another object, queued in the same transaction as an append.
+
+    A child's terminal append signals its parent this way, so the parent can never
+    miss it: either both are written or neither.
+    """
+
+    object_id: str
+    name: str
+    payload: bytes
+    dedupe_key: str
+
+
+@dataclass(frozen=True, slots=True)
 class Append:
     """One fenced write: append ``records`` and update the row, all or nothing.
 
@@ -101,6 +147,10 @@ class Append:
     consume_event_ids: Sequence[int] = field(default_factory=tuple)
     parked: bool = False
     note: str | None = None
+    signal: Signal | None = None
+    requires: tuple[str, ...] | None = None  # capabilities a node needs now; None: unchanged
+    avoid_node: str | None = None  # a node that said it cannot do this object's next step
+    clear_avoid: bool = False  # the step got done: every node may take the object again
 
 
 class Store(Protocol):
@@ -129,6 +179,7 @@ class Store(Protocol):
         status: str | None = None,
         phase: str | None = None,
         agent: str | None = None,
+        parent: str | None = None,
         limit: int = 100,
     ) -> list[ObjectRow]:
         """Rows matching the filters, newest first."""
@@ -136,8 +187,9 @@ class Store(Protocol):
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
 
-    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> builtins.list[Claim]:
-        """Lease up to ``limit`` runnable objects, bumping each one's epoch."""
+    def claim(self, owner: str, now: float, lease_until: float, limit: int,
+              route: Route | None = None) -> builtins.list[Claim]:
+        """Lease up to ``limit`` runnable objects that ``route`` can serve, bumping epochs."""
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend a lease still held at ``epoch``; ``None`` if it was lost."""
@@ -184,3 +236,10 @@ class Store(Protocol):
         """Push wake-ups: call ``callback(object_id)`` when an object may have become
         runnable; returns a function that stops it, or ``None`` if this backend cannot
         push (nodes then poll)."""
+
+    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
+                  now: float) -> None:
+        """Note that ``node_id`` is alive and what it serves (for humans and routing notes)."""
+
+    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
+        """Nodes whose last heartbeat is at or after ``since``."""

@@ -30,7 +30,7 @@ from perdure.errors import (
     StoreError,
 )
 from perdure.stores._sql import load_migrations, load_queries
-from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow
+from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
 
 try:
     import psycopg
@@ -308,6 +308,7 @@ class PostgresStore:
                     "head_seq": new.first.seq,
                     "head_hash": bytes.fromhex(new.first.hash),
                     "parent_id": new.parent_id,
+                    "requires": sorted(new.requires),
                     "now": now,
                 },
             )
@@ -330,12 +331,14 @@ class PostgresStore:
         status: str | None = None,
         phase: str | None = None,
         agent: str | None = None,
+        parent: str | None = None,
         limit: int = 100,
     ) -> builtins.list[ObjectRow]:
         """Rows matching the filters, newest first."""
         clauses: builtins.list[str] = []
         params: builtins.list[Any] = []
-        for column, value in (("status", status), ("phase", phase), ("agent", agent)):
+        for column, value in (("status", status), ("phase", phase), ("agent", agent),
+                              ("parent_id", parent)):
             if value is not None:
                 clauses.append(f"{column} = %s")
                 params.append(value)
@@ -353,15 +356,18 @@ class PostgresStore:
 
     # -- leases ----------------------------------------------------------------
 
-    def claim(self, owner: str, now: float, lease_until: float, limit: int
-              ) -> builtins.list[Claim]:
-        """Lease up to ``limit`` runnable objects, skipping rows other nodes are claiming."""
+    def claim(self, owner: str, now: float, lease_until: float, limit: int,
+              route: Route | None = None) -> builtins.list[Claim]:
+        """Lease up to ``limit`` runnable objects ``route`` can serve, skipping locked rows."""
         if limit <= 0:
             return []
+        route = route or Route()
         with self._single() as conn:
             rows = conn.execute(
                 _Q["claim"],
-                {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now},
+                {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now,
+                 "serves": None if route.serves is None else builtins.list(route.serves),
+                 "caps": builtins.list(route.capabilities), "node": route.node_id},
             ).fetchall()
         return [_claim(row) for row in rows]
 
@@ -413,6 +419,8 @@ class PostgresStore:
                 results.append(None)
                 if op.release and ready_at is not None and ready_at <= now:
                     woken.append(op.object_id)
+                if op.signal is not None:
+                    woken.append(op.signal.object_id)
             for object_id in woken:
                 conn.execute(_Q["notify"], (object_id,))
         return results
@@ -433,6 +441,9 @@ class PostgresStore:
                 "release": op.release,
                 "parked": op.parked,
                 "note": op.note,
+                "requires": None if op.requires is None else sorted(op.requires),
+                "avoid_node": op.avoid_node,
+                "clear_avoid": op.clear_avoid,
                 "now": now,
                 "object_id": op.object_id,
                 "epoch": op.epoch,
@@ -454,6 +465,12 @@ class PostgresStore:
                 raise LeaseLostError(
                     f"object {op.object_id!r}: event {event_id} was consumed by another node"
                 )
+        if op.signal is not None:
+            sig = op.signal
+            conn.execute(_Q["insert_event"],
+                         (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now))
+            conn.execute(_Q["wake_for_event"],
+                         {"now": now, "object_id": sig.object_id, "name": sig.name})
         return None if row[0] is None else float(row[0])
 
     # -- inbox and control -----------------------------------------------------
@@ -583,3 +600,16 @@ class PostgresStore:
             thread.join(timeout=5)
 
         return stop
+
+    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
+                  now: float) -> None:
+        """Record that ``node_id`` is alive, what it serves and what it can do."""
+        with self._single() as conn:
+            conn.execute(_Q["heartbeat"], {"serves": sorted(serves), "caps": sorted(capabilities),
+                                           "now": now, "node_id": node_id})
+
+    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
+        """Nodes seen since ``since``."""
+        with self._single() as conn:
+            rows = conn.execute(_Q["live_nodes"], {"since": since}).fetchall()
+        return [NodeInfo(r[0], tuple(r[1]), tuple(r[2]), float(r[3])) for r in rows]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import json
 import os
 import sqlite3
 import threading
@@ -28,7 +29,7 @@ from perdure.errors import (
     StoreError,
 )
 from perdure.stores._sql import load_migrations, load_queries
-from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow
+from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
 
 __all__ = ["SQLiteStore"]
 
@@ -277,6 +278,7 @@ class SQLiteStore:
                     "head_seq": new.first.seq,
                     "head_hash": bytes.fromhex(new.first.hash),
                     "parent_id": new.parent_id,
+                    "requires": json.dumps(sorted(new.requires)),
                     "now": now,
                 },
             )
@@ -298,12 +300,14 @@ class SQLiteStore:
         status: str | None = None,
         phase: str | None = None,
         agent: str | None = None,
+        parent: str | None = None,
         limit: int = 100,
     ) -> list[ObjectRow]:
         """Rows matching the filters, newest first."""
         clauses: list[str] = []
         params: list[Any] = []
-        for column, value in (("status", status), ("phase", phase), ("agent", agent)):
+        for column, value in (("status", status), ("phase", phase), ("agent", agent),
+                              ("parent_id", parent)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
@@ -321,14 +325,23 @@ class SQLiteStore:
 
     # -- leases ----------------------------------------------------------------
 
-    def claim(self, owner: str, now: float, lease_until: float, limit: int) -> builtins.list[Claim]:
-        """Lease up to ``limit`` runnable objects, oldest ``ready_at`` first."""
+    def claim(self, owner: str, now: float, lease_until: float, limit: int,
+              route: Route | None = None) -> builtins.list[Claim]:
+        """Lease up to ``limit`` runnable objects ``route`` can serve, oldest first."""
         if limit <= 0:
             return []
+        route = route or Route()
+        params = {
+            "now": now,
+            "limit": limit,
+            "serves": None if route.serves is None else json.dumps(list(route.serves)),
+            "caps": json.dumps(list(route.capabilities)),
+            "node": route.node_id,
+        }
         with self._read() as conn:
             candidates = [
                 row[0]
-                for row in conn.execute(_Q["claim_candidates"], {"now": now, "limit": limit})
+                for row in conn.execute(_Q["claim_candidates"], params)
             ]
         if not candidates:
             return []
@@ -338,7 +351,7 @@ class SQLiteStore:
             # read above, and this claim should still get a full batch of the others.
             candidates = [
                 row[0]
-                for row in conn.execute(_Q["claim_candidates"], {"now": now, "limit": limit})
+                for row in conn.execute(_Q["claim_candidates"], params)
             ]
             for object_id in candidates:
                 row = conn.execute(
@@ -395,6 +408,9 @@ class SQLiteStore:
                 "release": op.release,
                 "parked": op.parked,
                 "note": op.note,
+                "requires": None if op.requires is None else json.dumps(sorted(op.requires)),
+                "avoid_node": op.avoid_node,
+                "clear_avoid": op.clear_avoid,
                 "now": now,
                 "object_id": op.object_id,
                 "epoch": op.epoch,
@@ -414,6 +430,12 @@ class SQLiteStore:
                 raise LeaseLostError(
                     f"object {op.object_id!r}: event {event_id} was consumed by another node"
                 )
+        if op.signal is not None:
+            sig = op.signal
+            conn.execute(_Q["insert_event"],
+                         (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now))
+            conn.execute(_Q["wake_for_event"],
+                         {"now": now, "object_id": sig.object_id, "name": sig.name})
 
     # -- inbox and control -----------------------------------------------------
 
@@ -505,3 +527,18 @@ class SQLiteStore:
         """SQLite cannot push across processes: ``None``, so nodes poll (cheaply, by index)."""
         del callback
         return None
+
+    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
+                  now: float) -> None:
+        """Record that ``node_id`` is alive, what it serves and what it can do."""
+        with self._write() as conn:
+            conn.execute(_Q["heartbeat"], {"serves": json.dumps(sorted(serves)),
+                                           "caps": json.dumps(sorted(capabilities)),
+                                           "now": now, "node_id": node_id})
+
+    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
+        """Nodes seen since ``since``."""
+        with self._read() as conn:
+            rows = conn.execute(_Q["live_nodes"], {"since": since}).fetchall()
+        return [NodeInfo(r[0], tuple(json.loads(r[1])), tuple(json.loads(r[2])), float(r[3]))
+                for r in rows]

@@ -14,9 +14,9 @@ SELECT node_id, public_key FROM nodes;
 
 -- name: insert_object
 INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
-                     head_seq, head_hash, parent_id, created_at, updated_at)
+                     head_seq, head_hash, parent_id, created_at, updated_at, requires)
 VALUES (%(object_id)s, %(agent)s, %(agent_version)s, 'ready', 'instantiated', 0, %(ready_at)s,
-        %(head_seq)s, %(head_hash)s, %(parent_id)s, %(now)s, %(now)s)
+        %(head_seq)s, %(head_hash)s, %(parent_id)s, %(now)s, %(now)s, %(requires)s)
 ON CONFLICT (object_id) DO NOTHING;
 
 -- name: insert_record
@@ -39,6 +39,11 @@ candidates AS (
     WHERE o.ready_at <= %(now)s
       AND (o.paused = FALSE OR o.cancel_requested)
       AND (o.lease_expires IS NULL OR o.lease_expires <= db.now)
+      AND (o.cancel_requested OR (
+            (%(serves)s::text[] IS NULL
+             OR (o.agent || '@' || o.agent_version) = ANY(%(serves)s::text[]))
+        AND o.requires <@ %(caps)s::text[]
+        AND NOT (%(node)s::text = ANY(o.avoid))))
     ORDER BY o.ready_at
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
@@ -75,6 +80,10 @@ SET head_seq = COALESCE(%(head_seq)s, head_seq),
     lease_expires = CASE WHEN %(release)s THEN NULL ELSE lease_expires END,
     parked = %(parked)s,
     note = %(note)s,
+    requires = COALESCE(%(requires)s::text[], requires),
+    avoid = CASE WHEN %(clear_avoid)s THEN '{}'::text[]
+                 WHEN %(avoid_node)s::text IS NOT NULL THEN array_append(avoid, %(avoid_node)s::text)
+                 ELSE avoid END,
     updated_at = %(now)s
 WHERE object_id = %(object_id)s AND epoch = %(epoch)s
   AND (%(expected_head)s::bigint IS NULL OR head_seq = %(expected_head)s::bigint)
@@ -140,3 +149,11 @@ WHERE object_id = %(object_id)s AND epoch = %(epoch)s AND lease_owner = %(owner)
 
 -- name: control_flags
 SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id = ANY(%s);
+
+-- name: heartbeat
+UPDATE nodes SET serves = %(serves)s, capabilities = %(caps)s, seen_at = %(now)s
+WHERE node_id = %(node_id)s;
+
+-- name: live_nodes
+SELECT node_id, serves, capabilities, seen_at FROM nodes
+WHERE seen_at IS NOT NULL AND seen_at >= %(since)s ORDER BY node_id;

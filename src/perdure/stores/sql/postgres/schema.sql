@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 1
+-- version: 2
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -12,7 +12,10 @@ CREATE TABLE perdure_migrations (
 CREATE TABLE nodes (
     node_id     TEXT PRIMARY KEY,
     public_key  BYTEA NOT NULL,
-    created_at  DOUBLE PRECISION NOT NULL
+    created_at  DOUBLE PRECISION NOT NULL,
+    serves       TEXT[] NOT NULL DEFAULT '{}',
+    capabilities TEXT[] NOT NULL DEFAULT '{}',
+    seen_at      DOUBLE PRECISION
 );
 
 CREATE TABLE objects (
@@ -35,13 +38,16 @@ CREATE TABLE objects (
     result           BYTEA,
     parent_id        TEXT,
     created_at       DOUBLE PRECISION NOT NULL,
-    updated_at       DOUBLE PRECISION NOT NULL
+    updated_at       DOUBLE PRECISION NOT NULL,
+    requires         TEXT[] NOT NULL DEFAULT '{}',
+    avoid            TEXT[] NOT NULL DEFAULT '{}'
 );
 
 CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
 CREATE INDEX objects_status ON objects (status, created_at);
 CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;
+CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
 
 CREATE TABLE records (
     object_id   TEXT NOT NULL,

@@ -12,9 +12,9 @@ SELECT node_id, public_key FROM nodes;
 
 -- name: insert_object
 INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
-                     head_seq, head_hash, parent_id, created_at, updated_at)
+                     head_seq, head_hash, parent_id, created_at, updated_at, requires)
 VALUES (:object_id, :agent, :agent_version, 'ready', 'instantiated', 0, :ready_at,
-        :head_seq, :head_hash, :parent_id, :now, :now)
+        :head_seq, :head_hash, :parent_id, :now, :now, :requires)
 ON CONFLICT (object_id) DO NOTHING;
 
 -- name: insert_record
@@ -31,10 +31,18 @@ SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_ha
 FROM records WHERE object_id = ? AND seq > ? ORDER BY seq;
 
 -- name: claim_candidates
+-- Runnable objects this node can serve: its agent@version, its capabilities, not an
+-- object that said this node cannot do its next step. Any node may finish a cancel.
 SELECT object_id FROM objects
 WHERE ready_at <= :now
   AND (paused = 0 OR cancel_requested = 1)
   AND (lease_expires IS NULL OR lease_expires <= :now)
+  AND (cancel_requested = 1 OR (
+        (:serves IS NULL
+         OR (agent || '@' || agent_version) IN (SELECT value FROM json_each(:serves)))
+    AND NOT EXISTS (SELECT 1 FROM json_each(objects.requires) AS r
+                    WHERE r.value NOT IN (SELECT value FROM json_each(:caps)))
+    AND NOT EXISTS (SELECT 1 FROM json_each(objects.avoid) AS a WHERE a.value = :node)))
 ORDER BY ready_at
 LIMIT :limit;
 
@@ -71,6 +79,10 @@ SET head_seq = COALESCE(:head_seq, head_seq),
     lease_expires = CASE WHEN :release THEN NULL ELSE lease_expires END,
     parked = :parked,
     note = :note,
+    requires = COALESCE(:requires, requires),
+    avoid = CASE WHEN :clear_avoid THEN '[]'
+                 WHEN :avoid_node IS NOT NULL THEN json_insert(avoid, '$[#]', :avoid_node)
+                 ELSE avoid END,
     updated_at = :now
 WHERE object_id = :object_id AND epoch = :epoch
   AND (:expected_head IS NULL OR head_seq = :expected_head);
@@ -123,3 +135,11 @@ WHERE lease_owner LIKE :prefix ESCAPE '\' AND lease_expires > :now;
 -- name: expire_lease
 UPDATE objects SET lease_expires = :now, updated_at = :now
 WHERE object_id = :object_id AND epoch = :epoch AND lease_owner = :owner;
+
+-- name: heartbeat
+UPDATE nodes SET serves = :serves, capabilities = :caps, seen_at = :now
+WHERE node_id = :node_id;
+
+-- name: live_nodes
+SELECT node_id, serves, capabilities, seen_at FROM nodes
+WHERE seen_at IS NOT NULL AND seen_at >= :since ORDER BY node_id;

@@ -1,11 +1,14 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 1
+-- version: 2
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
     node_id     TEXT PRIMARY KEY,
     public_key  BLOB NOT NULL,
-    created_at  REAL NOT NULL
+    created_at  REAL NOT NULL,
+    serves TEXT NOT NULL DEFAULT '[]',
+    capabilities TEXT NOT NULL DEFAULT '[]',
+    seen_at REAL
 );
 
 CREATE TABLE objects (
@@ -28,12 +31,15 @@ CREATE TABLE objects (
     result           BLOB,
     parent_id        TEXT,
     created_at       REAL NOT NULL,
-    updated_at       REAL NOT NULL
+    updated_at       REAL NOT NULL,
+    requires TEXT NOT NULL DEFAULT '[]',
+    avoid TEXT NOT NULL DEFAULT '[]'
 );
 
 CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
 CREATE INDEX objects_status ON objects (status, created_at);
 CREATE INDEX objects_agent ON objects (agent, created_at);
+CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
 
 CREATE TABLE records (
     object_id   TEXT NOT NULL,
