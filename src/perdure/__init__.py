@@ -15,12 +15,14 @@ from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
 from perdure.engine.context import StepInfo, current_step
-from perdure.engine.run import Run, SyncRun
+from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
 from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
     AgentParkedError,
     CancelRequestedError,
+    CannotDo,
+    ChildFailedError,
     ConfigurationError,
     IntegrityError,
     LeaseLostError,
@@ -50,6 +52,9 @@ __all__ = [
     "AgentParkedError",
     "App",
     "CancelRequestedError",
+    "CannotDo",
+    "ChildFailedError",
+    "ChildHandle",
     "ConfigurationError",
     "Context",
     "Decision",
@@ -81,6 +86,7 @@ __all__ = [
     "StepInfo",
     "StoreCorruptError",
     "StoreError",
+    "SyncChildHandle",
     "SyncRun",
     "UnknownAgentError",
     "VerifyReport",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import logging
 import signal
 import threading
@@ -16,12 +17,13 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from perdure._keys import default_key_dir, default_node_id, load_or_create_key, public_bytes
 from perdure.core.backoff import RetryPolicy
-from perdure.core.chain import Signer, VerifyReport, seal, verify_chain
+from perdure.core.chain import Signer, VerifyReport, verify_chain
 from perdure.core.codec import decode, encode
 from perdure.core.cycle import LocalPolicy
-from perdure.core.intent import Context, Intent
+from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
-from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft
+from perdure.core.records import Record
+from perdure.engine.instantiate import instantiate
 from perdure.engine.run import is_async
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -34,9 +36,11 @@ from perdure.errors import (
 )
 from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.stores import Store, open_store, redact_url
-from perdure.stores.base import NewObject
+from perdure.stores.base import NodeInfo
 
-__all__ = ["App", "step"]
+__all__ = ["LIVE_NODE_SECONDS", "App", "step"]
+
+LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -77,6 +81,7 @@ class App:
         policy: LocalPolicy | None = None,
         lease_seconds: float = 30.0,
         poll_interval: float = 0.1,
+        capabilities: set[str] | frozenset[str] | None = None,
     ) -> None:
         self._store_arg = store
         self._store: Store | None = None if isinstance(store, str) else store
@@ -86,6 +91,7 @@ class App:
         self.policy = policy or LocalPolicy()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
+        self.capabilities = frozenset(capabilities or ())
         self._agents: dict[str, AgentDef] = {}
         self._lock = threading.Lock()
         self._registered = False
@@ -228,29 +234,10 @@ class App:
         if self.store.get(oid) is not None:
             return Handle(self, oid)
         now = time.time()
-        intent = Intent(
-            agent=definition.name,
-            version=definition.version,
-            args=tuple(args),
-            kwargs=dict(kwargs),
-            deadline=now + deadline if deadline is not None else None,
-            max_failures=max_failures,
-            requires=tuple(sorted(definition.requires)),
-        )
-        context = Context(object_id=oid, trace_id=uuid.uuid4().hex, root_id=oid,
-                          labels=dict(labels or {}))
-        encode(intent.to_body(), what="agent arguments")
-        first = seal(
-            RecordDraft(Kind.INSTANTIATED, {"intent": intent.to_body(),
-                                            "context": context.to_body()}),
-            object_id=oid, seq=1, prev_hash=GENESIS_HASH, trace_id=context.trace_id,
-            ts_us=int(now * 1_000_000), policy_ref=self.policy.ref, signer=signer,
-        )
-        self.store.create(
-            NewObject(object_id=oid, agent=definition.name, agent_version=definition.version,
-                      first=first, ready_at=now),
-            now,
-        )
+        new = instantiate(definition, tuple(args), kwargs, object_id=oid, signer=signer,
+                          policy_ref=self.policy.ref, now=now, deadline=deadline,
+                          max_failures=max_failures, labels=labels)
+        self.store.create(new, now)
         return Handle(self, oid)
 
     def handle(self, object_id: str) -> Handle:
@@ -299,18 +286,41 @@ class App:
         row = self.store.get(object_id)
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
-        return info_from_row(row, time.time())
+        return self._explain(info_from_row(row, time.time()))
 
     def list(self, *, status: str | None = None, phase: str | None = None,
-             agent: str | None = None, limit: int = 100) -> list[ObjectInfo]:
+             agent: str | None = None, parent: str | None = None,
+             limit: int = 100) -> list[ObjectInfo]:
         """Objects matching the filters, newest first."""
         if status is not None and status not in set(Status):
             raise ConfigurationError(
                 f"unknown status {status!r}; one of {', '.join(s.value for s in Status)}"
             )
         now = time.time()
-        rows = self.store.list(status=status, phase=phase, agent=agent, limit=limit)
-        return [info_from_row(row, now) for row in rows]
+        rows = self.store.list(status=status, phase=phase, agent=agent, parent=parent,
+                               limit=limit)
+        live = self._live_nodes(now)
+        return [self._explain(info_from_row(row, now), live) for row in rows]
+
+    def _live_nodes(self, now: float) -> builtins.list[NodeInfo]:
+        return self.store.live_nodes(now - LIVE_NODE_SECONDS)
+
+    def _explain(self, info: ObjectInfo, live: builtins.list[NodeInfo] | None = None
+                 ) -> ObjectInfo:
+        """Say why a runnable object waits when no live node can take it."""
+        if info.status is not Status.READY or info.note:
+            return info
+        nodes = self._live_nodes(time.time()) if live is None else live
+        wanted = f"{info.agent}@{info.agent_version}"
+        serving = [n for n in nodes if wanted in n.serves]
+        if not serving:
+            note = f"waiting: no live node serves {wanted}"
+        else:
+            needs = set(info.requires)
+            if any(needs <= set(n.capabilities) for n in serving):
+                return info
+            note = f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
+        return dataclasses.replace(info, note=note)
 
     def history(self, object_id: str) -> builtins.list[Record]:
         """The object's memory, in order; ``RecordDecodeError`` if a record is damaged."""
@@ -347,7 +357,7 @@ class App:
             drain_seconds=drain_seconds,
         )
         return Worker(store=self.store, signer=self._ensure_node(), policy=self.policy,
-                      agents=self._agents, settings=settings)
+                      agents=self._agents, settings=settings, capabilities=self.capabilities)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16) -> None:
         """Run a worker on the current event loop until ``stop`` is set.

@@ -16,6 +16,8 @@ The tree::
     ├── NonDeterminismError       code no longer matches the recorded history
     ├── StepInDoubtError          a non-idempotent step started but its outcome is unknown
     ├── StepFailedError           a step failed for good and its exception cannot be rebuilt
+    ├── ChildFailedError          a delegated child object failed or was cancelled
+    ├── CannotDo                  raised by a step: this node cannot do it; another node may
     ├── AgentFailedError          ``Handle.result()``: the agent terminated with an error
     ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
@@ -36,6 +38,8 @@ __all__ = [
     "AgentFailedError",
     "AgentParkedError",
     "CancelRequestedError",
+    "CannotDo",
+    "ChildFailedError",
     "ConfigurationError",
     "IntegrityError",
     "LeaseLostError",
@@ -123,7 +127,7 @@ class NonDeterminismError(PerdureError):
     ``perdure resume`` it.
     """
 
-    def __init__(self, position: int, recorded: str, found: str) -> None:
+    def __init__(self, position: int | str, recorded: str, found: str) -> None:
         self.position = position
         self.recorded = recorded
         self.found = found
@@ -157,6 +161,34 @@ class StepFailedError(PerdureError):
         self.error_type = error_type
         self.message = message
         super().__init__(f"step {step!r} failed: {error_type}: {message}")
+
+
+class ChildFailedError(PerdureError):
+    """A child object the agent delegated to failed or was cancelled.
+
+    ``outcome`` is ``failed`` or ``cancelled``; ``error_type`` and ``message`` come
+    from the child's terminal record.
+    """
+
+    def __init__(self, child_id: str, outcome: str, error_type: str, message: str) -> None:
+        self.child_id = child_id
+        self.outcome = outcome
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"child {child_id!r} {outcome}: {error_type}: {message}")
+
+
+class CannotDo(PerdureError):  # noqa: N818 - the name the API promises
+    """Raised inside a step: this node cannot do it (no GPU, no licence, wrong region).
+
+    The refusal is recorded in the object's memory as a negative capability of this
+    node, the node lets the object go, and another node picks it up. It is not a
+    failure and does not count toward retries.
+    """
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
 
 
 class AgentFailedError(PerdureError):

@@ -42,6 +42,7 @@ class ObjectInfo:
     parent_id: str | None
     created_at: float
     updated_at: float
+    requires: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -77,6 +78,7 @@ def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
         parent_id=row.parent_id,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        requires=row.requires,
     )
 
 

@@ -56,6 +56,7 @@ class LocalPolicy:
     max_failures: int = 20  # recorded step failures before the object is terminated
     max_records: int | None = None  # policy cutoff: memory budget per object
     trust_scopes: frozenset[str] | None = None  # None: serve every scope
+    cancel_children: bool = True  # a cancelled parent cancels its live children
 
     @property
     def ref(self) -> str:
@@ -66,6 +67,7 @@ class LocalPolicy:
                 self.max_failures,
                 self.max_records,
                 sorted(self.trust_scopes) if self.trust_scopes is not None else None,
+                self.cancel_children,
             ]
         )
         return f"{self.name}@{hashlib.sha256(body).hexdigest()[:12]}"
@@ -75,10 +77,11 @@ class LocalPolicy:
 class Dormancy:
     """An open dormancy: what the object waits for."""
 
-    position: int
-    reason: str  # sleep | event | retry
+    position: int | str
+    reason: str  # sleep | event | retry | children | gather
     wake_at: float | None
     event: str | None
+    children: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,7 @@ class MemoryFacts:
     terminated: dict[str, Any] | None
     dormancy: Dormancy | None
     parked_reason: str | None
+    finished_children: frozenset[str] = frozenset()
 
 
 def read_memory(records: Sequence[Record]) -> MemoryFacts:
@@ -104,10 +108,17 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
     terminated: dict[str, Any] | None = None
     dormancy: Dormancy | None = None
     parked: str | None = None
+    finished: set[str] = set()
     for rec in records[1:]:
         kind = rec.kind
         if kind == Kind.INTENT_REFINED:
             intent = Intent.from_body(rec.body["intent"])
+            if "pos" not in rec.body:
+                continue
+        if kind == Kind.CHILD_FINISHED:
+            finished.add(str(rec.body["child_id"]))
+            continue
+        if kind == Kind.CAPABILITY_MISSING:
             continue
         if kind == Kind.TERMINATED:
             terminated = rec.body
@@ -122,14 +133,16 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
         if kind == Kind.DORMANT:
             body = rec.body
             dormancy = Dormancy(
-                position=int(body["pos"]),
+                position=body["pos"],
                 reason=str(body["reason"]),
                 wake_at=body.get("wake_at"),
                 event=body.get("event"),
+                children=tuple(body.get("children", ())),
             )
         elif "pos" in rec.body:
             dormancy = None
-    return MemoryFacts(intent, context, executed, failures, terminated, dormancy, parked)
+    return MemoryFacts(intent, context, executed, failures, terminated, dormancy, parked,
+                       frozenset(finished))
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,7 @@ class ObjectView:
     parked: bool = False  # the store row is parked (cleared by a person's resume)
     pending_events: frozenset[str] = field(default_factory=frozenset)
     pending_refinements: int = 0
+    pending_child_results: int = 0  # children's terminal signals not yet folded into memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +207,23 @@ def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
         return Decision(Action.DORMANCY, f"parked: {facts.parked_reason or 'needs a person'}")
     if view.pending_refinements:
         return Decision(Action.MUTATE, f"{view.pending_refinements} intent refinement(s) pending")
+    if view.pending_child_results:
+        return Decision(
+            Action.DELEGATE, f"{view.pending_child_results} child result(s) to fold into memory"
+        )
     dormancy = facts.dormancy
     if dormancy is not None:
+        if dormancy.children:
+            live = [c for c in dormancy.children if c not in facts.finished_children]
+            if not live:
+                return Decision(Action.REENTRY, "every awaited child has finished")
+            if dormancy.wake_at is not None and now >= dormancy.wake_at:
+                return Decision(Action.REENTRY, f"{dormancy.reason} timer due")
+            return Decision(
+                Action.DORMANCY,
+                f"waiting for {len(live)} child object(s): {', '.join(live[:3])}",
+                wake_at=dormancy.wake_at,
+            )
         if dormancy.event is not None and dormancy.event in view.pending_events:
             return Decision(Action.REENTRY, f"event {dormancy.event!r} arrived")
         if dormancy.wake_at is not None and now >= dormancy.wake_at:

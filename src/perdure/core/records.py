@@ -45,6 +45,10 @@ class Kind(StrEnum):
     WAIT_TIMED_OUT = "wait_timed_out"
     INTENT_REFINED = "intent_refined"
     NONDETERMINISM = "nondeterminism"
+    DELEGATED = "delegated"  # a child object was created
+    CHILD_FINISHED = "child_finished"  # a child terminated; its result or error
+    CAPABILITY_MISSING = "capability_missing"  # this node lacks what the next step needs
+    PATCHED = "patched"  # run.patched(name): new code path taken
     PROGRESS = "progress"
     TERMINATED = "terminated"
 

@@ -21,7 +21,7 @@ class StepInfo:
 
     object_id: str
     name: str
-    position: int
+    position: int | str
     attempt: int
     idempotency_key: str
     epoch: int

@@ -15,7 +15,9 @@ import inspect
 import random as _random
 import time
 import uuid as _uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
@@ -26,6 +28,8 @@ from perdure.engine.context import StepInfo
 from perdure.engine.journal import Journal
 from perdure.errors import (
     CancelRequestedError,
+    CannotDo,
+    ChildFailedError,
     LeaseLostError,
     NonDeterminismError,
     SerializationError,
@@ -34,7 +38,43 @@ from perdure.errors import (
 )
 from perdure.stores.base import Event
 
-__all__ = ["Park", "Run", "Suspend", "SyncRun", "error_body", "rebuild_error"]
+__all__ = [
+    "CHILD_EVENT",
+    "ChildHandle",
+    "Park",
+    "Run",
+    "Suspend",
+    "SyncRun",
+    "error_body",
+    "rebuild_error",
+]
+
+CHILD_EVENT = "perdure:child"  # a child's terminal signal in its parent's inbox
+
+Spawn = Callable[[Any, tuple[Any, ...], dict[str, Any], str, Context], Awaitable[str]]
+
+
+@dataclass
+class _Branch:
+    """A branch of ``run.gather``: its commands take positions under ``prefix``."""
+
+    prefix: str
+    counter: int = 0
+
+
+_branch: ContextVar[_Branch | None] = ContextVar("perdure_branch", default=None)
+
+
+def child_finished_body(payload: bytes, event_id: int) -> dict[str, Any] | None:
+    """The ``child_finished`` record body for a child's terminal signal, or ``None``."""
+    try:
+        body = decode(payload)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or "child_id" not in body:
+        return None
+    return {**body, "event_id": event_id}
+
 
 T = TypeVar("T")
 
@@ -52,6 +92,10 @@ class Suspend(BaseException):
         waiting_event: str | None = None,
         status: str = "dormant",
         reason: str = "",
+        children: Sequence[str] = (),
+        consume_event_ids: Sequence[int] = (),
+        requires: tuple[str, ...] | None = None,
+        avoid_node: str | None = None,
     ) -> None:
         super().__init__(reason)
         self.drafts = list(drafts)
@@ -59,6 +103,10 @@ class Suspend(BaseException):
         self.waiting_event = waiting_event
         self.status = status
         self.reason = reason
+        self.children = tuple(children)
+        self.consume_event_ids = tuple(consume_event_ids)
+        self.requires = requires
+        self.avoid_node = avoid_node
 
 
 class Park(BaseException):
@@ -124,6 +172,8 @@ class Run:
         step_executor: Callable[..., Awaitable[Any]],
         clock: Callable[[], float] = time.time,
         live: bool = True,
+        spawn: Spawn | None = None,
+        capabilities: frozenset[str] = frozenset(),
     ) -> None:
         self._journal = journal
         self._intent = intent
@@ -132,14 +182,25 @@ class Run:
         self._step_executor = step_executor
         self._clock = clock
         self._live = live
+        self._spawn = spawn
+        self._capabilities = capabilities
         self._pos = 0
-        self._history: dict[int, list[Record]] = {}
+        self._history: dict[int | str, list[Record]] = {}
+        self._children: dict[str, dict[str, Any]] = {}
+        self._refusals: set[str] = set()
         for rec in records:
+            if rec.kind == Kind.CHILD_FINISHED:
+                self._children[str(rec.body["child_id"])] = rec.body
+                continue
+            if rec.kind == Kind.CAPABILITY_MISSING:
+                self._refusals.add(str(rec.body.get("refusal")))
+                continue
             pos = rec.body.get("pos") if rec.kind != Kind.INSTANTIATED else None
-            if isinstance(pos, int):
+            if isinstance(pos, int | str):
                 self._history.setdefault(pos, []).append(rec)
-        self._max_recorded = max(self._history, default=-1)
-        self._started_here: set[int] = set()
+        self._max_recorded = max((p for p in self._history if isinstance(p, int)), default=-1)
+        self._started_here: set[int | str] = set()
+        self._rerouted = any(r.kind == Kind.CAPABILITY_MISSING for r in records)
         self._consumed: set[int] = set()
         self.cancel_requested = False
         self.pause_requested = False
@@ -189,9 +250,20 @@ class Run:
         if self.release_requested:
             raise Suspend([], ready_at=self._clock(), status="ready", reason="node stopping")
 
-    def _take(self, cmd: str, name: str | None) -> tuple[int, list[Record]]:
-        pos = self._pos
-        self._pos += 1
+    def _key(self, *, consume: bool = True) -> int | str:
+        branch = _branch.get()
+        if branch is None:
+            key: int | str = self._pos
+            if consume:
+                self._pos += 1
+        else:
+            key = f"{branch.prefix}.{branch.counter}"
+            if consume:
+                branch.counter += 1
+        return key
+
+    def _take(self, cmd: str, name: str | None) -> tuple[int | str, list[Record]]:
+        pos = self._key()
         recs = self._history.get(pos, [])
         if recs:
             first = recs[0].body
@@ -203,6 +275,24 @@ class Run:
                     )
                 )
         return pos, recs
+
+    def patched(self, name: str) -> bool:
+        """``True`` where code behind ``if run.patched(name):`` should run.
+
+        New executions take the patched path (and record that they did); an object
+        whose memory was written before the patch replays the old path, so adding a
+        patched block never breaks a running object.
+        """
+        key = self._key(consume=False)
+        recs = self._history.get(key, [])
+        if recs and recs[0].kind == Kind.PATCHED and recs[0].body.get("name") == name:
+            self._key()
+            return True
+        if recs:
+            return False  # memory from before the patch: keep the old path
+        self._key()
+        self._journal.defer(RecordDraft(Kind.PATCHED, {"pos": key, "cmd": "patch", "name": name}))
+        return True
 
     def check_finished(self) -> None:
         """At the agent's end, memory must not hold commands the code no longer issues."""
@@ -233,6 +323,7 @@ class Run:
         name: str | None = None,
         idempotent: bool | None = None,
         retry: RetryPolicy | None = None,
+        requires: set[str] | frozenset[str] | None = None,
         **kwargs: Any,
     ) -> T: ...
 
@@ -244,6 +335,7 @@ class Run:
         name: str | None = None,
         idempotent: bool | None = None,
         retry: RetryPolicy | None = None,
+        requires: set[str] | frozenset[str] | None = None,
         **kwargs: Any,
     ) -> T: ...
 
@@ -254,6 +346,7 @@ class Run:
         name: str | None = None,
         idempotent: bool | None = None,
         retry: RetryPolicy | None = None,
+        requires: set[str] | frozenset[str] | None = None,
         **kwargs: Any,
     ) -> Any:
         """Run ``fn(*args, **kwargs)`` once, durably; on replay return its record.
@@ -290,6 +383,9 @@ class Run:
             retry_at = failures[-1].body.get("retry_at")
             if retry_at is not None and self._clock() < retry_at:
                 raise Suspend([], ready_at=retry_at, reason=f"retry of {step_name} not due")
+        needs = frozenset(requires if requires is not None else opts.get("requires") or ())
+        if needs - self._capabilities:
+            self._lacking(step_name, pos, needs)
         attempt = len(failures) + 1
         base = {"pos": pos, "cmd": "step", "name": step_name}
         if not idempotent:
@@ -308,6 +404,8 @@ class Run:
         try:
             result = await self._step_executor(info, fn, args, kwargs)
             result_bytes = encode(result, what=f"result of step {step_name!r}")
+        except CannotDo as exc:
+            self._cannot_do(step_name, pos, exc.reason)
         except Exception as exc:
             latency = time.perf_counter() - began
             await self._record_failure(base, attempt, failures, policy, exc, latency, key)
@@ -318,9 +416,47 @@ class Run:
         recorded = decode(result_bytes)
         await self._journal.commit(
             [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": round(latency, 6),
-                                          "result": recorded})]
+                                          "result": recorded})],
+            **self._routing_reset(),
         )
         return recorded
+
+    def _routing_reset(self) -> dict[str, Any]:
+        """After a step that needed routing got done, any node may take the object again."""
+        if not self._rerouted:
+            return {}
+        self._rerouted = False
+        return {"requires": tuple(self._intent.requires), "clear_avoid": True}
+
+    @property
+    def _node_id(self) -> str:
+        return self._journal.signer.node_id
+
+    def _lacking(self, step_name: str, pos: int | str, needs: frozenset[str]) -> None:
+        """This node lacks a capability the step needs: say so once, and let the object go
+        to a node that has it."""
+        missing = sorted(needs - self._capabilities)
+        refusal = f"{self._node_id}:lacks:{','.join(missing)}"
+        drafts = []
+        if refusal not in self._refusals:
+            drafts.append(RecordDraft(Kind.CAPABILITY_MISSING, {
+                "refusal": refusal, "node": self._node_id, "capabilities": missing,
+                "step": step_name, "step_pos": pos, "at": self._clock()}))
+        raise Suspend(drafts, ready_at=self._clock(), status="ready",
+                      requires=tuple(sorted(set(self._intent.requires) | needs)),
+                      reason=f"node {self._node_id} lacks {', '.join(missing)} for {step_name}")
+
+    def _cannot_do(self, step_name: str, pos: int | str, reason: str) -> None:
+        """The step said this node cannot do it: a negative capability in memory, and the
+        object goes to another node."""
+        refusal = f"{self._node_id}:cannot:{step_name}"
+        drafts = []
+        if refusal not in self._refusals:
+            drafts.append(RecordDraft(Kind.CAPABILITY_MISSING, {
+                "refusal": refusal, "node": self._node_id, "cannot_do": step_name,
+                "reason": reason, "step_pos": pos, "at": self._clock()}))
+        raise Suspend(drafts, ready_at=self._clock(), status="ready", avoid_node=self._node_id,
+                      reason=f"node {self._node_id} cannot do {step_name}: {reason}")
 
     async def _record_failure(
         self,
@@ -469,6 +605,160 @@ class Run:
         """A random float in [0, 1), recorded."""
         return float(self._value("random", _random.random))
 
+    async def refine(self, **changes: Any) -> Intent:
+        """Refine this object's intent (deadline, max_failures, goal, requires).
+
+        Appends an intent-refinement record with the next intent version; ``run.intent``
+        shows it at once, and on every later cycle.
+        """
+        key, recs = self._take("refine", None)
+        rec = self._find(recs, Kind.INTENT_REFINED)
+        if rec is not None:
+            self._intent = Intent.from_body(rec.body["intent"])
+            return self._intent
+        self._boundary()
+        refined = self._intent.refined(dict(changes))
+        await self._journal.commit([RecordDraft(Kind.INTENT_REFINED, {
+            "pos": key, "cmd": "refine", "intent": refined.to_body(),
+            "changes": encode_json(changes)})])
+        self._intent = refined
+        return refined
+
+    async def delegate(self, agent: Callable[..., Any] | str, *args: Any,
+                       object_id: str | None = None, **kwargs: Any) -> ChildHandle:
+        """Create a child object running ``agent(*args, **kwargs)``, on any node.
+
+        The child has its own intent, context and memory, with this object as parent
+        (and the same root and trace). ``await child`` (or ``await child.result()``)
+        makes this object dormant until the child terminates, then returns its result
+        or raises ``ChildFailedError``. Its id is ``object_id`` or
+        ``<this id>.<position>``, the same on every replay.
+        """
+        name = agent if isinstance(agent, str) else str(
+            getattr(agent, "__perdure_agent__", None) or _qualname(agent))
+        key, recs = self._take("delegate", name)
+        rec = self._find(recs, Kind.DELEGATED)
+        if rec is not None:
+            return ChildHandle(self, str(rec.body["child_id"]))
+        self._boundary()
+        if self._spawn is None:
+            raise RuntimeError("delegation needs a running node")
+        child_id = object_id or f"{self.object_id}.{key}"
+        version = await self._spawn(agent, tuple(args), dict(kwargs), child_id, self._context)
+        await self._journal.commit([RecordDraft(Kind.DELEGATED, {
+            "pos": key, "cmd": "delegate", "name": name, "child_id": child_id,
+            "version": version})])
+        return ChildHandle(self, child_id)
+
+    async def join(self, *children: ChildHandle | str) -> list[Any]:
+        """Wait for every child to terminate; their results in order.
+
+        The object is dormant meanwhile and wakes once, when the last of them is
+        done. The first child (in argument order) that failed raises
+        ``ChildFailedError``.
+        """
+        ids = [c.child_id if isinstance(c, ChildHandle) else str(c) for c in children]
+        key, recs = self._take("join", ",".join(ids))
+        drafts: list[RecordDraft] = []
+        consume: list[int] = []
+        if any(c not in self._children for c in ids):
+            for ev in await self._load_events():
+                if ev.name != CHILD_EVENT or ev.event_id in self._consumed:
+                    continue
+                body = child_finished_body(ev.payload, ev.event_id)
+                self._consumed.add(ev.event_id)
+                consume.append(ev.event_id)
+                if body is not None and str(body["child_id"]) not in self._children:
+                    self._children[str(body["child_id"])] = body
+                    drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
+        waiting = [c for c in ids if c not in self._children]
+        if waiting:
+            self._boundary()
+            if self._find(recs, Kind.DORMANT) is None:
+                drafts.append(RecordDraft(Kind.DORMANT, {
+                    "pos": key, "cmd": "join", "name": ",".join(ids), "reason": "children",
+                    "children": ids, "event": CHILD_EVENT, "wake_at": None}))
+            raise Suspend(drafts, ready_at=None, waiting_event=CHILD_EVENT, children=ids,
+                          consume_event_ids=consume,
+                          reason=f"waiting for {len(waiting)} child object(s)")
+        if drafts:
+            await self._journal.commit(drafts, consume_event_ids=consume)
+        results = []
+        for child_id in ids:
+            body = self._children[child_id]
+            if body.get("outcome") != "completed":
+                error = body.get("error") or {}
+                raise ChildFailedError(child_id, str(body.get("outcome")),
+                                       str(error.get("type", "unknown")),
+                                       str(error.get("message", "")))
+            results.append(body.get("result"))
+        return results
+
+    async def gather(self, *branches: Awaitable[Any]) -> list[Any]:
+        """Run branches concurrently; their results in argument order.
+
+        Each branch's commands take positions from the branch's place in this call,
+        never from the order the branches happen to finish, so after a crash only
+        branches without a record run again and finished ones return their records.
+        Branches may be steps, child handles, or any coroutine using this run. If
+        any branch goes dormant, the object waits (once) for all of them; the first
+        failing branch, in argument order, raises.
+        """
+        key, recs = self._take("gather", None)
+        tasks: list[asyncio.Future[Any]] = []
+        for index, branch in enumerate(branches):
+            token = _branch.set(_Branch(f"{key}.{index}"))
+            try:
+                tasks.append(asyncio.ensure_future(branch))
+            finally:
+                _branch.reset(token)
+        if tasks:
+            await asyncio.wait(tasks)
+        failures: list[BaseException | None] = []
+        for task in tasks:
+            if task.cancelled():
+                failures.append(asyncio.CancelledError())
+            else:
+                failures.append(task.exception())
+        for signal in (Park, LeaseLostError, CancelRequestedError, DeadlineExceeded):
+            for exc in failures:
+                if isinstance(exc, signal):
+                    raise exc
+        for exc in failures:
+            if exc is not None and not isinstance(exc, Exception | Suspend):
+                raise exc
+        suspends = [exc for exc in failures if isinstance(exc, Suspend)]
+        if suspends:
+            raise self._combine(key, recs, suspends)
+        for exc in failures:
+            if exc is not None:
+                raise exc
+        return [task.result() for task in tasks]
+
+    def _combine(self, key: int | str, recs: Sequence[Record], suspends: Sequence[Suspend]
+                 ) -> Suspend:
+        drafts = [draft for sus in suspends for draft in sus.drafts]
+        ready = [sus.ready_at for sus in suspends if sus.ready_at is not None]
+        ready_at = min(ready) if ready else None
+        events = [sus.waiting_event for sus in suspends if sus.waiting_event]
+        children = [child for sus in suspends for child in sus.children]
+        status = next((sus.status for sus in suspends if sus.status != "dormant"), "dormant")
+        routed = next((sus for sus in suspends if sus.requires or sus.avoid_node), None)
+        if status == "dormant":
+            body = {"pos": key, "cmd": "gather", "reason": "gather", "wake_at": ready_at,
+                    "event": events[0] if events else None, "children": children}
+            last = [r for r in recs if r.kind == Kind.DORMANT]
+            if not last or {k: last[-1].body.get(k) for k in body} != body:
+                drafts.append(RecordDraft(Kind.DORMANT, body))
+        return Suspend(
+            drafts, ready_at=ready_at, waiting_event=events[0] if events else None,
+            status=status, reason="; ".join(sus.reason for sus in suspends),
+            children=children,
+            consume_event_ids=[i for sus in suspends for i in sus.consume_event_ids],
+            requires=routed.requires if routed else None,
+            avoid_node=routed.avoid_node if routed else None,
+        )
+
     async def progress(self, **fields: Any) -> None:
         """Note progress in memory (shown by ``perdure show``); not part of replay.
 
@@ -479,6 +769,29 @@ class Run:
         if self.replaying:
             return
         self._journal.defer(RecordDraft(Kind.PROGRESS, {"fields": fields}))
+
+
+def encode_json(value: Any) -> Any:
+    """``value`` as memory will hold it (raises ``SerializationError`` if it cannot)."""
+    return decode(encode(value))
+
+
+class ChildHandle:
+    """A delegated child object, from inside its parent. ``await`` it for its result."""
+
+    def __init__(self, run: Run, child_id: str) -> None:
+        self._run = run
+        self.child_id = child_id
+
+    def __repr__(self) -> str:
+        return f"ChildHandle({self.child_id!r})"
+
+    async def result(self) -> Any:
+        """Wait (dormant) for the child to terminate; its result or ``ChildFailedError``."""
+        return (await self._run.join(self))[0]
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.result().__await__()
 
 
 class SyncRun:
@@ -541,6 +854,25 @@ class SyncRun:
         """See ``Run.random``."""
         return self._call(self._run.random())
 
+    def patched(self, name: str) -> bool:
+        """See ``Run.patched``."""
+        return self._run.patched(name)
+
+    def refine(self, **changes: Any) -> Intent:
+        """See ``Run.refine``."""
+        return self._call(self._run.refine(**changes))
+
+    def delegate(self, agent: Callable[..., Any] | str, *args: Any,
+                 object_id: str | None = None, **kwargs: Any) -> SyncChildHandle:
+        """See ``Run.delegate``; the handle's ``result()`` waits without ``await``."""
+        handle = self._call(self._run.delegate(agent, *args, object_id=object_id, **kwargs))
+        return SyncChildHandle(self, handle.child_id)
+
+    def join(self, *children: SyncChildHandle | str) -> list[Any]:
+        """See ``Run.join``."""
+        ids = [c.child_id if isinstance(c, SyncChildHandle) else c for c in children]
+        return self._call(self._run.join(*ids))
+
     def progress(self, **fields: Any) -> None:
         """See ``Run.progress``."""
         self._call(self._run.progress(**fields))
@@ -551,3 +883,18 @@ def is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not callability
     )
+
+
+class SyncChildHandle:
+    """A delegated child object, from inside a plain ``def`` parent."""
+
+    def __init__(self, run: SyncRun, child_id: str) -> None:
+        self._run = run
+        self.child_id = child_id
+
+    def __repr__(self) -> str:
+        return f"SyncChildHandle({self.child_id!r})"
+
+    def result(self) -> Any:
+        """Wait (dormant) for the child; its result or ``ChildFailedError``."""
+        return self._run.join(self)[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -29,20 +30,33 @@ from perdure.core.cycle import (
     evaluate,
     read_memory,
 )
-from perdure.core.intent import Intent
+from perdure.core.intent import Context, Intent
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.instantiate import instantiate
 from perdure.engine.journal import Committer, Journal, StoreUnavailable
-from perdure.engine.run import DeadlineExceeded, Park, Run, Suspend, SyncRun, error_body
+from perdure.engine.run import (
+    CHILD_EVENT,
+    DeadlineExceeded,
+    Park,
+    Run,
+    Suspend,
+    SyncRun,
+    child_finished_body,
+    error_body,
+)
 from perdure.errors import (
     CancelRequestedError,
     IntegrityError,
     LeaseLostError,
+    ObjectNotFoundError,
+    ObjectTerminatedError,
     RecordDecodeError,
     SerializationError,
     StoreError,
+    UnknownAgentError,
 )
-from perdure.stores.base import Claim, Event, Store
+from perdure.stores.base import Claim, Event, Route, Signal, Store
 
 __all__ = ["REFINE_EVENT", "AgentDef", "Worker", "WorkerSettings"]
 
@@ -103,6 +117,7 @@ class Worker:
         agents: Mapping[str, AgentDef],
         settings: WorkerSettings,
         clock: Callable[[], float] = time.time,
+        capabilities: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
         self.signer = signer
@@ -112,6 +127,10 @@ class Worker:
         self.settings = settings
         self.clock = clock
         self.owner = f"{signer.node_id}/{os.getpid()}"
+        self.capabilities = frozenset(capabilities)
+        self.serves = tuple(sorted(f"{a.name}@{a.version}" for a in agents.values()))
+        self.route = Route(node_id=signer.node_id, serves=self.serves,
+                           capabilities=tuple(sorted(self.capabilities)))
         self._write_pool = concurrent.futures.ThreadPoolExecutor(1, "perdure-write")
         self._read_pool = concurrent.futures.ThreadPoolExecutor(2, "perdure-read")
         self._code_pool = concurrent.futures.ThreadPoolExecutor(
@@ -164,6 +183,7 @@ class Worker:
         backoff = idle
         try:
             await self._write(self.recover_dead_leases)
+            await self._write(self.heartbeat)
         except StoreError as exc:
             self._store_failed(exc)
         try:
@@ -177,7 +197,7 @@ class Worker:
                     try:
                         claims = await self._write(
                             self.store.claim, self.owner, now, now + self.settings.lease_seconds,
-                            free,
+                            free, self.route,
                         )
                         if not claims:
                             due = await self._read(self.store.next_ready_at)
@@ -215,6 +235,11 @@ class Worker:
             self._write_pool.shutdown(wait=True)
             self._read_pool.shutdown(wait=True)
             self._code_pool.shutdown(wait=False, cancel_futures=True)
+
+    def heartbeat(self) -> None:
+        """Tell the store this node is alive, which agent versions and capabilities it has."""
+        self.store.heartbeat(self.signer.node_id, self.serves, sorted(self.capabilities),
+                             self.clock())
 
     def recover_dead_leases(self) -> int:
         """End leases held by earlier processes of this node that are no longer alive.
@@ -270,6 +295,10 @@ class Worker:
         interval = self.settings.lease_seconds / 3
         while True:
             await asyncio.sleep(interval)
+            try:
+                await self._write(self.heartbeat)
+            except StoreError as exc:
+                self._store_failed(exc)
             for object_id, active in list(self._active.items()):
                 until = self.clock() + self.settings.lease_seconds
                 try:
@@ -397,6 +426,7 @@ class Worker:
             row = await self._read(self.store.get, oid)
             events: list[Event] = await self._read(self.store.pending_events, oid)
             refinements = [e for e in events if e.name == REFINE_EVENT]
+            child_results = [e for e in events if e.name == CHILD_EVENT]
             view = ObjectView(
                 records=records,
                 cancel_requested=row.cancel_requested,
@@ -404,12 +434,16 @@ class Worker:
                 parked=row.parked,
                 pending_events=frozenset(e.name for e in events),
                 pending_refinements=len(refinements),
+                pending_child_results=len(child_results),
             )
             decision = evaluate(view, self.policy, self.clock())
             log.debug("%s: %s (%s)", oid, decision.action, decision.reason,
                       extra={"action": "decided"})
             if decision.action is Action.MUTATE:
                 records = records + await self._mutate(claim, records, refinements)
+                continue
+            if decision.action is Action.DELEGATE:
+                records = records + await self._fold_children(claim, records, child_results)
                 continue
             await self._act(claim, records, decision)
             return
@@ -420,7 +454,6 @@ class Worker:
             Action.DORMANCY: self._dormancy,
             Action.EXECUTE: self._execute,
             Action.REENTRY: self._execute,
-            Action.DELEGATE: self._dormancy,
         }[decision.action]
         await handler(claim, records, decision)
 
@@ -441,6 +474,60 @@ class Worker:
         return await journal.commit(drafts, phase="mutation",
                                     consume_event_ids=[e.event_id for e in refinements])
 
+    async def _fold_children(self, claim: Claim, records: list[Record], signals: list[Event]
+                             ) -> list[Record]:
+        """Delegation phase: write finished children's results into memory, consuming their
+        signals, without running the agent (it runs once, when all it awaits are done)."""
+        journal = self._journal(claim, records)
+        known = {str(r.body.get("child_id")) for r in records if r.kind == Kind.CHILD_FINISHED}
+        drafts: list[RecordDraft] = []
+        for event in signals:
+            body = child_finished_body(event.payload, event.event_id)
+            if body is not None and str(body["child_id"]) not in known:
+                known.add(str(body["child_id"]))
+                drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
+        if not drafts:
+            drafts.append(RecordDraft(Kind.PROGRESS, {"fields": {
+                "ignored_child_signals": [e.event_id for e in signals]}}))
+        return await journal.commit(drafts, phase="delegation",
+                                    consume_event_ids=[e.event_id for e in signals])
+
+    def _parent_signal(self, records: list[Record], body: dict[str, Any]) -> Signal | None:
+        """The terminal signal for this object's parent, written with its last record."""
+        context = read_memory(records).context
+        if context.parent_id is None:
+            return None
+        payload = {"child_id": context.object_id, "outcome": body.get("outcome")}
+        if "result" in body:
+            payload["result"] = body["result"]
+        if "error" in body:
+            payload["error"] = body["error"]
+        return Signal(context.parent_id, CHILD_EVENT, encode(payload),
+                      f"child:{context.object_id}")
+
+    async def _cancel_children(self, records: list[Record]) -> None:
+        """A cancelled parent cancels its live children (unless the policy lets them finish)."""
+        if not self.policy.cancel_children:
+            return
+        finished = {str(r.body.get("child_id")) for r in records if r.kind == Kind.CHILD_FINISHED}
+        now = self.clock()
+        for rec in records:
+            child = str(rec.body.get("child_id"))
+            if rec.kind != Kind.DELEGATED or child in finished:
+                continue
+            with contextlib.suppress(ObjectTerminatedError, ObjectNotFoundError):
+                await self._write(functools.partial(self.store.control, child, now, cancel=True))
+
+    async def _finish(self, journal: Journal, records: list[Record], body: dict[str, Any], *,
+                      status: str, result: bytes | None = None) -> None:
+        """Write the terminal record, signalling the parent in the same transaction."""
+        if status == "cancelled":
+            await self._cancel_children(records)
+        await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
+                             phase="termination", ready_at=None, running=False, release=True,
+                             result=result, signal=self._parent_signal(records, body))
+        self.completed += 1
+
     async def _terminate(self, claim: Claim, records: list[Record], decision: Decision) -> None:
         outcome = decision.outcome or Outcome.FAILED
         facts = read_memory(records)
@@ -452,9 +539,7 @@ class Worker:
         if outcome is not Outcome.CANCELLED:
             body["error"] = {"type": "perdure:Terminated", "message": decision.reason}
         journal = self._journal(claim, records)
-        await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=str(outcome),
-                             phase="termination", ready_at=None, running=False, release=True)
-        self.completed += 1
+        await self._finish(journal, records, body, status=str(outcome))
 
     async def _dormancy(self, claim: Claim, records: list[Record], decision: Decision) -> None:
         facts = read_memory(records)
@@ -498,12 +583,14 @@ class Worker:
         facts = read_memory(records)
         intent: Intent = facts.intent
         agent = self.agents.get(intent.agent)
-        if agent is None:
-            log.warning("%s needs agent %r, not registered on this node; leaving it",
-                        oid, intent.agent, extra={"action": "unknown_agent"})
+        if agent is None or agent.version != intent.version:
+            served = "not registered" if agent is None else f"served at version {agent.version}"
+            log.warning("%s needs agent %s@%s, %s on this node; leaving it", oid, intent.agent,
+                        intent.version, served, extra={"action": "unknown_agent"})
             await self._release_plain(
                 claim, ready_at=self.clock() + self.settings.unknown_agent_retry, status="ready",
-                note=f"agent {intent.agent!r} is not registered on node {self.signer.node_id}",
+                note=f"agent {intent.agent}@{intent.version} is {served} on node "
+                     f"{self.signer.node_id}",
             )
             return
         journal = self._journal(claim, records)
@@ -516,7 +603,8 @@ class Worker:
                 raise StoreUnavailable(exc) from exc
 
         run = Run(journal=journal, intent=intent, context=facts.context, records=records,
-                  load_events=load_events, step_executor=self._run_step, clock=self.clock)
+                  load_events=load_events, step_executor=self._run_step, clock=self.clock,
+                  spawn=self._spawn, capabilities=self.capabilities)
         run.cancel_requested = claim.cancel_requested
         active = self._active.get(oid)
         if active is not None:
@@ -533,20 +621,17 @@ class Worker:
             try:
                 result_bytes = encode(result, what=f"result of agent {intent.agent!r}")
             except SerializationError as exc:
-                await self._finish_failed(journal, exc)
+                await self._finish_failed(journal, records, exc)
                 return
-            await journal.commit(
-                [RecordDraft(Kind.TERMINATED,
-                             {"outcome": "completed", "result": decode(result_bytes)})],
-                status="completed", phase="termination", ready_at=None, running=False,
-                release=True, result=result_bytes,
-            )
-            self.completed += 1
+            await self._finish(journal, records,
+                               {"outcome": "completed", "result": decode(result_bytes)},
+                               status="completed", result=result_bytes)
         except Suspend as sus:
             await journal.commit(sus.drafts, status=sus.status, phase="dormancy",
                                  ready_at=_by_deadline(sus.ready_at, run.intent.deadline),
-                                 running=False,
-                                 waiting_event=sus.waiting_event, release=True)
+                                 running=False, waiting_event=sus.waiting_event, release=True,
+                                 consume_event_ids=sus.consume_event_ids,
+                                 requires=sus.requires, avoid_node=sus.avoid_node)
         except Park as park:
             err = park.error
             log.error("parked %s: %s", oid, err, extra={"action": "parked_nondeterminism"})
@@ -558,31 +643,36 @@ class Worker:
                 release=True, parked=True, note=str(err),
             )
         except CancelRequestedError:
-            await journal.commit(
-                [RecordDraft(Kind.TERMINATED, {"outcome": "cancelled", "reason": "cancelled"})],
-                status="cancelled", phase="termination", ready_at=None, running=False,
-                release=True,
-            )
+            await self._finish(journal, records, {"outcome": "cancelled", "reason": "cancelled"},
+                               status="cancelled")
         except DeadlineExceeded as exc:
-            await journal.commit(
-                [RecordDraft(Kind.TERMINATED, {"outcome": "failed", "reason": "deadline passed",
-                                               "error": {"type": "perdure:DeadlineExceeded",
-                                                         "message": str(exc)}})],
-                status="failed", phase="termination", ready_at=None, running=False,
-                release=True,
-            )
+            await self._finish(journal, records, {
+                "outcome": "failed", "reason": "deadline passed",
+                "error": {"type": "perdure:DeadlineExceeded", "message": str(exc)}},
+                status="failed")
         except (LeaseLostError, StoreUnavailable, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - the agent's own failure ends the object
-            await self._finish_failed(journal, exc)
+            await self._finish_failed(journal, records, exc)
 
-    async def _finish_failed(self, journal: Journal, exc: BaseException) -> None:
-        await journal.commit(
-            [RecordDraft(Kind.TERMINATED, {"outcome": "failed", "reason": "agent raised",
-                                           "error": error_body(exc)})],
-            status="failed", phase="termination", ready_at=None, running=False, release=True,
-        )
-        self.completed += 1
+    async def _finish_failed(self, journal: Journal, records: list[Record],
+                             exc: BaseException) -> None:
+        await self._finish(journal, records, {"outcome": "failed", "reason": "agent raised",
+                                              "error": error_body(exc)}, status="failed")
+
+    async def _spawn(self, agent: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                     child_id: str, parent: Context) -> str:
+        """Create a child object (idempotent on its id); returns the child's agent version."""
+        name = agent if isinstance(agent, str) else getattr(agent, "__perdure_agent__", None)
+        definition = self.agents.get(str(name)) if name is not None else None
+        if definition is None:
+            raise UnknownAgentError(
+                f"cannot delegate to {agent!r}: no such agent is registered on this node"
+            )
+        new = instantiate(definition, args, kwargs, object_id=child_id, signer=self.signer,
+                          policy_ref=self.policy_ref, now=self.clock(), parent=parent)
+        await self._write(self.store.create, new, self.clock())
+        return definition.version
 
 
 def _by_deadline(ready_at: float | None, deadline: float | None) -> float | None:

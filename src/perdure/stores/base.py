@@ -52,6 +52,7 @@ class ObjectRow:
     parent_id: str | None
     created_at: float
     updated_at: float
+    requires: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

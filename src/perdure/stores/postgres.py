@@ -127,6 +127,7 @@ def _row(cur: psycopg.Cursor[Any], row: tuple[Any, ...]) -> ObjectRow:
         parent_id=data["parent_id"],
         created_at=data["created_at"],
         updated_at=data["updated_at"],
+        requires=tuple(data.get("requires") or ()),
     )
 
 

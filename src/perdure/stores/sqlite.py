@@ -88,6 +88,7 @@ def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
         parent_id=data["parent_id"],
         created_at=data["created_at"],
         updated_at=data["updated_at"],
+        requires=tuple(json.loads(data["requires"])) if data.get("requires") else (),
     )
 
 

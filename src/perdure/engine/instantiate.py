@@ -1,0 +1,72 @@
+"""Instantiation: an agent's intent and context sealed into an object's first record."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from perdure.core.chain import Signer, seal
+from perdure.core.codec import encode
+from perdure.core.intent import Context, Intent
+from perdure.core.records import GENESIS_HASH, Kind, RecordDraft
+from perdure.stores.base import NewObject
+
+if TYPE_CHECKING:
+    from perdure.engine.worker import AgentDef
+
+__all__ = ["instantiate"]
+
+
+def instantiate(
+    definition: AgentDef,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    object_id: str,
+    signer: Signer,
+    policy_ref: str,
+    now: float,
+    deadline: float | None = None,
+    max_failures: int | None = None,
+    labels: Mapping[str, str] | None = None,
+    parent: Context | None = None,
+) -> NewObject:
+    """Build a new object: intent, context (with lineage from ``parent``), first record.
+
+    ``deadline`` is seconds from ``now``. A child shares its parent's trace and root,
+    one level deeper, and inherits its labels.
+    """
+    intent = Intent(
+        agent=definition.name,
+        version=definition.version,
+        args=tuple(args),
+        kwargs=dict(kwargs),
+        deadline=now + deadline if deadline is not None else None,
+        max_failures=max_failures,
+        requires=tuple(sorted(definition.requires)),
+    )
+    if parent is None:
+        context = Context(object_id=object_id, trace_id=uuid.uuid4().hex, root_id=object_id,
+                          labels=dict(labels or {}))
+    else:
+        context = Context(
+            object_id=object_id,
+            trace_id=parent.trace_id,
+            parent_id=parent.object_id,
+            root_id=parent.root_id or parent.object_id,
+            depth=parent.depth + 1,
+            tenant=parent.tenant,
+            trust_scope=parent.trust_scope,
+            labels={**parent.labels, **dict(labels or {})},
+        )
+    encode(intent.to_body(), what="agent arguments")
+    first = seal(
+        RecordDraft(Kind.INSTANTIATED, {"intent": intent.to_body(),
+                                        "context": context.to_body()}),
+        object_id=object_id, seq=1, prev_hash=GENESIS_HASH, trace_id=context.trace_id,
+        ts_us=int(now * 1_000_000), policy_ref=policy_ref, signer=signer,
+    )
+    return NewObject(object_id=object_id, agent=definition.name,
+                     agent_version=definition.version, first=first, ready_at=now,
+                     parent_id=context.parent_id, requires=intent.requires)
