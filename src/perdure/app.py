@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar, overload
 
@@ -24,6 +24,7 @@ from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
 from perdure.engine.instantiate import instantiate
+from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -338,6 +339,24 @@ class App:
             return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
         return verify_chain(object_id, records, self.store.public_keys(),
                             head_seq=row.head_seq, head_hash=row.head_hash)
+
+    def replay_check(self, object_ids: Sequence[str] | None = None) -> builtins.list[ReplayReport]:
+        """Replay recorded memory against this App's code without running any step.
+
+        Checks the given objects, or every object not yet terminated, and reports
+        for each whether the code reproduces its memory (``compatible``), where it
+        would diverge (``diverges``: position, recorded vs found), or that this code
+        does not serve its agent version (``not-served``). Nothing is written.
+        """
+        if object_ids is None:
+            object_ids = [
+                info.object_id for info in self.list(limit=1_000_000) if not info.terminal
+            ]
+        reports = []
+        for object_id in object_ids:
+            records = self.history(object_id)
+            reports.append(asyncio.run(replay_check(self._agents, records)))
+        return reports
 
     def result_of(self, object_id: str) -> Any:
         """Decode a completed object's stored result."""

@@ -142,18 +142,24 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
               help="Lease length in seconds (default: the App's, 30).")
 @click.option("--poll", "poll_interval", type=float, envvar="PERDURE_POLL", show_envvar=True,
               help="Idle poll interval in seconds (default: the App's, 0.1).")
+@click.option("--capability", "capabilities", multiple=True, metavar="NAME",
+              help="A capability this node has (repeatable), added to the App's own; objects "
+                   "and steps that require one go only to nodes that have it.")
 @click.pass_obj
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
-           poll_interval: float | None) -> None:
+           poll_interval: float | None, capabilities: tuple[str, ...]) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM."""
     app = obj.app(need_agents=True)
+    app.capabilities = app.capabilities | frozenset(capabilities)
     if lease_seconds is not None:
         app.lease_seconds = lease_seconds
     if poll_interval is not None:
         app.poll_interval = poll_interval
     logging.getLogger("perdure").setLevel(min(logging.getLogger().level, logging.INFO))
-    err.print(f"node {app.node_id} serving {', '.join(sorted(app.agents)) or 'no agents'} "
-              f"from {app.store_url} (concurrency {concurrency})")
+    serving = ", ".join(f"{a.name}@{a.version}" for a in app.agents.values()) or "no agents"
+    caps = f", capabilities {', '.join(sorted(app.capabilities))}" if app.capabilities else ""
+    err.print(f"node {app.node_id} serving {serving} from {app.store_url} "
+              f"(concurrency {concurrency}{caps})")
     app.run_worker(concurrency=concurrency)
 
 
@@ -270,6 +276,58 @@ def show(obj: _Ctx, object_id: str) -> None:
         what = row[4] if len(row[4]) <= room else row[4][: room - 1] + "…"
         table.add_row(*(Text(cell) for cell in (*row[:4], what)))  # record text is not markup
     out.print(table)
+    children = app.list(parent=object_id, limit=1000)
+    if children:
+        out.print(f"children ({len(children)}):")
+        for child in reversed(children):
+            out.print(f"  {child.object_id}  {child.agent}@{child.agent_version}  "
+                      f"{_status(child)}  phase {child.phase}")
+
+
+@cli.command()
+@click.argument("object_id")
+@click.pass_obj
+def tree(obj: _Ctx, object_id: str) -> None:
+    """Print an object's lineage: its descendants with each one's status and phase."""
+    app = obj.app()
+    root = app.get(object_id)
+    lines: list[str] = []
+
+    def walk(info: ObjectInfo, prefix: str, last: bool, top: bool) -> None:
+        branch = "" if top else ("└── " if last else "├── ")
+        lines.append(f"{prefix}{branch}{info.object_id}  {info.agent}@{info.agent_version}  "
+                     f"{_status(info)}  phase {info.phase}")
+        kids = list(reversed(app.list(parent=info.object_id, limit=10_000)))
+        inner = prefix if top else prefix + ("    " if last else "│   ")
+        for index, kid in enumerate(kids):
+            walk(kid, inner, index == len(kids) - 1, False)
+
+    walk(root, "", True, True)
+    for line in lines:
+        out.print(line)
+
+
+@cli.command(name="replay-check")
+@click.argument("object_ids", nargs=-1)
+@click.pass_obj
+def replay_check(obj: _Ctx, object_ids: tuple[str, ...]) -> None:
+    """Replay live objects' memory against the current code (--app) without running steps.
+
+    Reports which objects would diverge after a deploy, and where (recorded vs found);
+    exit 1 if any would. Checks the named objects, or every object not yet terminated.
+    """
+    app = obj.app(need_agents=True)
+    reports = app.replay_check(list(object_ids) or None)
+    bad = 0
+    for report in reports:
+        style = {"compatible": "green", "not-served": "yellow"}.get(report.verdict, "red")
+        out.print(Text.assemble((f"{report.verdict:<11}", style),
+                                f" {report.object_id} ({report.agent}@{report.version}): "
+                                f"{report.detail}"))
+        bad += not report.ok
+    out.print(f"{len(reports)} checked, {bad} would diverge")
+    if bad:
+        sys.exit(1)
 
 
 @cli.command()
