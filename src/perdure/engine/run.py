@@ -65,6 +65,11 @@ class _Branch:
 _branch: ContextVar[_Branch | None] = ContextVar("perdure_branch", default=None)
 
 
+def _top(position: int | str) -> int:
+    """The top-level command position of a (possibly branch) position ``3`` / ``"3.1.0"``."""
+    return position if isinstance(position, int) else int(str(position).split(".", 1)[0])
+
+
 def child_finished_body(payload: bytes, event_id: int) -> dict[str, Any] | None:
     """The ``child_finished`` record body for a child's terminal signal, or ``None``."""
     try:
@@ -198,7 +203,7 @@ class Run:
             pos = rec.body.get("pos") if rec.kind != Kind.INSTANTIATED else None
             if isinstance(pos, int | str):
                 self._history.setdefault(pos, []).append(rec)
-        self._max_recorded = max((p for p in self._history if isinstance(p, int)), default=-1)
+        self._max_recorded = max((_top(p) for p in self._history), default=-1)
         self._started_here: set[int | str] = set()
         self._rerouted = any(r.kind == Kind.CAPABILITY_MISSING for r in records)
         self._consumed: set[int] = set()
@@ -297,7 +302,8 @@ class Run:
     def check_finished(self) -> None:
         """At the agent's end, memory must not hold commands the code no longer issues."""
         if self._pos <= self._max_recorded:
-            first = self._history[self._max_recorded][0].body
+            last = max((p for p in self._history if _top(p) == self._max_recorded), key=str)
+            first = self._history[last][0].body
             raise Park(
                 NonDeterminismError(
                     self._pos,
@@ -614,13 +620,18 @@ class Run:
         key, recs = self._take("refine", None)
         rec = self._find(recs, Kind.INTENT_REFINED)
         if rec is not None:
-            self._intent = Intent.from_body(rec.body["intent"])
-            return self._intent
+            recorded = Intent.from_body(rec.body["intent"])
+            # Replay never winds the intent back: later refinements (from outside, or
+            # further in memory) already made the current intent newer than this one.
+            if recorded.version_no > self._intent.version_no:
+                self._intent = recorded
+            return recorded
         self._boundary()
         refined = self._intent.refined(dict(changes))
         await self._journal.commit([RecordDraft(Kind.INTENT_REFINED, {
             "pos": key, "cmd": "refine", "intent": refined.to_body(),
-            "changes": encode_json(changes)})])
+            "changes": encode_json(changes)})],
+            requires=tuple(refined.requires) if "requires" in changes else None)
         self._intent = refined
         return refined
 
