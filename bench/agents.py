@@ -12,6 +12,7 @@ and perdure, then opens the gate so that they all begin claiming at the same mom
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,34 @@ async def one_step(run: Any, i: int) -> int:
     return i
 
 
+def paced(i: int, effects: str, pace: float) -> int:
+    """A step of the crash-recovery workload: log its start and end to ``effects``, sleep.
+
+    When ``PERDURE_BENCH_CRASH_AT`` equals ``i`` the process SIGKILLs itself after
+    logging the start: the step is in flight when the process dies.
+    """
+    with open(effects, "a") as log:
+        log.write(f"start {i} {os.getpid()} {time.time()}\n")
+    if os.environ.get("PERDURE_BENCH_CRASH_AT") == str(i):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(pace)
+    with open(effects, "a") as log:
+        log.write(f"end {i} {os.getpid()} {time.time()}\n")
+    return i
+
+
+async def paced_steps(run: Any, steps: int, effects: str, pace: float) -> int:
+    """``steps`` steps of ``pace`` seconds each (the crash-recovery workload)."""
+    for i in range(1, steps + 1):
+        await run.step(paced, i, effects, pace)
+    return steps
+
+
 def register(target: perdure.App) -> perdure.App:
-    """Register the benchmark agents with ``target`` (by name: ``pinger``, ``one_step``)."""
+    """Register the benchmark agents with ``target`` (``pinger``, ``one_step``, ``paced_steps``)."""
     target.agent(name="pinger")(pinger)
     target.agent(name="one_step")(one_step)
+    target.agent(name="paced_steps")(paced_steps)
     return target
 
 

@@ -127,12 +127,145 @@ def claims_table(report: dict[str, Any]) -> str:
     return _table(header, rows)
 
 
+def _floor_for(report: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any] | None:
+    """The floor a peer is set against: SQLite FULL for SQLite peers, else PostgreSQL."""
+    name = "postgresql" if peer["label"].endswith("PostgreSQL") else "sqlite_full"
+    return report["backends"].get(name, {}).get("floor")
+
+
+def _na(figures: dict[str, Any] | None, width: int) -> list[str] | None:
+    if figures is None:
+        return None
+    if "na" in figures:
+        return [f"n/a: {figures['na']}"] + [""] * (width - 1)
+    return None
+
+
+def peers_steps_table(report: dict[str, Any]) -> str:
+    """Sequential and concurrent steps of perdure and the peers, with ratios to the floor."""
+    rows = []
+    for b in report["backends"].values():
+        if "sequential" in b:
+            rows.append([f"perdure, {b['store']}",
+                         _num(b["sequential"]["us_per_step"], " µs"),
+                         _num(b["sequential"]["steps_per_s"], " /s"),
+                         _ratio(b["sequential"]["ratio_to_floor_commit"]),
+                         _num(b["concurrent"]["steps_per_s"], " /s"),
+                         _ratio(b["concurrent"]["ratio_to_single_commit_rate"])])
+    for peer in report.get("peers", {}).values():
+        got = peer.get("steps")
+        if got is None:
+            continue
+        if (na := _na(got, 5)) is not None:
+            rows.append([peer["label"], *na])
+            continue
+        fl = _floor_for(report, peer)
+        seq, conc = got["sequential"], got["concurrent"]
+        rows.append([peer["label"], _num(seq["us_per_step"], " µs"),
+                     _num(seq["steps_per_s"], " /s"),
+                     _ratio(seq["us_per_step"] / fl["us_per_commit"]) if fl else "–",  # noqa: RUF001
+                     _num(conc["steps_per_s"], " /s"),
+                     _ratio(conc["steps_per_s"] / fl["commits_per_s"]) if fl else "–"])  # noqa: RUF001
+    if not rows:
+        return ""
+    return _table(["store", "sequential µs per step", "steps per second", "÷ floor commit",
+                   "concurrent steps per second", "÷ floor commits/s"], rows)
+
+
+def peers_wake_table(report: dict[str, Any]) -> str:
+    """Wake latency of the peers."""
+    rows = []
+    for peer in report.get("peers", {}).values():
+        got = peer.get("wake")
+        if got is None:
+            continue
+        if (na := _na(got, 4)) is not None:
+            rows.append([peer["label"], *na])
+            continue
+        for name, f in got.items():
+            how = "default settings" if name == "default" else f"polls every {f['poll_s']:g} s"
+            rows.append([f"{peer['label']}, {how}", _num(f["ms_p50"], " ms"),
+                         _num(f["ms_p90"], " ms"), _num(f["ms_p99"], " ms"),
+                         _num(f["ms_max"], " ms")])
+    if not rows:
+        return ""
+    return _table(["peer", "p50", "p90", "p99", "max"], rows)
+
+
+def recovery_table(report: dict[str, Any]) -> str:
+    """Crash recovery of perdure and the peers."""
+    def cells(f: dict[str, Any]) -> list[str]:
+        return [f"{f['reexecuted_steps']}", f"{f['reexecuted_finished_steps']}",
+                _num(f["ms_to_first_resumed_step"], " ms"), _num(f["ms_to_completion"], " ms"),
+                _num(f["ms_kill_to_first_resumed_step"], " ms")]
+
+    rows = []
+    for b in report["backends"].values():
+        if "recovery" in b:
+            f = b["recovery"]
+            rows.append([f"perdure, {b['store']} (lease {f['lease_s']:g} s)", *cells(f)])
+    for peer in report.get("peers", {}).values():
+        got = peer.get("recovery")
+        if got is None:
+            continue
+        rows.append([peer["label"], *(_na(got, 5) or cells(got))])
+    if not rows:
+        return ""
+    return _table(["store", "steps re-executed", "of them finished before the kill",
+                   "process start → first resumed step", "process start → completion",
+                   "kill → first resumed step"], rows)
+
+
+def history_table(report: dict[str, Any]) -> str:
+    """Resume cost and storage bytes per step versus history length."""
+    rows = []
+
+    def add(label: str, resume: dict[str, Any], per_step: dict[str, Any], key: str) -> None:
+        lengths = list(resume)
+        times = " / ".join(_num(resume[n][key], " ms") for n in lengths)
+        marginal = " / ".join(_num(v) for k, v in per_step.items() if k.startswith("marginal"))
+        at_end = per_step.get(f"bytes_per_step_at_{lengths[-1]}")
+        rows.append([label, " / ".join(f"{int(n):,}" for n in lengths), times,
+                     _num(at_end), marginal])
+
+    for b in report["backends"].values():
+        if "resume" in b:
+            add(f"perdure, {b['store']}", b["resume"], b["storage"]["perdure"],
+                "ms_claim_to_next_step")
+    for b in report["backends"].values():
+        if "resume" in b:
+            fl = b["storage"]["floor"]
+            lengths = list(b["storage"]["floor_bytes"])
+            rows.append([f"floor, {b['store']} (rows only)", " / ".join(
+                f"{int(n):,}" for n in lengths), "–",  # noqa: RUF001
+                _num(fl.get(f"bytes_per_step_at_{lengths[-1]}")),
+                " / ".join(_num(v) for k, v in fl.items() if k.startswith("marginal"))])
+    for peer in report.get("peers", {}).values():
+        got = peer.get("history")
+        if got is None:
+            continue
+        if (na := _na(got, 4)) is not None:
+            rows.append([peer["label"], *na])
+            continue
+        key = "ms_launch_to_next_step" if peer["peer"] == "dbos" else "ms_invoke_to_next_step"
+        add(peer["label"], got["resume"], got["storage"]["per_step"], key)
+    if not rows:
+        return ""
+    return _table(["store", "recorded steps", "resume → next new step", "bytes per step "
+                   "(longest)", "marginal bytes per step between lengths"], rows)
+
+
 def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
     parts = []
     for title, table in (("Durable steps", steps_table(report)),
+                         ("Steps: perdure and peers", peers_steps_table(report)),
                          ("Wake latency", wake_table(report)),
-                         ("Claim throughput (objects per second)", claims_table(report))):
+                         ("Wake latency: peers", peers_wake_table(report)),
+                         ("Claim throughput (objects per second)", claims_table(report)),
+                         ("Crash recovery", recovery_table(report)),
+                         ("Resume cost and storage versus history length",
+                          history_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")
     return "\n".join(parts)

@@ -8,7 +8,14 @@ and PostgreSQL:
 * ``wake``: latency from ``app.send`` to the agent running again, with a worker in a
   separate process (``bench/wake.py``); SQLite workers poll, PostgreSQL pushes;
 * ``claims``: objects per second with 1, 2 and 4 worker processes on objects that are
-  all ready at once (``bench/claims.py``).
+  all ready at once (``bench/claims.py``);
+* ``recovery``: a 200-step object SIGKILLed at step 100 and resumed by a fresh process
+  (``bench/recovery.py``);
+* ``history``: resume cost and storage bytes per step at 10, 1,000 and 10,000 recorded
+  steps (``bench/resume.py``, ``bench/storage.py``).
+
+Then the peers, DBOS and LangGraph, on the same workloads where they can do them
+(``bench/peers``; ``--no-peers`` leaves them out; not installed: "n/a").
 
 ``--quick`` uses tiny sizes (a smoke run of some seconds); ``--only steps,wake`` picks
 parts; ``--markdown`` prints the tables for ``docs/benchmarks.md`` instead of JSON
@@ -29,22 +36,26 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, steps, wake
+from bench import claims, peers, recovery, resume, steps, wake
 from bench.common import Backend, fresh_database, loadavg, machine, median_of, pick_backends
 
-PARTS = ("steps", "wake", "claims")
+PARTS = ("steps", "wake", "claims", "recovery", "history")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
     "wake": {"objects": 1, "wakes_per_object": 2, "sqlite_polls": [0.1, 0.01]},
     "claims": {"objects": 20, "workers": [1, 2, 4], "concurrency": 16, "poll": 0.01,
                "repeats": 1},
+    "recovery": recovery.QUICK,
+    "history": resume.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
     "wake": {"objects": 10, "wakes_per_object": 20, "sqlite_polls": [0.1, 0.01]},
     "claims": {"objects": 1000, "workers": [1, 2, 4], "concurrency": 16, "poll": 0.01,
                "repeats": 1},
+    "recovery": recovery.FULL,
+    "history": resume.FULL,
 }
 
 
@@ -86,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     steps.add_arguments(parser)
     parser.add_argument("--only", help=f"comma-separated parts to run (of {', '.join(PARTS)})")
     parser.add_argument("--claim-repeats", type=int, help="runs per claim figure (default 1)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="leave out DBOS and LangGraph (perdure and the floors only)")
     parser.add_argument("--markdown", action="store_true",
                         help="print Markdown tables instead of JSON")
     args = parser.parse_args(argv)
@@ -111,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": {p: sizes[p] for p in parts},
             "machine": machine(db_dir, args.pg if uses_pg else None),
         }
+        report["machine"]["peers"] = peers.versions()
         if "steps" in parts:
             report["baseline"] = steps.python_baseline(sizes["steps"]["baseline_calls"])
         report["backends"] = {}
@@ -125,7 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             if "claims" in parts:
                 figures["claims"] = measure_claims(backend, here / "claims", sizes["claims"],
                                                    args.pg)
+            if "recovery" in parts:
+                with fresh_database(backend, here / "recovery", args.pg) as db:
+                    figures["recovery"] = recovery.crash_recovery(db, here / "recovery",
+                                                                  sizes["recovery"])
+            if "history" in parts:
+                figures.update(resume.measure(backend, here / "history", sizes["history"],
+                                              args.pg))
             report["backends"][backend.name] = figures
+        if not args.no_peers:
+            report["peers"] = peers.measure(parts, sizes, backends, run_dir / "peers", args.pg)
         report["loadavg_at_end"] = loadavg()
         report["seconds"] = round(time.monotonic() - began, 1)
     if args.markdown:

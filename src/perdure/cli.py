@@ -91,6 +91,7 @@ def _rebind(app: App, store: str | None, key_dir: str | None, node_id: str | Non
         policy=app.policy,
         lease_seconds=app.lease_seconds,
         poll_interval=app.poll_interval,
+        capabilities=app.capabilities,
     )
     clone._agents = dict(app._agents)
     return clone

@@ -75,9 +75,14 @@ def test_steps_bench_quick_prints_every_figure_per_backend(tmp_path: Path) -> No
 
 
 def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> None:
-    """``python -m bench --quick``: steps, wake latency and claim throughput per backend."""
-    report = _run([sys.executable, "-m", "bench"], tmp_path)
-    assert report["parts"] == ["steps", "wake", "claims"]
+    """``python -m bench --quick --no-peers``: every perdure part per backend.
+
+    The peers (DBOS, LangGraph) are left out to keep this fast and free of optional
+    packages; ``test_peers_quick_print_figures_or_na`` covers them.
+    """
+    report = _run([sys.executable, "-m", "bench", "--no-peers"], tmp_path)
+    assert report["parts"] == ["steps", "wake", "claims", "recovery", "history"]
+    assert "peers" not in report
     for name, figures in report["backends"].items():
         _check_steps(figures)
         wake = figures["wake"]
@@ -95,8 +100,42 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
             assert got["objects_per_s"] > 0
             assert sum(got["objects_per_worker"]) == got["objects"]
             assert got["chain_verified"] is True
+        rec = figures["recovery"]
+        assert rec["reexecuted_finished_steps"] >= 0 and rec["reexecuted_steps"] >= 0
+        assert rec["ms_to_first_resumed_step"] > 0 and rec["ms_to_completion"] > 0
+        assert rec["chain_verified"] is True
+        for got in figures["resume"].values():
+            assert got["ms_claim_to_next_step"] > 0 and got["store_bytes"] > 0
+            assert got["chain_verified"] is True
+        assert any(k.startswith("marginal") for k in figures["storage"]["perdure"])
     from bench.render import render
 
     tables = render(report)
-    for title in ("Durable steps", "Wake latency", "Claim throughput"):
+    for title in ("Durable steps", "Wake latency", "Claim throughput", "Crash recovery",
+                  "Resume cost and storage"):
         assert title in tables
+
+
+def test_peers_quick_print_figures_or_na(tmp_path: Path) -> None:
+    """The peers in quick mode on SQLite: a figure, or "n/a" with its reason, per workload.
+
+    Without ``perdure[bench]`` installed every peer workload is "n/a: ... not installed".
+    """
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--dir", str(tmp_path),
+         "--backends", "sqlite_full", "--only", "steps"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert set(report["peers"]) == {"dbos_sqlite", "langgraph_sqlite"}
+    for peer in report["peers"].values():
+        got = peer["steps"]
+        if "na" in got:
+            assert got["na"]
+        else:
+            assert got["sequential"]["us_per_step"] > 0
+            assert got["concurrent"]["steps_per_s"] > 0
+    from bench.render import render
+
+    assert "Steps: perdure and peers" in render(report)

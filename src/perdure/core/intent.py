@@ -51,8 +51,19 @@ class Intent:
         if unknown:
             raise ValueError(f"intent fields {sorted(unknown)} cannot be refined")
         updates: dict[str, Any] = dict(changes)
+        # A value of the wrong type would be written to memory and then fail every
+        # later read of it: refuse it here, before anything is recorded.
+        if "goal" in updates and not isinstance(updates["goal"], dict):
+            raise ValueError("goal must be a dict (a JSON object)")
+        for name in ("deadline", "max_failures"):
+            value = updates.get(name)
+            if isinstance(value, bool) or not isinstance(value, int | float | None):
+                raise ValueError(f"{name} must be a number or None")
         if "requires" in updates:
-            updates["requires"] = tuple(updates["requires"])
+            needs = updates["requires"]
+            if isinstance(needs, str) or not all(isinstance(n, str) for n in needs):
+                raise ValueError("requires must be a collection of capability names")
+            updates["requires"] = tuple(needs)
         return replace(self, version_no=self.version_no + 1, **updates)
 
 

@@ -175,6 +175,7 @@ class Journal:
         signal: Signal | None = None,
         requires: tuple[str, ...] | None = None,
         avoid_node: str | None = None,
+        clear_avoid: bool = False,
     ) -> list[Record]:
         """Durably append deferred records plus ``drafts`` and update the row, fenced.
 
@@ -203,6 +204,7 @@ class Journal:
             signal=signal,
             requires=requires,
             avoid_node=avoid_node,
+            clear_avoid=clear_avoid,
         )
         try:
             await self.committer.submit(op)

@@ -471,8 +471,12 @@ class Worker:
             except (ValueError, TypeError) as exc:
                 drafts.append(RecordDraft(Kind.PROGRESS, {
                     "fields": {"refinement_rejected": str(exc), "event_id": event.event_id}}))
+        # A refined ``requires`` must reach the row too: claims route by it.
+        routed = any(d.kind == Kind.INTENT_REFINED and "requires" in d.body["changes"]
+                     for d in drafts)
         return await journal.commit(drafts, phase="mutation",
-                                    consume_event_ids=[e.event_id for e in refinements])
+                                    consume_event_ids=[e.event_id for e in refinements],
+                                    requires=tuple(intent.requires) if routed else None)
 
     async def _fold_children(self, claim: Claim, records: list[Record], signals: list[Event]
                              ) -> list[Record]:

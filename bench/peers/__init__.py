@@ -1,0 +1,221 @@
+"""Peers: DBOS and LangGraph on the same workloads, each scenario in its own process.
+
+Installed with ``pip install 'perdure[bench]'``; without them every peer figure is
+``{"na": "<peer> not installed (pip install 'perdure[bench]')"}``. Each scenario runs
+``python -m bench.peers.dbos_bench`` or ``bench.peers.langgraph_bench`` in a fresh
+process on a fresh SQLite file or PostgreSQL database (the same server and folder as
+perdure's), and reads the JSON it prints. A workload a peer cannot do is
+``{"na": reason}``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import recovery, storage
+from bench.common import REPO, Backend, _version, fresh_database
+
+INSTALL = "pip install 'perdure[bench]'"
+LANGGRAPH_NO_WAKE = (
+    "LangGraph has no worker and no event delivery to a waiting run: an interrupted run "
+    "stays in its checkpoint until the caller invokes it again with Command(resume=...)"
+)
+LANGGRAPH_NO_PG = "LangGraph's PostgreSQL checkpointer (langgraph-checkpoint-postgres) not run"
+
+
+def installed(peer: str) -> bool:
+    """Whether ``dbos`` or ``langgraph`` (with its SQLite checkpointer) can be imported."""
+    modules = {"dbos": ["dbos"], "langgraph": ["langgraph", "langgraph.checkpoint.sqlite"]}
+    try:
+        return all(importlib.util.find_spec(m) is not None for m in modules[peer])
+    except ModuleNotFoundError:
+        return False
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of the peer packages (None when not installed)."""
+    return {p: _version(p) for p in ("dbos", "langgraph", "langgraph-checkpoint",
+                                      "langgraph-checkpoint-sqlite", "sqlalchemy")}
+
+
+def _env(crash_at: int | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("PERDURE_BENCH_CRASH_AT", None)
+    if crash_at is not None:
+        env["PERDURE_BENCH_CRASH_AT"] = str(crash_at)
+    return env
+
+
+def _module(peer: str) -> str:
+    return f"bench.peers.{peer}_bench"
+
+
+def _run(peer: str, args: list[str], timeout: float = 900) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", _module(peer), *args], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{peer} {args[0]} failed: {proc.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _popen(peer: str, args: list[str], log: Path, crash_at: int | None = None
+           ) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", _module(peer), *args], cwd=REPO,
+                                env=_env(crash_at), stdout=out, stderr=subprocess.STDOUT)
+
+
+class _Target:
+    """One peer on one store: how to point it at a fresh database."""
+
+    def __init__(self, name: str, peer: str, backend: Backend, label: str) -> None:
+        self.name, self.peer, self.backend, self.label = name, peer, backend, label
+
+    def store_args(self, db: Any) -> list[str]:
+        if self.peer == "langgraph":
+            return ["--db", str(db.sqlite_path)]
+        if db.sqlite_path is not None:
+            return ["--url", f"sqlite:///{db.sqlite_path}"]
+        return ["--url", db.pg_url]
+
+    def bytes(self, db: Any) -> int:
+        if db.sqlite_path is not None:
+            return storage.sqlite_bytes(db.sqlite_path)
+        return storage.pg_bytes(db.pg_url, ("dbos",))
+
+
+def targets(backends: list[Backend]) -> list[_Target]:
+    """The peer/store pairs to run: SQLite always, PostgreSQL when it is among ``backends``."""
+    lite = Backend("peer_sqlite", "sqlite", None, "SQLite")
+    out = [_Target("dbos_sqlite", "dbos", lite, "DBOS, SQLite"),
+           _Target("langgraph_sqlite", "langgraph", lite, "LangGraph, SqliteSaver")]
+    pg = [b for b in backends if b.kind == "postgresql"]
+    if pg:
+        out.insert(1, _Target("dbos_postgresql", "dbos", pg[0], "DBOS, PostgreSQL"))
+    return out
+
+
+def _guard(fn: Any, *args: Any) -> dict[str, Any]:
+    try:
+        result: dict[str, Any] = fn(*args)
+        return result
+    except Exception as exc:
+        return {"na": f"failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"}
+
+
+# -- workloads -----------------------------------------------------------------------
+
+
+def _steps(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with fresh_database(t.backend, folder / "sequential", admin) as db:
+        out["sequential"] = _run(t.peer, ["sequential", *t.store_args(db),
+                                          "--steps", str(sizes["seq_steps"])])
+    with fresh_database(t.backend, folder / "concurrent", admin) as db:
+        out["concurrent"] = _run(t.peer, ["concurrent", *t.store_args(db),
+                                          "--objects", str(sizes["objects"]),
+                                          "--steps", str(sizes["steps_per_object"])])
+    return out
+
+
+def _recovery(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    effects = folder / "effects.log"
+    steps, crash_at = int(sizes["steps"]), int(sizes["crash_at"])
+    with fresh_database(t.backend, folder, admin) as db:
+        common = ["recovery-child", *t.store_args(db), "--steps", str(steps),
+                  "--effects", str(effects), "--pace", str(sizes["pace_s"])]
+        first = _popen(t.peer, [*common, "--first"], folder / "child.log", crash_at)
+        first.wait(timeout=300)
+        if first.returncode != -signal.SIGKILL:
+            raise RuntimeError(f"the first process ended with {first.returncode}, not SIGKILL")
+        began = time.time()
+        second = _popen(t.peer, common, folder / "child.log")
+        second.wait(timeout=300)
+        if second.returncode != 0:
+            raise RuntimeError(f"the resuming process failed (see {folder / 'child.log'})")
+        figures = recovery.analyse(effects, first.pid, second.pid, began, steps)
+    figures["pace_s"], figures["crash_at"] = sizes["pace_s"], crash_at
+    return figures
+
+
+def _wake(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[str, Any]:
+    if t.peer == "langgraph":
+        return {"na": LANGGRAPH_NO_WAKE}
+    from bench.common import percentile
+
+    polls = [0.0, 0.01] if t.backend.kind == "sqlite" else [0.0]
+    out: dict[str, Any] = {}
+    for poll in polls:
+        name = "default" if poll == 0 else f"poll_{poll:g}s"
+        with fresh_database(t.backend, folder / name, admin) as db:
+            got = _run(t.peer, ["wake", *t.store_args(db), "--objects", str(sizes["objects"]),
+                                "--wakes", str(sizes["wakes_per_object"]),
+                                "--folder", str(folder / name / "run"), "--poll", str(poll)])
+        values = got.pop("ms_values")
+        got.update({"ms_p90": percentile(values, 0.9), "ms_p99": percentile(values, 0.99),
+                    "ms_max": max(values), "poll_s": poll or None})
+        out[name] = got
+    return out
+
+
+def _dbos_history(t: _Target, folder: Path, n: int, admin: str) -> dict[str, Any]:
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / "marker"
+    with fresh_database(t.backend, folder, admin) as db:
+        build = _popen(t.peer, ["history-build", *t.store_args(db), "--steps", str(n),
+                                "--marker", str(marker)], folder / "child.log")
+        recovery.run_until(build, marker.exists, 900, "the DBOS history to be written")
+        time.sleep(0.2)  # let the workflow reach recv
+        build.kill()
+        build.wait()
+        size = t.bytes(db)
+        got = _run(t.peer, ["history-resume", *t.store_args(db), "--steps", str(n)])
+    got["store_bytes"] = size
+    return got
+
+
+def _history(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[str, Any]:
+    resume: dict[str, Any] = {}
+    for n in sizes["lengths"]:
+        sub = folder / f"steps{n}"
+        if t.peer == "dbos":
+            resume[str(n)] = _dbos_history(t, sub, n, admin)
+        else:
+            with fresh_database(t.backend, sub, admin) as db:
+                resume[str(n)] = _run(t.peer, ["history", *t.store_args(db), "--steps", str(n)])
+    sizes_by_n = {int(n): r["store_bytes"] for n, r in resume.items()}
+    return {"resume": resume,
+            "storage": {"store_bytes": {str(n): b for n, b in sizes_by_n.items()},
+                        "per_step": storage.per_step(sizes_by_n)}}
+
+
+WORKLOADS = {"steps": _steps, "recovery": _recovery, "wake": _wake, "history": _history}
+
+
+def measure(parts: list[str], sizes: dict[str, Any], backends: list[Backend], folder: Path,
+            admin_url: str) -> dict[str, Any]:
+    """Every peer figure for the chosen parts: ``{target: {part: figures or {"na": ...}}}``."""
+    out: dict[str, Any] = {}
+    for t in targets(backends):
+        figures: dict[str, Any] = {"label": t.label, "peer": t.peer}
+        for part in parts:
+            if part not in WORKLOADS:
+                continue
+            if not installed(t.peer):
+                figures[part] = {"na": f"{t.peer} not installed ({INSTALL})"}
+                continue
+            figures[part] = _guard(WORKLOADS[part], t, folder / t.name / part, sizes[part],
+                                   admin_url)
+        out[t.name] = figures
+    return out

@@ -1,0 +1,190 @@
+"""Resume cost and storage versus history length.
+
+For each history length N (10, 1,000 and 10,000 steps), in a fresh database: an object
+of the ``history`` agent runs N trivial steps and then waits for the event ``go``; the
+worker stops once the object is dormant. Then:
+
+* ``storage``: the store's bytes (``bench/storage.py``) with that one object holding N
+  steps, bytes per step, and the marginal bytes per step between lengths (flat when
+  storage is linear in history). Beside it, the floor's table holding N rows of the
+  floor's record-sized row.
+* ``resume``: a new App (a new node) sends ``go`` and runs a worker. The time from its
+  ``store.claim`` returning the object (timed by wrapping that call) to the next new
+  step running (a ``perf_counter`` the step records): reading N records, replaying N
+  steps from memory, consuming the event, appending. Also from the worker's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import perdure
+from bench import storage
+from bench.common import Backend, Database, fresh_database
+
+QUICK = {"lengths": [10, 100, 300]}
+FULL = {"lengths": [10, 1000, 10000]}
+
+
+class _Stamps:
+    resumed: ClassVar[list[float]] = []
+
+
+async def _trivial(i: int) -> int:
+    return i
+
+
+async def _stamp(i: int) -> int:
+    _Stamps.resumed.append(time.perf_counter())
+    return i
+
+
+def _register(app: perdure.App) -> None:
+    @app.agent(name="history")
+    async def history(run: Any, n: int) -> int:
+        for i in range(n):
+            await run.step(_trivial, i)
+        await run.wait_for("go")
+        await run.step(_stamp, n)
+        return n
+
+
+async def _drive(app: perdure.App, done: Any, timeout: float) -> float:
+    """Run one worker until ``done()``; the ``perf_counter`` at which the worker started."""
+    worker = app.worker(concurrency=1)
+    stop = asyncio.Event()
+    began = time.perf_counter()
+    task = asyncio.create_task(worker.run(stop))
+    deadline = time.monotonic() + timeout
+    try:
+        while not done():
+            if task.done():
+                task.result()
+                raise RuntimeError("worker stopped early")
+            if time.monotonic() > deadline:
+                raise TimeoutError("object did not reach the expected state")
+            await asyncio.sleep(0.002)
+    finally:
+        stop.set()
+        await task
+    return began
+
+
+def _bytes(db: Database) -> int:
+    if db.sqlite_path is not None:
+        return storage.sqlite_bytes(db.sqlite_path)
+    assert db.pg_url is not None
+    return storage.pg_bytes(db.pg_url)
+
+
+def _floor_bytes(db: Database, rows: int) -> int:
+    """Bytes of the floor's table holding ``rows`` record-sized rows (one transaction)."""
+    from bench.common import _BODY, _HASH, _SIGNATURE
+
+    values = [("object", seq, _BODY, _HASH, _SIGNATURE) for seq in range(rows)]
+    if db.sqlite_path is not None:
+        import sqlite3
+
+        path = db.sqlite_path.with_name("floor.db")
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(
+                "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+                " body BLOB NOT NULL, hash BLOB NOT NULL, signature BLOB NOT NULL,"
+                " PRIMARY KEY (object_id, seq)) WITHOUT ROWID")
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", values)
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+        return storage.sqlite_bytes(path)
+    import psycopg
+
+    assert db.pg_url is not None
+    with psycopg.connect(db.pg_url) as conn:
+        conn.execute(
+            "CREATE TABLE floor_rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+            " body BYTEA NOT NULL, hash BYTEA NOT NULL, signature BYTEA NOT NULL,"
+            " PRIMARY KEY (object_id, seq))")
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO floor_rows VALUES (%s, %s, %s, %s, %s)", values)
+        conn.commit()
+    return storage.pg_bytes(db.pg_url)
+
+
+def one_length(db: Database, folder: Path, n: int) -> dict[str, Any]:
+    """Build an object with ``n`` steps in ``db``, measure its bytes, resume it."""
+    oid = f"history-{n}"
+    keys = folder / "keys"
+    build = perdure.App(store=db.url, key_dir=keys, node_id="bench-build", poll_interval=0.005)
+    try:
+        _register(build)
+        build.start("history", n, object_id=oid)
+
+        def dormant() -> bool:
+            info = build.get(oid)
+            return info.status == "dormant" and info.waiting_event == "go"
+
+        asyncio.run(_drive(build, dormant, timeout=600))
+    finally:
+        build.close()
+    size = _bytes(db)
+    resume = perdure.App(store=db.url, key_dir=keys, node_id="bench-resume", poll_interval=0.005)
+    try:
+        _register(resume)
+        resume.send(oid, "go", None)
+        store = resume.store
+        claimed: list[float] = []
+        original = store.claim
+
+        def timed_claim(*args: Any, **kwargs: Any) -> Any:
+            got = original(*args, **kwargs)
+            if got and not claimed:
+                claimed.append(time.perf_counter())
+            return got
+
+        store.claim = timed_claim  # type: ignore[method-assign]
+        _Stamps.resumed = []
+        began = asyncio.run(_drive(resume, lambda: resume.get(oid).status == "completed", 600))
+        if resume.result_of(oid) != n or len(_Stamps.resumed) != 1 or not claimed:
+            raise RuntimeError(f"{oid} did not resume as expected")
+        records = resume.get(oid).records
+        verified = bool(resume.verify(oid).ok)
+    finally:
+        resume.close()
+    return {
+        "steps": n,
+        "records": records,
+        "store_bytes": size,
+        "ms_claim_to_next_step": (_Stamps.resumed[0] - claimed[0]) * 1e3,
+        "ms_worker_start_to_next_step": (_Stamps.resumed[0] - began) * 1e3,
+        "chain_verified": verified,
+    }
+
+
+def measure(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: str
+            ) -> dict[str, Any]:
+    """Resume and storage figures for every history length on ``backend``."""
+    lengths: dict[str, Any] = {}
+    store_sizes: dict[int, int] = {}
+    floor_sizes: dict[int, int] = {}
+    for n in sizes["lengths"]:
+        sub = folder / f"steps{n}"
+        with fresh_database(backend, sub, admin_url) as db:
+            lengths[str(n)] = one_length(db, sub, n)
+        store_sizes[n] = lengths[str(n)]["store_bytes"]
+        with fresh_database(backend, sub / "floor", admin_url) as db:
+            floor_sizes[n] = _floor_bytes(db, n)
+    return {
+        "resume": lengths,
+        "storage": {
+            "store_bytes": {str(n): b for n, b in store_sizes.items()},
+            "floor_bytes": {str(n): b for n, b in floor_sizes.items()},
+            "perdure": storage.per_step(store_sizes),
+            "floor": storage.per_step(floor_sizes),
+        },
+    }
