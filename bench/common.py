@@ -384,3 +384,9 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], log_dir: Path | None = No
     if failed:
         where = f" (logs in {log_dir})" if log_dir is not None else ""
         raise RuntimeError(f"{len(failed)} worker process(es) stopped on their own{where}")
+
+
+def progress(message: str) -> None:
+    """One line on standard error: which part just finished and how long it took."""
+    if os.environ.get("PERDURE_BENCH_QUIET") != "1":
+        print(f"bench: {message}", file=sys.stderr, flush=True)

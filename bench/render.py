@@ -179,17 +179,40 @@ def peers_wake_table(report: dict[str, Any]) -> str:
         got = peer.get("wake")
         if got is None:
             continue
-        if (na := _na(got, 4)) is not None:
+        if (na := _na(got, 5)) is not None:
             rows.append([peer["label"], *na])
             continue
         for name, f in got.items():
             how = "default settings" if name == "default" else f"polls every {f['poll_s']:g} s"
-            rows.append([f"{peer['label']}, {how}", _num(f["ms_p50"], " ms"),
+            wakes = f"{f['wakes']:,}"
+            if f.get("wakes_planned") and f["wakes_planned"] > f["wakes"]:
+                wakes += (f" of {f['wakes_planned']:,} (stopped after"
+                          f" {f.get('budget_s') or 0:g} s budget)")
+            rows.append([f"{peer['label']}, {how}", wakes, _num(f["ms_p50"], " ms"),
                          _num(f["ms_p90"], " ms"), _num(f["ms_p99"], " ms"),
                          _num(f["ms_max"], " ms")])
     if not rows:
         return ""
-    return _table(["peer", "p50", "p90", "p99", "max"], rows)
+    return _table(["peer", "wakes", "p50", "p90", "p99", "max"], rows)
+
+
+def seconds_table(report: dict[str, Any]) -> str:
+    """How long each part took, per backend and per peer (wall time)."""
+    rows = []
+    for b in report["backends"].values():
+        if b.get("seconds"):
+            rows.append([f"perdure, {b['store']}",
+                         ", ".join(f"{p} {s:g} s" for p, s in b["seconds"].items()),
+                         f"{sum(b['seconds'].values()):.0f} s"])
+    for peer in report.get("peers", {}).values():
+        if peer.get("seconds"):
+            rows.append([peer["label"],
+                         ", ".join(f"{p} {s:g} s" for p, s in peer["seconds"].items()),
+                         f"{sum(peer['seconds'].values()):.0f} s"])
+    if not rows:
+        return ""
+    total = f"whole run: {report['seconds']:.0f} s" if "seconds" in report else ""
+    return _table(["who", "parts", "total"], rows) + (f"\n{total}\n" if total else "")
 
 
 def recovery_table(report: dict[str, Any]) -> str:
@@ -219,12 +242,17 @@ def recovery_table(report: dict[str, Any]) -> str:
 def history_table(report: dict[str, Any]) -> str:
     """Resume cost and storage bytes per step versus history length."""
     rows = []
+    notes: list[str] = []
 
     def add(label: str, resume: dict[str, Any], per_step: dict[str, Any], key: str) -> None:
         lengths = list(resume)
-        times = " / ".join(_num(resume[n][key], " ms") for n in lengths)
+        times = " / ".join("n/a" if "na" in resume[n] else _num(resume[n][key], " ms")
+                           for n in lengths)
+        notes.extend(f"{label}, {int(n):,} steps: n/a: {resume[n]['na']}"
+                     for n in lengths if "na" in resume[n])
+        measured = [n for n in lengths if "na" not in resume[n]]
         marginal = " / ".join(_num(v) for k, v in per_step.items() if k.startswith("marginal"))
-        at_end = per_step.get(f"bytes_per_step_at_{lengths[-1]}")
+        at_end = per_step.get(f"bytes_per_step_at_{measured[-1]}") if measured else None
         rows.append([label, " / ".join(f"{int(n):,}" for n in lengths), times,
                      _num(at_end), marginal])
 
@@ -251,8 +279,11 @@ def history_table(report: dict[str, Any]) -> str:
         add(peer["label"], got["resume"], got["storage"]["per_step"], key)
     if not rows:
         return ""
-    return _table(["store", "recorded steps", "resume → next new step", "bytes per step "
-                   "(longest)", "marginal bytes per step between lengths"], rows)
+    table = _table(["store", "recorded steps", "resume → next new step", "bytes per step "
+                    "(longest measured)", "marginal bytes per step between lengths"], rows)
+    if notes:
+        table += "\n" + "\n".join(f"- {note}" for note in notes) + "\n"
+    return table
 
 
 def render(report: dict[str, Any]) -> str:
@@ -265,7 +296,8 @@ def render(report: dict[str, Any]) -> str:
                          ("Claim throughput (objects per second)", claims_table(report)),
                          ("Crash recovery", recovery_table(report)),
                          ("Resume cost and storage versus history length",
-                          history_table(report))):
+                          history_table(report)),
+                         ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")
     return "\n".join(parts)

@@ -37,13 +37,22 @@ if __package__ in (None, ""):  # run as a script: make the ``bench`` package imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import claims, peers, recovery, resume, steps, wake
-from bench.common import Backend, fresh_database, loadavg, machine, median_of, pick_backends
+from bench.common import (
+    Backend,
+    fresh_database,
+    loadavg,
+    machine,
+    median_of,
+    pick_backends,
+    progress,
+)
 
 PARTS = ("steps", "wake", "claims", "recovery", "history")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
-    "wake": {"objects": 1, "wakes_per_object": 2, "sqlite_polls": [0.1, 0.01]},
+    "wake": {"objects": 1, "wakes_per_object": 2, "sqlite_polls": [0.1, 0.01],
+             "peer_budget_s": 30},
     "claims": {"objects": 20, "workers": [1, 2, 4], "concurrency": 16, "poll": 0.01,
                "repeats": 1},
     "recovery": recovery.QUICK,
@@ -51,7 +60,10 @@ QUICK = {
 }
 FULL = {
     "steps": steps.FULL_SIZES,
-    "wake": {"objects": 10, "wakes_per_object": 20, "sqlite_polls": [0.1, 0.01]},
+    # peer_budget_s: a peer's wake run stops starting new rounds after this long (DBOS on
+    # SQLite polls once a second by default: 200 wakes take about 160-200 s).
+    "wake": {"objects": 10, "wakes_per_object": 20, "sqlite_polls": [0.1, 0.01],
+             "peer_budget_s": 180},
     "claims": {"objects": 1000, "workers": [1, 2, 4], "concurrency": 16, "poll": 0.01,
                "repeats": 1},
     "recovery": recovery.FULL,
@@ -89,6 +101,13 @@ def measure_claims(backend: Backend, folder: Path, sizes: dict[str, Any], admin_
                 ))
         out[str(workers)] = median_of(runs)
     return out
+
+
+def measure_recovery(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: str
+                     ) -> dict[str, Any]:
+    """The crash-recovery figures on a fresh database."""
+    with fresh_database(backend, folder, admin_url) as db:
+        return recovery.crash_recovery(db, folder, sizes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,22 +149,33 @@ def main(argv: list[str] | None = None) -> int:
         report["backends"] = {}
         for backend in backends:
             here = run_dir / backend.name
-            figures: dict[str, Any] = {"store": backend.label}
+            figures: dict[str, Any] = {"store": backend.label, "seconds": {}}
+
+            def timed(part: str, fn: Any, *fn_args: Any, backend: Backend = backend,
+                      figures: dict[str, Any] = figures) -> Any:
+                t0 = time.monotonic()
+                got = fn(*fn_args)
+                took = time.monotonic() - t0
+                figures["seconds"][part] = round(took, 1)
+                progress(f"{backend.name} {part}: {took:.1f} s")
+                return got
+
             if "steps" in parts:
-                got = steps.measure_backend(backend, here / "steps", sizes["steps"], args.pg)
+                got = timed("steps", steps.measure_backend, backend, here / "steps",
+                            sizes["steps"], args.pg)
                 figures.update({k: got[k] for k in ("floor", "sequential", "concurrent")})
             if "wake" in parts:
-                figures["wake"] = measure_wake(backend, here / "wake", sizes["wake"], args.pg)
+                figures["wake"] = timed("wake", measure_wake, backend, here / "wake",
+                                        sizes["wake"], args.pg)
             if "claims" in parts:
-                figures["claims"] = measure_claims(backend, here / "claims", sizes["claims"],
-                                                   args.pg)
+                figures["claims"] = timed("claims", measure_claims, backend, here / "claims",
+                                          sizes["claims"], args.pg)
             if "recovery" in parts:
-                with fresh_database(backend, here / "recovery", args.pg) as db:
-                    figures["recovery"] = recovery.crash_recovery(db, here / "recovery",
-                                                                  sizes["recovery"])
+                figures["recovery"] = timed("recovery", measure_recovery, backend,
+                                            here / "recovery", sizes["recovery"], args.pg)
             if "history" in parts:
-                figures.update(resume.measure(backend, here / "history", sizes["history"],
-                                              args.pg))
+                figures.update(timed("history", resume.measure, backend, here / "history",
+                                     sizes["history"], args.pg))
             report["backends"][backend.name] = figures
         if not args.no_peers:
             report["peers"] = peers.measure(parts, sizes, backends, run_dir / "peers", args.pg)

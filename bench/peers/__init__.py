@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import recovery, storage
-from bench.common import REPO, Backend, _version, fresh_database
+from bench.common import REPO, Backend, _version, fresh_database, progress
 
 INSTALL = "pip install 'perdure[bench]'"
 LANGGRAPH_NO_WAKE = (
@@ -161,7 +161,8 @@ def _wake(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[s
         with fresh_database(t.backend, folder / name, admin) as db:
             got = _run(t.peer, ["wake", *t.store_args(db), "--objects", str(sizes["objects"]),
                                 "--wakes", str(sizes["wakes_per_object"]),
-                                "--folder", str(folder / name / "run"), "--poll", str(poll)])
+                                "--folder", str(folder / name / "run"), "--poll", str(poll),
+                                "--budget", str(sizes.get("peer_budget_s", 0))])
         values = got.pop("ms_values")
         got.update({"ms_p90": percentile(values, 0.9), "ms_p99": percentile(values, 0.99),
                     "ms_max": max(values), "poll_s": poll or None})
@@ -169,32 +170,86 @@ def _wake(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[s
     return out
 
 
-def _dbos_history(t: _Target, folder: Path, n: int, admin: str) -> dict[str, Any]:
+def _dbos_history(t: _Target, folder: Path, n: int, admin: str, limit: float = 900
+                  ) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / "marker"
     with fresh_database(t.backend, folder, admin) as db:
         build = _popen(t.peer, ["history-build", *t.store_args(db), "--steps", str(n),
                                 "--marker", str(marker)], folder / "child.log")
-        recovery.run_until(build, marker.exists, 900, "the DBOS history to be written")
-        time.sleep(0.2)  # let the workflow reach recv
-        build.kill()
-        build.wait()
+        began = time.monotonic()
+        try:
+            recovery.run_until(build, marker.exists, limit, "the DBOS history to be written")
+            time.sleep(0.2)  # let the workflow reach recv
+        finally:
+            build.kill()
+            build.wait()
         size = t.bytes(db)
-        got = _run(t.peer, ["history-resume", *t.store_args(db), "--steps", str(n)])
+        got = _run(t.peer, ["history-resume", *t.store_args(db), "--steps", str(n)],
+                   timeout=max(1.0, limit - (time.monotonic() - began)))
     got["store_bytes"] = size
     return got
 
 
+# A peer's history length is "n/a" when, from the growth measured at the shorter
+# lengths, building and resuming it would take longer than this, or when it does not
+# finish within it (the process is killed).
+HISTORY_LIMIT_S = 180.0
+
+
+def _predict(took: dict[int, float], n: int) -> tuple[float, str]:
+    """Seconds that length ``n`` would take, from the lengths measured so far.
+
+    The shortest length's time stands for the fixed cost (process start, database
+    set-up); the rest grows with history. It is extrapolated from the longest length
+    linearly, or with the exponent fitted on the last two lengths when three or more
+    were measured (never below 1).
+    """
+    import math
+
+    counts = sorted(took)
+    fixed, last = took[counts[0]], counts[-1]
+    exponent = 1.0
+    if len(counts) > 2:
+        a = counts[-2]
+        va, vb = took[a] - fixed, took[last] - fixed
+        if va > 0 and vb > va:
+            exponent = max(1.0, math.log(vb / va) / math.log(last / a))
+    guess = fixed + max(0.0, took[last] - fixed) * (n / last) ** exponent
+    growth = ", ".join(f"{c:,} steps {took[c]:.1f} s" for c in counts)
+    return guess, f"{growth}; growth beyond the fixed cost ~ N^{exponent:.2f}"
+
+
 def _history(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[str, Any]:
     resume: dict[str, Any] = {}
+    took: dict[int, float] = {}
+    limit = float(sizes.get("peer_limit_s", HISTORY_LIMIT_S))
     for n in sizes["lengths"]:
         sub = folder / f"steps{n}"
-        if t.peer == "dbos":
-            resume[str(n)] = _dbos_history(t, sub, n, admin)
-        else:
-            with fresh_database(t.backend, sub, admin) as db:
-                resume[str(n)] = _run(t.peer, ["history", *t.store_args(db), "--steps", str(n)])
-    sizes_by_n = {int(n): r["store_bytes"] for n, r in resume.items()}
+        growth = ""
+        if len(took) > 1:
+            guess, growth = _predict(took, n)
+            if guess > limit:
+                resume[str(n)] = {"na": f"{n:,} steps would take about {guess:,.0f} s to build"
+                                        f" and resume (measured: {growth})"}
+                continue
+        began = time.monotonic()
+        try:
+            if t.peer == "dbos":
+                got = _dbos_history(t, sub, n, admin, limit)
+            else:
+                with fresh_database(t.backend, sub, admin) as db:
+                    got = _run(t.peer, ["history", *t.store_args(db), "--steps", str(n)],
+                               timeout=limit)
+        except (subprocess.TimeoutExpired, TimeoutError):
+            spent = time.monotonic() - began
+            resume[str(n)] = {"na": f"{n:,} steps did not build and resume within {spent:.0f} s"
+                                    + (f" (measured: {growth})" if growth else "")}
+            continue
+        took[n] = time.monotonic() - began
+        got["seconds"] = took[n]
+        resume[str(n)] = got
+    sizes_by_n = {int(n): r["store_bytes"] for n, r in resume.items() if "na" not in r}
     return {"resume": resume,
             "storage": {"store_bytes": {str(n): b for n, b in sizes_by_n.items()},
                         "per_step": storage.per_step(sizes_by_n)}}
@@ -215,7 +270,11 @@ def measure(parts: list[str], sizes: dict[str, Any], backends: list[Backend], fo
             if not installed(t.peer):
                 figures[part] = {"na": f"{t.peer} not installed ({INSTALL})"}
                 continue
+            began = time.monotonic()
             figures[part] = _guard(WORKLOADS[part], t, folder / t.name / part, sizes[part],
                                    admin_url)
+            took = time.monotonic() - began
+            figures.setdefault("seconds", {})[part] = round(took, 1)
+            progress(f"{t.name} {part}: {took:.1f} s")
         out[t.name] = figures
     return out

@@ -10,8 +10,10 @@ the workflows its executor left pending. Only DBOS's documented public API is us
 
 Scenarios: ``sequential``, ``concurrent``, ``recovery-child`` (one process of the
 crash-recovery workload), ``wake`` (a sender process; the workflows run in a
-``wake-child`` process), ``history-build`` and ``history-resume`` (the resume-cost
-workload; the parent kills the build process once the workflow waits).
+``wake-child`` process; ``--budget S`` starts no new round of wakes after S seconds,
+since with SQLite's default one-second polling each wake takes about a second),
+``history-build`` and ``history-resume`` (the resume-cost workload; the parent kills
+the build process once the workflow waits).
 """
 
 from __future__ import annotations
@@ -206,9 +208,14 @@ def wake(args: argparse.Namespace) -> dict[str, Any]:
             if child.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("the DBOS wake child did not start its workflows")
             time.sleep(0.01)
-        for j in range(args.objects):
-            path, wf_id = Path(f"{stamps}.{j}"), f"pinger-{j}"
-            for k in range(args.wakes):
+        # Round by round over the workflows, so that a time budget that stops the run
+        # early leaves every workflow with the same number of wakes.
+        began = time.monotonic()
+        for k in range(args.wakes):
+            if args.budget > 0 and k > 0 and time.monotonic() - began > args.budget:
+                break
+            for j in range(args.objects):
+                path, wf_id = Path(f"{stamps}.{j}"), f"pinger-{j}"
                 time.sleep(0.05 + random.uniform(0, 0.02))  # it is waiting in recv again
                 sent = time.time()
                 client.send(wf_id, None, "ping")
@@ -222,11 +229,13 @@ def wake(args: argparse.Namespace) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise TimeoutError("a DBOS workflow did not wake")
                     time.sleep(0.0005)
+        seconds = time.monotonic() - began
     finally:
         child.terminate()
         child.wait(timeout=30)
         client.destroy()
-    return {"wakes": len(latencies), "objects": args.objects,
+    return {"wakes": len(latencies), "wakes_planned": args.objects * args.wakes,
+            "objects": args.objects, "seconds": seconds, "budget_s": args.budget or None,
             "ms_p50": statistics.median(latencies), "ms_values": latencies}
 
 
@@ -281,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", default="")
     parser.add_argument("--marker", default="")
     parser.add_argument("--poll", type=float, default=0.0)
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="wake: stop starting new rounds of wakes after this many seconds")
     args = parser.parse_args(argv)
     logging.getLogger("dbos").setLevel(logging.ERROR)
     try:

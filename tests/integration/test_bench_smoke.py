@@ -108,6 +108,7 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
             assert got["ms_claim_to_next_step"] > 0 and got["store_bytes"] > 0
             assert got["chain_verified"] is True
         assert any(k.startswith("marginal") for k in figures["storage"]["perdure"])
+        assert set(figures["seconds"]) == set(report["parts"])
     from bench.render import render
 
     tables = render(report)
@@ -139,3 +140,14 @@ def test_peers_quick_print_figures_or_na(tmp_path: Path) -> None:
     from bench.render import render
 
     assert "Steps: perdure and peers" in render(report)
+    assert "Time taken by each part" in render(report)
+
+
+def test_peer_history_skips_a_length_predicted_too_slow() -> None:
+    """How long a peer's next history length is predicted to take (beyond the limit: n/a)."""
+    from bench.peers import _predict
+
+    guess, growth = _predict({10: 1.0, 1000: 10.0}, 10000)  # fixed 1 s, then linear
+    assert guess == 91.0 and "N^1.00" in growth
+    guess, growth = _predict({10: 1.0, 100: 2.0, 1000: 101.0}, 10000)  # quadratic
+    assert round(guess) == 10001 and "N^2.00" in growth
