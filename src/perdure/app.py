@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from perdure._keys import default_key_dir, default_node_id, load_or_create_key, public_bytes
 from perdure.core.backoff import RetryPolicy
@@ -43,8 +43,6 @@ __all__ = ["LIVE_NODE_SECONDS", "App", "step"]
 
 LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
 
-P = ParamSpec("P")
-R = TypeVar("R")
 F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("perdure")
@@ -135,6 +133,22 @@ class App:
             self.store.register_node(signer.node_id, public_bytes(signer.private_key), time.time())
             self._registered = True
         return signer
+
+    def with_settings(self, *, store: str | None = None, key_dir: str | Path | None = None,
+                      node_id: str | None = None) -> App:
+        """A new App with the same agents and settings but another store, key directory
+        or node id (``None`` keeps this App's)."""
+        clone = App(
+            store=store or self._store_arg,
+            key_dir=key_dir or self._key_dir,
+            node_id=node_id or self._node_id,
+            policy=self.policy,
+            lease_seconds=self.lease_seconds,
+            poll_interval=self.poll_interval,
+            capabilities=self.capabilities,
+        )
+        clone._agents = dict(self._agents)
+        return clone
 
     def close(self) -> None:
         """Close the store if this App opened it."""

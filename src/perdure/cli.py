@@ -68,10 +68,9 @@ class _Ctx:
             return self._app
         if self.app_spec:
             app = _load_app(self.app_spec)
-            if self.store_url:
-                app = _rebind(app, self.store_url, self.key_dir, self.node_id)
-            elif self.key_dir or self.node_id:
-                app = _rebind(app, None, self.key_dir, self.node_id)
+            if self.store_url or self.key_dir or self.node_id:
+                app = app.with_settings(store=self.store_url, key_dir=self.key_dir,
+                                        node_id=self.node_id)
         elif need_agents:
             _fail("this command needs your agents: pass --app module:app or set PERDURE_APP")
         elif self.store_url:
@@ -80,21 +79,6 @@ class _Ctx:
             _fail("no store: pass --store URL (e.g. sqlite:///agents.db) or set PERDURE_STORE")
         self._app = app
         return app
-
-
-def _rebind(app: App, store: str | None, key_dir: str | None, node_id: str | None) -> App:
-    """A copy of ``app`` with its agents but another store, key directory or node id."""
-    clone = App(
-        store=store or app._store_arg,
-        key_dir=key_dir or app._key_dir,
-        node_id=node_id or app._node_id,
-        policy=app.policy,
-        lease_seconds=app.lease_seconds,
-        poll_interval=app.poll_interval,
-        capabilities=app.capabilities,
-    )
-    clone._agents = dict(app._agents)
-    return clone
 
 
 def _when(ts: float | None) -> str:

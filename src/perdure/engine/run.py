@@ -176,7 +176,6 @@ class Run:
         load_events: Callable[[], Awaitable[list[Event]]],
         step_executor: Callable[..., Awaitable[Any]],
         clock: Callable[[], float] = time.time,
-        live: bool = True,
         spawn: Spawn | None = None,
         capabilities: frozenset[str] = frozenset(),
     ) -> None:
@@ -186,7 +185,6 @@ class Run:
         self._load_events = load_events
         self._step_executor = step_executor
         self._clock = clock
-        self._live = live
         self._spawn = spawn
         self._capabilities = capabilities
         self._pos = 0
@@ -211,7 +209,6 @@ class Run:
         self.pause_requested = False
         self.release_requested = False
         self.lease_lost = False
-        self.executions = 0
 
     # -- what the agent can read ---------------------------------------------
 
@@ -406,7 +403,6 @@ class Run:
             await self._journal.commit()
         info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
         began = time.perf_counter()
-        self.executions += 1
         try:
             result = await self._step_executor(info, fn, args, kwargs)
             result_bytes = encode(result, what=f"result of step {step_name!r}")

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from perdure.core.chain import Signer, check_links
@@ -102,7 +102,6 @@ class _Active:
     claim: Claim
     task: asyncio.Task[None]
     run: Run | None = None
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Worker:
@@ -273,7 +272,6 @@ class Worker:
         def finished(_: asyncio.Task[None]) -> None:
             if self._active.get(claim.object_id) is active:  # not a newer claim's entry
                 del self._active[claim.object_id]
-            active.done.set()
             self._wake.set()
 
         task.add_done_callback(finished)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from perdure.core.records import Record, decode_record
+from perdure.core.records import Record
 from perdure.errors import (
     ConfigurationError,
     LeaseLostError,
@@ -28,6 +28,14 @@ from perdure.errors import (
     ObjectTerminatedError,
     RecordDecodeError,
     StoreError,
+)
+from perdure.stores._rows import (
+    append_params,
+    claim_from_row,
+    create_params,
+    object_row,
+    record_from_row,
+    record_params,
 )
 from perdure.stores._sql import load_migrations, load_queries
 from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
@@ -50,10 +58,6 @@ _Q = {name: sql.encode() for name, sql in load_queries("postgres").items()}
 _TERMINAL = ("completed", "failed", "cancelled")
 _MIGRATION_LOCK = 0x70657264  # "perd": advisory lock serialising schema changes
 CHANNEL = "perdure_wake"
-
-_RECORD_TYPES: tuple[type, ...] = (str, int, str, int, str, str, str, bytes, bytes, bytes, bytes)
-_RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
-                   "body", "prev_hash", "hash", "signature")
 
 
 def _where(conninfo: str) -> str:
@@ -105,56 +109,8 @@ def _translate(exc: BaseException, where: str) -> StoreError:
 
 def _row(cur: psycopg.Cursor[Any], row: tuple[Any, ...]) -> ObjectRow:
     assert cur.description is not None
-    data = {col.name: value for col, value in zip(cur.description, row, strict=True)}
-    return ObjectRow(
-        object_id=data["object_id"],
-        agent=data["agent"],
-        agent_version=data["agent_version"],
-        status=data["status"],
-        phase=data["phase"],
-        epoch=int(data["epoch"]),
-        lease_owner=data["lease_owner"],
-        lease_expires=data["lease_expires"],
-        ready_at=data["ready_at"],
-        waiting_event=data["waiting_event"],
-        paused=bool(data["paused"]),
-        cancel_requested=bool(data["cancel_requested"]),
-        parked=bool(data["parked"]),
-        note=data["note"],
-        head_seq=int(data["head_seq"]),
-        head_hash=bytes(data["head_hash"]).hex(),
-        result=bytes(data["result"]) if data["result"] is not None else None,
-        parent_id=data["parent_id"],
-        created_at=data["created_at"],
-        updated_at=data["updated_at"],
-        requires=tuple(data.get("requires") or ()),
-    )
-
-
-def _claim(row: tuple[Any, ...]) -> Claim:
-    return Claim(object_id=row[0], epoch=int(row[1]), lease_expires=float(row[2]),
-                 cancel_requested=bool(row[3]), paused=bool(row[4]))
-
-
-def _record_params(rec: Record) -> tuple[Any, ...]:
-    return (rec.object_id, rec.seq, rec.trace_id, rec.ts_us, rec.node_id, rec.policy_ref,
-            rec.kind, rec.body_bytes, bytes.fromhex(rec.prev_hash), bytes.fromhex(rec.hash),
-            rec.signature)
-
-
-def _decode_row(row: tuple[Any, ...]) -> Record:
-    values: list[Any] = [bytes(v) if isinstance(v, memoryview) else v for v in row]
-    for value, kind, column in zip(values, _RECORD_TYPES, _RECORD_COLUMNS, strict=True):
-        if not isinstance(value, kind):
-            raise RecordDecodeError(
-                str(values[0]), values[1] if isinstance(values[1], int) else -1,
-                f"column {column} holds {type(value).__name__}, not {kind.__name__}",
-            )
-    return decode_record(
-        object_id=values[0], seq=values[1], trace_id=values[2], ts_us=values[3],
-        node_id=values[4], policy_ref=values[5], kind=values[6], body_bytes=values[7],
-        prev_hash=values[8].hex(), hash=values[9].hex(), signature=values[10],
-    )
+    return object_row({col.name: value for col, value in zip(cur.description, row, strict=True)},
+                      tuple)
 
 
 class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
@@ -299,23 +255,10 @@ class PostgresStore:
     def create(self, new: NewObject, now: float) -> bool:
         """Insert the object row and its first record in one transaction."""
         with self._tx() as conn:
-            cur = conn.execute(
-                _Q["insert_object"],
-                {
-                    "object_id": new.object_id,
-                    "agent": new.agent,
-                    "agent_version": new.agent_version,
-                    "ready_at": new.ready_at,
-                    "head_seq": new.first.seq,
-                    "head_hash": bytes.fromhex(new.first.hash),
-                    "parent_id": new.parent_id,
-                    "requires": sorted(new.requires),
-                    "now": now,
-                },
-            )
+            cur = conn.execute(_Q["insert_object"], create_params(new, now, builtins.list))
             if cur.rowcount == 0:
                 return False
-            conn.execute(_Q["insert_record"], _record_params(new.first))
+            conn.execute(_Q["insert_record"], record_params(new.first))
             conn.execute(_Q["notify"], (new.object_id,))
             return True
 
@@ -353,7 +296,7 @@ class PostgresStore:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
         with self._single() as conn:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
-        return [_decode_row(row) for row in rows]
+        return [record_from_row(row) for row in rows]
 
     # -- leases ----------------------------------------------------------------
 
@@ -370,7 +313,7 @@ class PostgresStore:
                  "serves": None if route.serves is None else builtins.list(route.serves),
                  "caps": builtins.list(route.capabilities), "node": route.node_id},
             ).fetchall()
-        return [_claim(row) for row in rows]
+        return [claim_from_row(row) for row in rows]
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease (by the database clock) if still held at ``epoch``."""
@@ -380,7 +323,7 @@ class PostgresStore:
                 {"lease": max(0.0, lease_until - time.time()), "object_id": object_id,
                  "epoch": epoch},
             ).fetchone()
-        return None if row is None else _claim(row)
+        return None if row is None else claim_from_row(row)
 
     def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
         """Apply fenced appends in one transaction (group commit).
@@ -427,30 +370,8 @@ class PostgresStore:
         return results
 
     def _apply_one(self, conn: psycopg.Connection[Any], op: Append, now: float) -> float | None:
-        first = op.records[0] if op.records else None
         last = op.records[-1] if op.records else None
-        row = conn.execute(
-            _Q["append_update"],
-            {
-                "head_seq": last.seq if last else None,
-                "head_hash": bytes.fromhex(last.hash) if last else None,
-                "status": op.status,
-                "phase": op.phase,
-                "waiting_event": op.waiting_event,
-                "ready_at": op.ready_at,
-                "result": op.result,
-                "release": op.release,
-                "parked": op.parked,
-                "note": op.note,
-                "requires": None if op.requires is None else sorted(op.requires),
-                "avoid_node": op.avoid_node,
-                "clear_avoid": op.clear_avoid,
-                "now": now,
-                "object_id": op.object_id,
-                "epoch": op.epoch,
-                "expected_head": first.seq - 1 if first else None,
-            },
-        ).fetchone()
+        row = conn.execute(_Q["append_update"], append_params(op, now, builtins.list)).fetchone()
         if row is None:
             raise LeaseLostError(
                 f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease or the "
@@ -458,7 +379,7 @@ class PostgresStore:
             )
         if op.records:
             with conn.cursor() as cur:
-                cur.executemany(_Q["insert_record"], [_record_params(r) for r in op.records])
+                cur.executemany(_Q["insert_record"], [record_params(r) for r in op.records])
         for event_id in op.consume_event_ids:
             assert last is not None, "consuming an event needs the record that receives it"
             cur2 = conn.execute(_Q["consume_event"], (last.seq, event_id, op.object_id))

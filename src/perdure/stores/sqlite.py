@@ -18,15 +18,22 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from perdure.core.records import Record, decode_record
+from perdure.core.records import Record
 from perdure.errors import (
     LeaseLostError,
     NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
-    RecordDecodeError,
     StoreCorruptError,
     StoreError,
+)
+from perdure.stores._rows import (
+    append_params,
+    claim_from_row,
+    create_params,
+    object_row,
+    record_from_row,
+    record_params,
 )
 from perdure.stores._sql import load_migrations, load_queries
 from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
@@ -66,84 +73,8 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
 
 
 def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
-    data = {col[0]: value for col, value in zip(cur.description, row, strict=True)}
-    return ObjectRow(
-        object_id=data["object_id"],
-        agent=data["agent"],
-        agent_version=data["agent_version"],
-        status=data["status"],
-        phase=data["phase"],
-        epoch=data["epoch"],
-        lease_owner=data["lease_owner"],
-        lease_expires=data["lease_expires"],
-        ready_at=data["ready_at"],
-        waiting_event=data["waiting_event"],
-        paused=bool(data["paused"]),
-        cancel_requested=bool(data["cancel_requested"]),
-        parked=bool(data["parked"]),
-        note=data["note"],
-        head_seq=data["head_seq"],
-        head_hash=bytes(data["head_hash"]).hex(),
-        result=data["result"],
-        parent_id=data["parent_id"],
-        created_at=data["created_at"],
-        updated_at=data["updated_at"],
-        requires=tuple(json.loads(data["requires"])) if data.get("requires") else (),
-    )
-
-
-def _claim(row: tuple[Any, ...]) -> Claim:
-    return Claim(
-        object_id=row[0],
-        epoch=row[1],
-        lease_expires=row[2],
-        cancel_requested=bool(row[3]),
-        paused=bool(row[4]),
-    )
-
-
-def _record_params(rec: Record) -> tuple[Any, ...]:
-    return (
-        rec.object_id,
-        rec.seq,
-        rec.trace_id,
-        rec.ts_us,
-        rec.node_id,
-        rec.policy_ref,
-        rec.kind,
-        rec.body_bytes,
-        bytes.fromhex(rec.prev_hash),
-        bytes.fromhex(rec.hash),
-        rec.signature,
-    )
-
-
-_RECORD_TYPES = (str, int, str, int, str, str, str, bytes, bytes, bytes, bytes)
-_RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
-                   "body", "prev_hash", "hash", "signature")
-
-
-def _decode_row(row: tuple[Any, ...]) -> Record:
-    """Decode one ``records`` row; a column of the wrong storage type is damage (fails closed)."""
-    for value, kind, column in zip(row, _RECORD_TYPES, _RECORD_COLUMNS, strict=True):
-        if not isinstance(value, kind):
-            raise RecordDecodeError(
-                str(row[0]), row[1] if isinstance(row[1], int) else -1,
-                f"column {column} holds {type(value).__name__}, not {kind.__name__}",
-            )
-    return decode_record(
-        object_id=row[0],
-        seq=row[1],
-        trace_id=row[2],
-        ts_us=row[3],
-        node_id=row[4],
-        policy_ref=row[5],
-        kind=row[6],
-        body_bytes=row[7],
-        prev_hash=row[8].hex(),
-        hash=row[9].hex(),
-        signature=row[10],
-    )
+    return object_row({col[0]: value for col, value in zip(cur.description, row, strict=True)},
+                      json.loads)
 
 
 class SQLiteStore:
@@ -269,23 +200,10 @@ class SQLiteStore:
     def create(self, new: NewObject, now: float) -> bool:
         """Insert the object row and its first record in one transaction."""
         with self._write() as conn:
-            cur = conn.execute(
-                _Q["insert_object"],
-                {
-                    "object_id": new.object_id,
-                    "agent": new.agent,
-                    "agent_version": new.agent_version,
-                    "ready_at": new.ready_at,
-                    "head_seq": new.first.seq,
-                    "head_hash": bytes.fromhex(new.first.hash),
-                    "parent_id": new.parent_id,
-                    "requires": json.dumps(sorted(new.requires)),
-                    "now": now,
-                },
-            )
+            cur = conn.execute(_Q["insert_object"], create_params(new, now, json.dumps))
             if cur.rowcount == 0:
                 return False
-            conn.execute(_Q["insert_record"], _record_params(new.first))
+            conn.execute(_Q["insert_record"], record_params(new.first))
             return True
 
     def get(self, object_id: str) -> ObjectRow | None:
@@ -322,7 +240,7 @@ class SQLiteStore:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
         with self._read() as conn:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
-        return [_decode_row(row) for row in rows]
+        return [record_from_row(row) for row in rows]
 
     # -- leases ----------------------------------------------------------------
 
@@ -361,7 +279,7 @@ class SQLiteStore:
                      "object_id": object_id},
                 ).fetchone()
                 if row is not None:
-                    claims.append(_claim(row))
+                    claims.append(claim_from_row(row))
         return claims
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
@@ -370,7 +288,7 @@ class SQLiteStore:
             row = conn.execute(
                 _Q["renew"], {"lease_until": lease_until, "object_id": object_id, "epoch": epoch}
             ).fetchone()
-        return None if row is None else _claim(row)
+        return None if row is None else claim_from_row(row)
 
     def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
         """Apply fenced appends in one transaction, each in its own savepoint."""
@@ -394,36 +312,14 @@ class SQLiteStore:
         return results
 
     def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> None:
-        first = op.records[0] if op.records else None
         last = op.records[-1] if op.records else None
-        cur = conn.execute(
-            _Q["append_update"],
-            {
-                "head_seq": last.seq if last else None,
-                "head_hash": bytes.fromhex(last.hash) if last else None,
-                "status": op.status,
-                "phase": op.phase,
-                "waiting_event": op.waiting_event,
-                "ready_at": op.ready_at,
-                "result": op.result,
-                "release": op.release,
-                "parked": op.parked,
-                "note": op.note,
-                "requires": None if op.requires is None else json.dumps(sorted(op.requires)),
-                "avoid_node": op.avoid_node,
-                "clear_avoid": op.clear_avoid,
-                "now": now,
-                "object_id": op.object_id,
-                "epoch": op.epoch,
-                "expected_head": first.seq - 1 if first else None,
-            },
-        )
+        cur = conn.execute(_Q["append_update"], append_params(op, now, json.dumps))
         if cur.rowcount != 1:
             raise LeaseLostError(
                 f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease "
                 "(another node took it over); this node stops touching it"
             )
-        conn.executemany(_Q["insert_record"], [_record_params(rec) for rec in op.records])
+        conn.executemany(_Q["insert_record"], [record_params(rec) for rec in op.records])
         for event_id in op.consume_event_ids:
             assert last is not None, "consuming an event needs the record that receives it"
             cur = conn.execute(_Q["consume_event"], (last.seq, event_id, op.object_id))

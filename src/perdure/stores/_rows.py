@@ -1,0 +1,127 @@
+"""What every SQL backend does the same way: rows to values, values to query parameters.
+
+Each backend passes in only what differs: how it encodes a list of capability
+names (a JSON array in SQLite, a text array in PostgreSQL) and how it decodes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from perdure.core.records import Record, decode_record
+from perdure.errors import RecordDecodeError
+from perdure.stores.base import Append, Claim, NewObject, ObjectRow
+
+__all__ = [
+    "append_params",
+    "claim_from_row",
+    "create_params",
+    "object_row",
+    "record_from_row",
+    "record_params",
+]
+
+_RECORD_TYPES: tuple[type, ...] = (str, int, str, int, str, str, str, bytes, bytes, bytes, bytes)
+_RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
+                   "body", "prev_hash", "hash", "signature")
+
+
+def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[str]]
+               ) -> ObjectRow:
+    """An ``objects`` row (column name -> value) as an ``ObjectRow``."""
+    result = data["result"]
+    return ObjectRow(
+        object_id=data["object_id"],
+        agent=data["agent"],
+        agent_version=data["agent_version"],
+        status=data["status"],
+        phase=data["phase"],
+        epoch=int(data["epoch"]),
+        lease_owner=data["lease_owner"],
+        lease_expires=data["lease_expires"],
+        ready_at=data["ready_at"],
+        waiting_event=data["waiting_event"],
+        paused=bool(data["paused"]),
+        cancel_requested=bool(data["cancel_requested"]),
+        parked=bool(data["parked"]),
+        note=data["note"],
+        head_seq=int(data["head_seq"]),
+        head_hash=bytes(data["head_hash"]).hex(),
+        result=bytes(result) if result is not None else None,
+        parent_id=data["parent_id"],
+        created_at=data["created_at"],
+        updated_at=data["updated_at"],
+        requires=tuple(decode_names(data["requires"])) if data.get("requires") else (),
+    )
+
+
+def claim_from_row(row: Sequence[Any]) -> Claim:
+    """``(object_id, epoch, lease_expires, cancel_requested, paused)`` as a ``Claim``."""
+    return Claim(object_id=row[0], epoch=int(row[1]), lease_expires=float(row[2]),
+                 cancel_requested=bool(row[3]), paused=bool(row[4]))
+
+
+def record_params(rec: Record) -> tuple[Any, ...]:
+    """The ``insert_record`` parameters of a record, in column order."""
+    return (rec.object_id, rec.seq, rec.trace_id, rec.ts_us, rec.node_id, rec.policy_ref,
+            rec.kind, rec.body_bytes, bytes.fromhex(rec.prev_hash), bytes.fromhex(rec.hash),
+            rec.signature)
+
+
+def record_from_row(row: Sequence[Any]) -> Record:
+    """Decode one ``records`` row; a column of the wrong storage type is damage (fails closed)."""
+    values: list[Any] = [bytes(v) if isinstance(v, memoryview) else v for v in row]
+    for value, kind, column in zip(values, _RECORD_TYPES, _RECORD_COLUMNS, strict=True):
+        if not isinstance(value, kind):
+            raise RecordDecodeError(
+                str(values[0]), values[1] if isinstance(values[1], int) else -1,
+                f"column {column} holds {type(value).__name__}, not {kind.__name__}",
+            )
+    return decode_record(
+        object_id=values[0], seq=values[1], trace_id=values[2], ts_us=values[3],
+        node_id=values[4], policy_ref=values[5], kind=values[6], body_bytes=values[7],
+        prev_hash=values[8].hex(), hash=values[9].hex(), signature=values[10],
+    )
+
+
+def create_params(new: NewObject, now: float, encode_names: Callable[[list[str]], Any]
+                  ) -> dict[str, Any]:
+    """The ``insert_object`` parameters of a new object."""
+    return {
+        "object_id": new.object_id,
+        "agent": new.agent,
+        "agent_version": new.agent_version,
+        "ready_at": new.ready_at,
+        "head_seq": new.first.seq,
+        "head_hash": bytes.fromhex(new.first.hash),
+        "parent_id": new.parent_id,
+        "requires": encode_names(sorted(new.requires)),
+        "now": now,
+    }
+
+
+def append_params(op: Append, now: float, encode_names: Callable[[list[str]], Any]
+                  ) -> dict[str, Any]:
+    """The ``append_update`` parameters of a fenced append."""
+    first = op.records[0] if op.records else None
+    last = op.records[-1] if op.records else None
+    return {
+        "head_seq": last.seq if last else None,
+        "head_hash": bytes.fromhex(last.hash) if last else None,
+        "status": op.status,
+        "phase": op.phase,
+        "waiting_event": op.waiting_event,
+        "ready_at": op.ready_at,
+        "result": op.result,
+        "release": op.release,
+        "parked": op.parked,
+        "note": op.note,
+        "requires": None if op.requires is None else encode_names(sorted(op.requires)),
+        "avoid_node": op.avoid_node,
+        "clear_avoid": op.clear_avoid,
+        "now": now,
+        "object_id": op.object_id,
+        "epoch": op.epoch,
+        "expected_head": first.seq - 1 if first else None,
+    }
