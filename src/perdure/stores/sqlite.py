@@ -14,9 +14,10 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from perdure.core.records import Record
 from perdure.errors import (
@@ -39,6 +40,8 @@ from perdure.stores._sql import load_migrations, load_queries
 from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
 
 __all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
 
 _Q = load_queries("sqlite")
 _TERMINAL = ("completed", "failed", "cancelled")
@@ -107,24 +110,52 @@ class SQLiteStore:
         self._rlock = threading.Lock()
         self._w = self._connect()
         self._r = self._connect()
-        self._migrate()
+        self._opening(self._migrate)
 
     # -- connections ---------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        return self._opening(self._open_connection)
+
+    def _open_connection(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self._busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.execute("PRAGMA foreign_keys=ON")
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from exc
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    def _opening(self, step: Callable[[], T]) -> T:
+        """Run a step of opening the store, retrying transient lock errors.
+
+        While another process opens or closes the same file, SQLite can report the
+        database as locked without waiting on the busy timeout (switching to WAL,
+        or the last connection resetting the WAL as it closes). Those moments are
+        brief: retry them until the busy timeout, then fail with ``StoreError``.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                return step()
+            except (sqlite3.Error, StoreError) as exc:
+                cause = exc.__cause__ if isinstance(exc, StoreError) else exc
+                transient = isinstance(cause, sqlite3.OperationalError) and any(
+                    word in str(cause).lower() for word in ("locked", "busy"))
+                if not transient or time.monotonic() > deadline:
+                    if isinstance(exc, StoreError):
+                        raise
+                    raise _translate(exc, self.path) from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
