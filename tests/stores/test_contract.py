@@ -479,6 +479,18 @@ def test_release_clears_the_lease(store: Store, signer: Signer) -> None:
     assert [c.epoch for c in again] == [claim.epoch + 1]
 
 
+def test_cancel_asked_while_running_survives_going_dormant(store: Store, signer: Signer) -> None:
+    """A cancel requested while a node holds the object is not lost when that node lets the
+    object go dormant on an event: the object stays claimable so a node can cancel it."""
+    chain = _created(store, signer, "obj-1")
+    claim = _claim_one(store, "obj-1")
+    store.control("obj-1", NOW, cancel=True)
+    _dormant(store, chain, claim, ready_at=None, waiting_event="never", now=NOW + 1)
+    row = store.get("obj-1")
+    assert row is not None and row.ready_at == NOW + 1
+    assert [c.object_id for c in store.claim("w2", NOW + 1, time.time() + 30, 5)] == ["obj-1"]
+
+
 def test_apply_stores_result_park_and_note(store: Store, signer: Signer) -> None:
     """An append can set the result bytes, the parked flag and a note."""
     done = _created(store, signer, "done")

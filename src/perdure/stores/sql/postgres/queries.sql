@@ -68,6 +68,9 @@ SET head_seq = COALESCE(%(head_seq)s, head_seq),
     status = %(status)s,
     phase = %(phase)s,
     ready_at = CASE
+        -- A cancel asked for while the node ran must not be lost when it lets go.
+        WHEN cancel_requested AND %(status)s NOT IN ('completed', 'failed', 'cancelled')
+        THEN %(now)s
         WHEN %(waiting_event)s::text IS NOT NULL AND EXISTS (
             SELECT 1 FROM inbox
             WHERE inbox.object_id = %(object_id)s AND inbox.name = %(waiting_event)s::text

@@ -67,6 +67,9 @@ SET head_seq = COALESCE(:head_seq, head_seq),
     status = :status,
     phase = :phase,
     ready_at = CASE
+        -- A cancel asked for while the node ran must not be lost when it lets go.
+        WHEN cancel_requested = 1 AND :status NOT IN ('completed', 'failed', 'cancelled')
+        THEN :now
         WHEN :waiting_event IS NOT NULL AND EXISTS (
             SELECT 1 FROM inbox
             WHERE inbox.object_id = :object_id AND inbox.name = :waiting_event
