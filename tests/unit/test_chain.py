@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from perdure.core.chain import VerifyReport, check_links, seal, verify_chain
@@ -24,13 +22,13 @@ def _records(n: int = 5) -> list[Record]:
 
 def _reseal(rec: Record, **changes: object) -> Record:
     """``rec`` with ``changes``, hashed and signed again as an attacker with the key could."""
-    changed = dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+    changed = rec._replace(**changes)  # type: ignore[arg-type]
     digest = compute_hash(
         object_id=changed.object_id, seq=changed.seq, trace_id=changed.trace_id,
         ts_us=changed.ts_us, node_id=changed.node_id, policy_ref=changed.policy_ref,
         kind=changed.kind, body_bytes=changed.body_bytes, prev_hash=changed.prev_hash,
     )
-    return dataclasses.replace(changed, hash=digest,
+    return changed._replace(hash=digest,
                                signature=SIG.sign(bytes.fromhex(digest)))
 
 
@@ -83,7 +81,7 @@ def test_chain_from_two_nodes_verifies() -> None:
 def test_tampered_body_is_caught_at_its_seq() -> None:
     """Editing a body without re-hashing fails at that record: content vs hash."""
     records = _records()
-    records[2] = dataclasses.replace(records[2], body_bytes=b'{"pos":1,"result":999}')
+    records[2] = records[2]._replace(body_bytes=b'{"pos":1,"result":999}')
     with pytest.raises(IntegrityError) as info:
         check_links(OBJECT_ID, records)
     assert info.value.seq == 3
@@ -93,8 +91,7 @@ def test_tampered_body_is_caught_at_its_seq() -> None:
 def test_rehashed_middle_record_breaks_the_next_link() -> None:
     """Re-hashing an edited middle record keeps its own hash right; the next link breaks."""
     records = _records()
-    records[2] = dataclasses.replace(_reseal(records[2], body_bytes=b"{}"),
-                                     signature=records[2].signature)
+    records[2] = _reseal(records[2], body_bytes=b"{}")._replace(signature=records[2].signature)
     seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
     assert seq == 4
     assert "previous-hash link" in reason
@@ -103,8 +100,7 @@ def test_rehashed_middle_record_breaks_the_next_link() -> None:
 def test_rehashed_last_record_without_the_key_fails_signature() -> None:
     """Editing and re-hashing the head without the node's key fails its signature."""
     records = _records()
-    records[-1] = dataclasses.replace(_reseal(records[-1], body_bytes=b"{}"),
-                                      signature=records[-1].signature)
+    records[-1] = _reseal(records[-1], body_bytes=b"{}")._replace(signature=records[-1].signature)
     check_links(OBJECT_ID, records)  # hashes and links are consistent again
     seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
     assert seq == 5
@@ -142,8 +138,7 @@ def test_broken_prev_link_is_caught() -> None:
 def test_bad_signature_is_caught() -> None:
     """A record signed by another key than its node's fails at that record."""
     records = _records()
-    records[3] = dataclasses.replace(
-        records[3], signature=OTHER.sign(bytes.fromhex(records[3].hash))
+    records[3] = records[3]._replace(signature=OTHER.sign(bytes.fromhex(records[3].hash))
     )
     check_links(OBJECT_ID, records)  # links alone do not cover signatures
     seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS))
@@ -155,7 +150,7 @@ def test_bad_signature_is_caught() -> None:
 def test_garbage_signature_is_caught() -> None:
     """A signature of the right length but wrong bytes fails verification."""
     records = _records()
-    records[0] = dataclasses.replace(records[0], signature=b"\x01" * 64)
+    records[0] = records[0]._replace(signature=b"\x01" * 64)
     assert _bad(verify_chain(OBJECT_ID, records, KEYS))[0] == 1
 
 

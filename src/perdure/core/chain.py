@@ -5,6 +5,7 @@ Pure: keys come in as values, nothing here reads files or the store.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,7 +16,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from perdure.core.codec import encode
-from perdure.core.records import GENESIS_HASH, Record, RecordDraft, compute_hash
+from perdure.core.records import (
+    FORMAT_VERSION,
+    GENESIS_HASH,
+    PLAIN_SEEN,
+    Record,
+    RecordDraft,
+    compute_hash,
+    header_bytes,
+    is_plain,
+    needs_escape,
+)
 from perdure.errors import IntegrityError
 
 __all__ = ["Signer", "VerifyReport", "check_links", "seal", "verify_chain"]
@@ -75,33 +86,43 @@ def seal(
 
 def check_links(object_id: str, records: Sequence[Record], *, start_hash: str = GENESIS_HASH,
                 start_seq: int = 1) -> None:
-    """Check sequence numbers, hashes and links (not signatures); raise ``IntegrityError``."""
+    """Check sequence numbers, hashes and links (not signatures); raise ``IntegrityError``.
+
+    Every claim runs this over the whole chain, so the loop is kept tight: headers
+    whose strings need no escaping are formatted directly (``records.header_bytes``
+    gives the same bytes the canonical encoder would).
+    """
     prev = start_hash
     expected = start_seq
+    sha256 = hashlib.sha256
+    plain = is_plain(object_id) and _plain_hash(start_hash)
+    seen = PLAIN_SEEN
     for rec in records:
-        if rec.seq != expected:
+        oid, seq, trace, ts, node, policy, kind, body_bytes, prev_hash, digest, _, _ = rec
+        if seq != expected or type(seq) is not int:
             raise IntegrityError(
-                object_id, expected, f"sequence gap: expected #{expected}, found #{rec.seq}"
+                object_id, expected, f"sequence gap: expected #{expected}, found #{seq}"
             )
-        if rec.prev_hash != prev:
-            raise IntegrityError(object_id, rec.seq, "previous-hash link is broken")
-        actual = compute_hash(
-            object_id=rec.object_id,
-            seq=rec.seq,
-            trace_id=rec.trace_id,
-            ts_us=rec.ts_us,
-            node_id=rec.node_id,
-            policy_ref=rec.policy_ref,
-            kind=rec.kind,
-            body_bytes=rec.body_bytes,
-            prev_hash=rec.prev_hash,
-        )
-        if actual != rec.hash:
-            raise IntegrityError(object_id, rec.seq, "content does not match its hash")
-        if rec.object_id != object_id:
-            raise IntegrityError(object_id, rec.seq, f"record belongs to {rec.object_id!r}")
-        prev = rec.hash
+        if oid != object_id:
+            raise IntegrityError(object_id, seq, f"record belongs to {oid!r}")
+        if prev_hash != prev:
+            raise IntegrityError(object_id, seq, "previous-hash link is broken")
+        # ``prev`` is the start hash or a hash checked just before: hex, needs no escaping.
+        if (plain and type(ts) is int and (trace in seen or is_plain(trace))
+                and (node in seen or is_plain(node)) and (policy in seen or is_plain(policy))
+                and (kind in seen or is_plain(kind))):
+            header = (f'[{FORMAT_VERSION},"{object_id}",{seq},"{trace}",{ts},"{node}",'
+                      f'"{policy}","{kind}","{prev}"]').encode()
+        else:
+            header = header_bytes(object_id, seq, trace, ts, node, policy, kind, prev)
+        if sha256(b"%b\n%b" % (header, body_bytes)).hexdigest() != digest:
+            raise IntegrityError(object_id, seq, "content does not match its hash")
+        prev = digest
         expected += 1
+
+
+def _plain_hash(text: str) -> bool:
+    return type(text) is str and needs_escape(text) is None
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,7 @@ class ObjectView:
     pending_events: frozenset[str] = field(default_factory=frozenset)
     pending_refinements: int = 0
     pending_child_results: int = 0  # children's terminal signals not yet folded into memory
+    facts: MemoryFacts | None = None  # read_memory(records), when the caller has it already
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +171,7 @@ class Decision:
 
 def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
     """Select exactly one action for the object in ``view`` at time ``now``."""
-    facts = read_memory(view.records)
+    facts = view.facts if view.facts is not None else read_memory(view.records)
     if facts.terminated is not None:
         return Decision(
             Action.TERMINATE,

@@ -158,6 +158,12 @@ def rebuild_error(step: str, body: Mapping[str, Any]) -> BaseException:
     return StepFailedError(step, type_path, message)
 
 
+_CHILD_FINISHED = Kind.CHILD_FINISHED.value
+_CAPABILITY_MISSING = Kind.CAPABILITY_MISSING.value
+_INSTANTIATED = Kind.INSTANTIATED.value
+_STEP_DONE = Kind.STEP_DONE.value
+
+
 def _qualname(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__perdure_name__", None) or getattr(fn, "__qualname__", None)
     return str(name or repr(fn))
@@ -191,19 +197,36 @@ class Run:
         self._history: dict[int | str, list[Record]] = {}
         self._children: dict[str, dict[str, Any]] = {}
         self._refusals: set[str] = set()
+        # One pass over memory (10,000 records on a long resume): index by position.
+        history = self._history
+        top = -1
+        rerouted = False
         for rec in records:
-            if rec.kind == Kind.CHILD_FINISHED:
+            kind = rec.kind
+            if kind == _CHILD_FINISHED:
                 self._children[str(rec.body["child_id"])] = rec.body
                 continue
-            if rec.kind == Kind.CAPABILITY_MISSING:
+            if kind == _CAPABILITY_MISSING:
                 self._refusals.add(str(rec.body.get("refusal")))
+                rerouted = True
                 continue
-            pos = rec.body.get("pos") if rec.kind != Kind.INSTANTIATED else None
-            if isinstance(pos, int | str):
-                self._history.setdefault(pos, []).append(rec)
-        self._max_recorded = max((_top(p) for p in self._history), default=-1)
+            if kind == _INSTANTIATED:
+                continue
+            pos = rec.body.get("pos")
+            if type(pos) is int:
+                top = max(top, pos)
+            elif type(pos) is str:
+                top = max(top, _top(pos))
+            else:
+                continue
+            recs = history.get(pos)
+            if recs is None:
+                history[pos] = [rec]
+            else:
+                recs.append(rec)
+        self._max_recorded = top
         self._started_here: set[int | str] = set()
-        self._rerouted = any(r.kind == Kind.CAPABILITY_MISSING for r in records)
+        self._rerouted = rerouted
         self._consumed: set[int] = set()
         self.cancel_requested = False
         self.pause_requested = False
@@ -365,10 +388,10 @@ class Run:
             idempotent = bool(opts.get("idempotent", True))
         policy = retry or opts.get("retry") or DEFAULT_RETRY
         pos, recs = self._take("step", step_name)
+        for rec in recs:  # replay: the recorded result, nothing runs
+            if rec.kind == _STEP_DONE:
+                return rec.body.get("result")
         key = f"{self.object_id}/{pos}/{step_name}"
-        done = self._find(recs, Kind.STEP_DONE)
-        if done is not None:
-            return done.body.get("result")
         failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
         if failures and failures[-1].body.get("final"):
             raise rebuild_error(step_name, failures[-1].body["error"])

@@ -25,6 +25,7 @@ from perdure.core.cycle import (
     Action,
     Decision,
     LocalPolicy,
+    MemoryFacts,
     ObjectView,
     Outcome,
     evaluate,
@@ -425,6 +426,7 @@ class Worker:
             events: list[Event] = await self._read(self.store.pending_events, oid)
             refinements = [e for e in events if e.name == REFINE_EVENT]
             child_results = [e for e in events if e.name == CHILD_EVENT]
+            facts = read_memory(records)  # once per cycle: a long history costs ms to read
             view = ObjectView(
                 records=records,
                 cancel_requested=row.cancel_requested,
@@ -433,6 +435,7 @@ class Worker:
                 pending_events=frozenset(e.name for e in events),
                 pending_refinements=len(refinements),
                 pending_child_results=len(child_results),
+                facts=facts,
             )
             decision = evaluate(view, self.policy, self.clock())
             log.debug("%s: %s (%s)", oid, decision.action, decision.reason,
@@ -443,17 +446,18 @@ class Worker:
             if decision.action is Action.DELEGATE:
                 records = records + await self._fold_children(claim, records, child_results)
                 continue
-            await self._act(claim, records, decision)
+            await self._act(claim, records, decision, facts)
             return
 
-    async def _act(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+    async def _act(self, claim: Claim, records: list[Record], decision: Decision,
+                   facts: MemoryFacts) -> None:
         handler = {
             Action.TERMINATE: self._terminate,
             Action.DORMANCY: self._dormancy,
             Action.EXECUTE: self._execute,
             Action.REENTRY: self._execute,
         }[decision.action]
-        await handler(claim, records, decision)
+        await handler(claim, records, decision, facts)
 
     async def _mutate(self, claim: Claim, records: list[Record], refinements: list[Event]
                       ) -> list[Record]:
@@ -496,7 +500,7 @@ class Worker:
 
     def _parent_signal(self, records: list[Record], body: dict[str, Any]) -> Signal | None:
         """The terminal signal for this object's parent, written with its last record."""
-        context = read_memory(records).context
+        context = Context.from_body(records[0].body["context"])  # fixed at instantiation
         if context.parent_id is None:
             return None
         payload = {"child_id": context.object_id, "outcome": body.get("outcome")}
@@ -530,9 +534,9 @@ class Worker:
                              result=result, signal=self._parent_signal(records, body))
         self.completed += 1
 
-    async def _terminate(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+    async def _terminate(self, claim: Claim, records: list[Record], decision: Decision,
+                         facts: MemoryFacts) -> None:
         outcome = decision.outcome or Outcome.FAILED
-        facts = read_memory(records)
         if facts.terminated is not None:
             await self._release_plain(claim, ready_at=None, status=str(outcome),
                                       phase="termination")
@@ -543,7 +547,8 @@ class Worker:
         journal = self._journal(claim, records)
         await self._finish(journal, records, body, status=str(outcome))
 
-    async def _dormancy(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+    async def _dormancy(self, claim: Claim, records: list[Record], decision: Decision,
+                        facts: MemoryFacts) -> None:
         facts = read_memory(records)
         status = "dormant"
         ready_at = decision.wake_at
@@ -580,9 +585,9 @@ class Worker:
         finally:
             step_scope.reset(token)
 
-    async def _execute(self, claim: Claim, records: list[Record], decision: Decision) -> None:
+    async def _execute(self, claim: Claim, records: list[Record], decision: Decision,
+                       facts: MemoryFacts) -> None:
         oid = claim.object_id
-        facts = read_memory(records)
         intent: Intent = facts.intent
         agent = self.agents.get(intent.agent)
         if agent is None or agent.version != intent.version:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from perdure.core.records import Record, decode_record
-from perdure.errors import RecordDecodeError
+from perdure.core.records import Record, record_from_columns
 from perdure.stores.base import Append, Claim, NewObject, ObjectRow
 
 __all__ = [
@@ -21,11 +20,6 @@ __all__ = [
     "record_from_row",
     "record_params",
 ]
-
-_RECORD_TYPES: tuple[type, ...] = (str, int, str, int, str, str, str, bytes, bytes, bytes, bytes)
-_RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
-                   "body", "prev_hash", "hash", "signature")
-
 
 def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[str]]
                ) -> ObjectRow:
@@ -71,18 +65,7 @@ def record_params(rec: Record) -> tuple[Any, ...]:
 
 def record_from_row(row: Sequence[Any]) -> Record:
     """Decode one ``records`` row; a column of the wrong storage type is damage (fails closed)."""
-    values: list[Any] = [bytes(v) if isinstance(v, memoryview) else v for v in row]
-    for value, kind, column in zip(values, _RECORD_TYPES, _RECORD_COLUMNS, strict=True):
-        if not isinstance(value, kind):
-            raise RecordDecodeError(
-                str(values[0]), values[1] if isinstance(values[1], int) else -1,
-                f"column {column} holds {type(value).__name__}, not {kind.__name__}",
-            )
-    return decode_record(
-        object_id=values[0], seq=values[1], trace_id=values[2], ts_us=values[3],
-        node_id=values[4], policy_ref=values[5], kind=values[6], body_bytes=values[7],
-        prev_hash=values[8].hex(), hash=values[9].hex(), signature=values[10],
-    )
+    return record_from_columns(*row)
 
 
 def create_params(new: NewObject, now: float, encode_names: Callable[[list[str]], Any]
