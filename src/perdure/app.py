@@ -381,13 +381,19 @@ class App:
 
     # -- running a node -------------------------------------------------------------
 
-    def worker(self, *, concurrency: int = 16, drain_seconds: float = 5.0) -> Worker:
-        """Build this node's worker (``run_worker`` runs one until stopped)."""
+    def worker(self, *, concurrency: int = 16, drain_seconds: float = 5.0,
+               held_records: int = 50_000) -> Worker:
+        """Build this node's worker (``run_worker`` runs one until stopped).
+
+        ``held_records`` bounds the records the node keeps of objects it ran, so that
+        claiming one again reads only what was appended since (0: always read all).
+        """
         settings = WorkerSettings(
             concurrency=concurrency,
             lease_seconds=self.lease_seconds,
             poll_interval=self.poll_interval,
             drain_seconds=drain_seconds,
+            held_records=held_records,
         )
         return Worker(store=self.store, signer=self._ensure_node(), policy=self.policy,
                       agents=self._agents, settings=settings, capabilities=self.capabilities)

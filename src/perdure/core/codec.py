@@ -12,7 +12,7 @@ from typing import Any
 
 from perdure.errors import SerializationError
 
-__all__ = ["decode", "encode"]
+__all__ = ["decode", "detached", "encode"]
 
 _encoder = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
@@ -33,3 +33,18 @@ def encode(value: Any, *, what: str = "value") -> bytes:
 def decode(data: bytes) -> Any:
     """Decode canonical JSON bytes; raises ``ValueError`` (caller names the record) on bad bytes."""
     return json.loads(data)
+
+
+def detached(value: Any) -> Any:
+    """A copy of a JSON value (dicts and lists copied all the way down).
+
+    Values handed out of memory (step results, event payloads, intent arguments) are
+    detached from the records they came from, so that code changing them in place
+    never changes memory a node holds.
+    """
+    kind = type(value)
+    if kind is dict:
+        return {k: detached(v) for k, v in value.items()}
+    if kind is list:
+        return [detached(v) for v in value]
+    return value

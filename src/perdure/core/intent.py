@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from perdure.core.codec import detached
+
 __all__ = ["Context", "Intent"]
 
 
@@ -35,12 +37,12 @@ class Intent:
         return cls(
             agent=str(body["agent"]),
             version=str(body["version"]),
-            args=tuple(body.get("args", ())),
-            kwargs=dict(body.get("kwargs", {})),
+            args=tuple(detached(list(body.get("args", ())))),
+            kwargs=detached(dict(body.get("kwargs", {}))),
             deadline=body.get("deadline"),
             max_failures=body.get("max_failures"),
             requires=tuple(body.get("requires", ())),
-            goal=dict(body.get("goal", {})),
+            goal=detached(dict(body.get("goal", {}))),
             version_no=int(body.get("version_no", 1)),
         )
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
-from perdure.core.codec import decode, encode
+from perdure.core.codec import decode, detached, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.context import StepInfo
@@ -390,7 +390,7 @@ class Run:
         pos, recs = self._take("step", step_name)
         for rec in recs:  # replay: the recorded result, nothing runs
             if rec.kind == _STEP_DONE:
-                return rec.body.get("result")
+                return detached(rec.body.get("result"))
         key = f"{self.object_id}/{pos}/{step_name}"
         failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
         if failures and failures[-1].body.get("final"):
@@ -574,7 +574,7 @@ class Run:
         pos, recs = self._take("wait", event)
         got = self._find(recs, Kind.EVENT_RECEIVED)
         if got is not None:
-            return got.body.get("payload")
+            return detached(got.body.get("payload"))
         if self._find(recs, Kind.WAIT_TIMED_OUT) is not None:
             return None
         self._boundary()
@@ -613,7 +613,7 @@ class Run:
         pos, recs = self._take(cmd, None)
         rec = self._find(recs, Kind.VALUE)
         if rec is not None:
-            return rec.body["value"]
+            return detached(rec.body["value"])
         value = make()
         self._journal.defer(RecordDraft(Kind.VALUE, {"pos": pos, "cmd": cmd, "value": value}))
         return value
@@ -721,7 +721,7 @@ class Run:
                 raise ChildFailedError(child_id, str(body.get("outcome")),
                                        str(error.get("type", "unknown")),
                                        str(error.get("message", "")))
-            results.append(body.get("result"))
+            results.append(detached(body.get("result")))
         return results
 
     async def gather(self, *branches: Awaitable[Any]) -> list[Any]:

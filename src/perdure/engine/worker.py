@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +60,7 @@ from perdure.errors import (
 )
 from perdure.stores.base import Claim, Event, Route, Signal, Store
 
-__all__ = ["REFINE_EVENT", "AgentDef", "Worker", "WorkerSettings"]
+__all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
 
 log = logging.getLogger("perdure.worker")
 
@@ -88,14 +89,63 @@ class WorkerSettings:
     control_interval: float = 0.25
     idle_seconds: float = 2.0  # longest idle sleep when the store pushes wake-ups
     unknown_agent_retry: float = 5.0
+    # Records this node keeps of the objects it ran, so that claiming one again reads
+    # and checks only what was appended since (0 turns it off). Roughly 1 KB each.
+    held_records: int = 50_000
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.held_records < 0:
+            raise ValueError("held_records must be 0 or more")
         if self.lease_seconds <= 0.2:
             raise ValueError("lease_seconds must be more than 0.2")
         if self.poll_interval <= 0:
             raise ValueError("poll_interval must be positive")
+
+
+class HeldRecords:
+    """The checked records of objects this node ran, least recently used dropped first.
+
+    A record never changes once written, so an object claimed again needs only the
+    records after the last one held: the store is asked for that tail, and its links
+    are checked from the held head. Anything unexpected (a tail that does not link on,
+    a store head behind the held one) drops the entry and the full chain is read.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: OrderedDict[str, list[Record]] = OrderedDict()
+        self._size = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, object_id: str) -> list[Record] | None:
+        """The held records of ``object_id`` (oldest first), or ``None``."""
+        records = self._items.get(object_id)
+        if records is not None:
+            self._items.move_to_end(object_id)
+        return records
+
+    def put(self, object_id: str, records: list[Record]) -> None:
+        """Hold ``records`` (checked, never changed afterwards) for ``object_id``."""
+        self.drop(object_id)
+        if not records or len(records) > self.limit:
+            return
+        self._items[object_id] = records
+        self._size += len(records)
+        while self._size > self.limit:
+            _, old = self._items.popitem(last=False)
+            self._size -= len(old)
+
+    def drop(self, object_id: str) -> None:
+        """Forget ``object_id``."""
+        old = self._items.pop(object_id, None)
+        if old is not None:
+            self._size -= len(old)
+
+    def __len__(self) -> int:
+        return self._size
 
 
 @dataclass
@@ -138,6 +188,7 @@ class Worker:
         )
         self.committer = Committer(store, self._write_pool, clock)
         self._active: dict[str, _Active] = {}
+        self.held = HeldRecords(settings.held_records)
         self._wake = asyncio.Event()
         self._store_down = False
         self.completed = 0
@@ -404,18 +455,7 @@ class Worker:
     async def _cycle(self, claim: Claim) -> None:
         oid = claim.object_id
         try:
-            records: list[Record] = await self._read(self.store.records, oid)
-            if not records:
-                raise IntegrityError(oid, 1, "object has no records")
-            check_links(oid, records)
-            head = await self._read(self.store.get, oid)
-            last = records[-1]
-            if head is not None and head.head_seq != last.seq:
-                raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
-                                     f"object's head is #{head.head_seq} (records missing)")
-            if head is not None and head.head_hash != last.hash:
-                raise IntegrityError(oid, last.seq, "last record's hash differs from the "
-                                     "object's recorded head")
+            records = await self._checked_memory(oid)
         except (IntegrityError, RecordDecodeError) as exc:
             log.error("parked %s: %s", oid, exc, extra={"action": "parked_damaged"})
             await self._release_plain(claim, ready_at=None, status="parked", parked=True,
@@ -448,6 +488,49 @@ class Worker:
                 continue
             await self._act(claim, records, decision, facts)
             return
+
+    async def _checked_memory(self, oid: str) -> list[Record]:
+        """The object's whole chain, links checked up to the head its row records.
+
+        Reads only the tail when this node holds the earlier records; falls back to
+        the full chain if the tail does not fit on. Raises ``IntegrityError`` or
+        ``RecordDecodeError`` when the stored chain itself is damaged.
+        """
+        held = self.held.get(oid)
+        if held is not None:
+            last = held[-1]
+            try:
+                tail: list[Record] = await self._read(self.store.records, oid, last.seq)
+                check_links(oid, tail, start_hash=last.hash, start_seq=last.seq + 1)
+                records: list[Record] = held + tail
+                await self._check_head(oid, records)
+            except (IntegrityError, RecordDecodeError) as exc:
+                log.info("%s: held records do not fit the store (%s); reading the whole chain",
+                         oid, exc, extra={"action": "held_records_dropped"})
+                self.held.drop(oid)
+            else:
+                self.held.hits += 1
+                self.held.put(oid, records)
+                return records
+        self.held.misses += 1
+        records = await self._read(self.store.records, oid)
+        if not records:
+            raise IntegrityError(oid, 1, "object has no records")
+        check_links(oid, records)
+        await self._check_head(oid, records)
+        self.held.put(oid, records)
+        return records
+
+    async def _check_head(self, oid: str, records: list[Record]) -> None:
+        """The chain must end where the object's row says its head is."""
+        head = await self._read(self.store.get, oid)
+        last = records[-1]
+        if head is not None and head.head_seq != last.seq:
+            raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
+                                 f"object's head is #{head.head_seq} (records missing)")
+        if head is not None and head.head_hash != last.hash:
+            raise IntegrityError(oid, last.seq, "last record's hash differs from the "
+                                 "object's recorded head")
 
     async def _act(self, claim: Claim, records: list[Record], decision: Decision,
                    facts: MemoryFacts) -> None:
@@ -532,6 +615,7 @@ class Worker:
         await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
                              phase="termination", ready_at=None, running=False, release=True,
                              result=result, signal=self._parent_signal(records, body))
+        self.held.drop(journal.object_id)
         self.completed += 1
 
     async def _terminate(self, claim: Claim, records: list[Record], decision: Decision,
