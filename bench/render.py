@@ -260,6 +260,9 @@ def history_table(report: dict[str, Any]) -> str:
         if "resume" in b:
             add(f"perdure, {b['store']}", b["resume"], b["storage"]["perdure"],
                 "ms_claim_to_next_step")
+            if all("ms_claim_to_next_step_same_node" in r for r in b["resume"].values()):
+                add(f"perdure, {b['store']}, claimed again by the same node", b["resume"],
+                    b["storage"]["perdure"], "ms_claim_to_next_step_same_node")
     for b in report["backends"].values():
         if "resume" in b:
             fl = b["storage"]["floor"]

@@ -90,6 +90,19 @@ SET head_seq = COALESCE(:head_seq, head_seq),
 WHERE object_id = :object_id AND epoch = :epoch
   AND (:expected_head IS NULL OR head_seq = :expected_head);
 
+-- name: append_step
+-- The common append, a record added while the node runs the object: when the row
+-- already holds every value append_update would set, only the head moves. This
+-- leaves the indexed columns (and their index pages) untouched, so the commit writes
+-- the record page and the row page. No row back: the caller runs append_update.
+UPDATE objects
+SET head_seq = :head_seq,
+    head_hash = :head_hash,
+    updated_at = :now
+WHERE object_id = :object_id AND epoch = :epoch AND head_seq = :expected_head
+  AND status = :status AND phase = :phase AND ready_at IS :ready_at
+  AND waiting_event IS NULL AND parked = 0 AND note IS NULL AND cancel_requested = 0;
+
 -- name: consume_event
 UPDATE inbox SET consumed_seq = ? WHERE event_id = ? AND object_id = ? AND consumed_seq IS NULL;
 

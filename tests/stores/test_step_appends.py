@@ -1,0 +1,101 @@
+"""Step appends: the records a running object adds, on every backend.
+
+Most appends only add a record while the node keeps running the object. The stores
+give those a narrower statement that moves only the head when the row already holds
+everything the full update would set; these tests pin down that the row ends up
+exactly as the full update leaves it, and that anything else takes the full path.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from perdure.core.chain import Signer
+from perdure.errors import LeaseLostError
+from perdure.stores import Store
+from perdure.stores._rows import record_params
+from perdure.stores.base import Append
+from tests.stores.builders import NOW, Chain
+
+LEASE = NOW + 30.0
+
+
+def _claimed(store: Store, signer: Signer, *object_ids: str) -> tuple[list[Chain], list[int]]:
+    chains = [Chain(oid, signer) for oid in object_ids]
+    for chain in chains:
+        assert store.create(chain.new_object(ready_at=NOW), NOW)
+    epochs = {c.object_id: c.epoch for c in store.claim("w1", NOW, LEASE, len(object_ids))}
+    return chains, [epochs[oid] for oid in object_ids]
+
+
+def test_step_appends_leave_the_row_as_the_full_update_does(store: Store,
+                                                            signer: Signer) -> None:
+    """A run of step appends moves the head and ``updated_at`` each time and keeps every
+    other field; one with a new ready time (a later claim) changes it too."""
+    (chain,), (epoch,) = _claimed(store, signer, "steps")
+    for i in range(3):
+        assert store.apply([chain.append(epoch, chain.extend(1), ready_at=NOW)],
+                           NOW + 1 + i) == [None]
+        row = store.get("steps")
+        assert row is not None
+        assert (row.head_seq, row.head_hash) == (chain.head.seq, chain.head.hash)
+        assert (row.status, row.phase, row.ready_at, row.updated_at) == (
+            "running", "execution", NOW, NOW + 1 + i)
+        assert (row.lease_owner, row.waiting_event, row.note, row.parked) == (
+            "w1", None, None, False)
+    assert store.apply([chain.append(epoch, chain.extend(2), ready_at=NOW + 9)],
+                       NOW + 9) == [None]
+    row = store.get("steps")
+    assert row is not None
+    assert (row.head_seq, row.ready_at, row.updated_at) == (chain.head.seq, NOW + 9, NOW + 9)
+    assert store.records("steps") == chain.records
+
+
+def test_a_step_append_after_a_cancel_request_keeps_the_object_claimable(
+        store: Store, signer: Signer) -> None:
+    """A cancel asked for while the object runs makes the next step append set the ready
+    time to now (the full update's rule), so the cancel is seen when the node lets go.
+    Running appends carry the claim time as ready time, which is already past: the
+    cancel leaves it as it is, and only the cancel flag tells the two paths apart."""
+    (chain,), (epoch,) = _claimed(store, signer, "cancel-me")
+    claimed_at = NOW - 5
+    assert store.apply([chain.append(epoch, chain.extend(1), ready_at=claimed_at)],
+                       NOW) == [None]
+    assert store.control("cancel-me", NOW + 1, cancel=True)
+    row = store.get("cancel-me")
+    assert row is not None and row.ready_at == claimed_at
+    assert store.apply([chain.append(epoch, chain.extend(1), ready_at=claimed_at)],
+                       NOW + 2) == [None]
+    row = store.get("cancel-me")
+    assert row is not None
+    assert row.cancel_requested and row.ready_at == NOW + 2
+    assert row.head_seq == chain.head.seq
+
+
+def test_a_record_conflict_refuses_only_its_append(store: Store, signer: Signer,
+                                                   place: str) -> None:
+    """A record already stored at the seq an append brings (a stray row the head does not
+    count) refuses that append alone; the rest of the batch is written."""
+    (good, stray), (good_epoch, stray_epoch) = _claimed(store, signer, "good", "stray")
+    squatter = stray.peek(1)[0]
+    insert = ("INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, "
+              "kind, body, prev_hash, hash, signature) VALUES ({})")
+    if place.startswith("sqlite:///"):
+        conn = sqlite3.connect(place.removeprefix("sqlite:///"))
+        with conn:
+            conn.execute(insert.format(", ".join("?" * 11)), record_params(squatter))
+        conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(place) as pg:
+            pg.execute(insert.format(", ".join(["%s"] * 11)).encode(), record_params(squatter))
+    ops: list[Append] = [good.append(good_epoch, good.extend(1)),
+                         stray.append(stray_epoch, stray.extend(1)),
+                         good.append(good_epoch, good.extend(1))]
+    results = store.apply(ops, NOW + 1)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], LeaseLostError)
+    assert store.records("good") == good.records
+    row = store.get("stray")
+    assert row is not None and row.head_seq == 1 and row.updated_at == NOW
