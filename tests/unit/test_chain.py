@@ -212,3 +212,19 @@ def test_failed_report_reads_well() -> None:
     assert str(verify_chain(OBJECT_ID, records, KEYS)) == (
         f"{OBJECT_ID}: record #2 is bad: sequence gap: expected #2, found #3"
     )
+
+
+def test_sealed_unsigned_then_signed_equals_sealed_and_signed() -> None:
+    """A record sealed without a signature and signed afterwards (as the engine's write
+    thread does) is exactly the record ``seal`` signs at once, and it verifies."""
+    from perdure.core.chain import signed
+
+    draft = RecordDraft(Kind.PROGRESS, {"fields": {"n": 1}})
+    common: dict[str, object] = {"object_id": OBJECT_ID, "seq": 1, "prev_hash": GENESIS_HASH,
+                                 "trace_id": "t", "ts_us": 1, "policy_ref": "p", "signer": SIG}
+    at_once = seal(draft, **common)  # type: ignore[arg-type]
+    later = seal(draft, sign=False, **common)  # type: ignore[arg-type]
+    assert later.signature == b""
+    assert signed(later, SIG) == at_once
+    with pytest.raises(ValueError, match="names node"):
+        signed(later, signer("node-b", seed=2))

@@ -29,7 +29,7 @@ from perdure.core.records import (
 )
 from perdure.errors import IntegrityError
 
-__all__ = ["Signer", "VerifyReport", "check_links", "seal", "verify_chain"]
+__all__ = ["Signer", "VerifyReport", "check_links", "seal", "signed", "verify_chain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,13 @@ def seal(
     ts_us: int,
     policy_ref: str,
     signer: Signer,
+    sign: bool = True,
 ) -> Record:
-    """Give ``draft`` its place after ``prev_hash``: hash it and sign it."""
+    """Give ``draft`` its place after ``prev_hash``: hash it and sign it.
+
+    ``sign=False`` leaves the signature empty for ``signed`` to add later (the engine
+    signs on its write thread, just before the record is stored).
+    """
     body_bytes = encode(draft.body, what=f"{draft.kind} record body")
     digest = compute_hash(
         object_id=object_id,
@@ -79,9 +84,17 @@ def seal(
         body_bytes=body_bytes,
         prev_hash=prev_hash,
         hash=digest,
-        signature=signer.sign(bytes.fromhex(digest)),
+        signature=signer.sign(bytes.fromhex(digest)) if sign else b"",
         body=draft.body,
     )
+
+
+def signed(record: Record, signer: Signer) -> Record:
+    """``record`` with ``signer``'s signature over its hash (as ``seal`` would give it)."""
+    if record.node_id != signer.node_id:
+        raise ValueError(f"record #{record.seq} names node {record.node_id!r}, "
+                         f"not the signer {signer.node_id!r}")
+    return record._replace(signature=signer.sign(bytes.fromhex(record.hash)))
 
 
 def check_links(object_id: str, records: Sequence[Record], *, start_hash: str = GENESIS_HASH,

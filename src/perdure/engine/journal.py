@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from perdure.core.chain import Signer, seal
+from perdure.core.chain import Signer, seal, signed
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import StoreError
 from perdure.stores.base import Append, Signal, Store
@@ -26,34 +27,49 @@ class StoreUnavailable(BaseException):
 
 
 class Committer:
-    """Group commit: appends submitted while a commit runs go together in the next one."""
+    """Group commit: appends submitted while a commit runs go together in the next one.
+
+    Records arrive hashed but not signed: the write thread signs them (Ed25519 runs
+    outside the GIL) just before the store writes them, so the event loop spends
+    none of its time on signatures and every stored record is signed.
+    """
 
     def __init__(
         self,
         store: Store,
         executor: concurrent.futures.Executor,
         clock: Callable[[], float] = time.time,
+        signer: Signer | None = None,
     ) -> None:
         self._store = store
         self._executor = executor
         self._clock = clock
-        self._pending: list[tuple[Append, asyncio.Future[None]]] = []
+        self._signer = signer
+        self._pending: list[tuple[Append, asyncio.Future[list[Record]]]] = []
         self._flushing = False
         self._flusher: asyncio.Task[None] | None = None
         self.commits = 0
         self.appends = 0
 
-    async def submit(self, op: Append) -> None:
-        """Apply ``op`` durably; raise ``LeaseLostError`` or ``StoreError`` if refused."""
+    @property
+    def signs(self) -> bool:
+        """Whether this committer signs records on its write thread."""
+        return self._signer is not None
+
+    async def submit(self, op: Append) -> list[Record]:
+        """Apply ``op`` durably; its records as stored (signed).
+
+        Raises ``LeaseLostError`` or ``StoreError`` if refused.
+        """
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[list[Record]] = loop.create_future()
         self._pending.append((op, future))
         if not self._flushing:
             self._flushing = True
             self._flusher = loop.create_task(self._flush())
         # No shield needed: a cancelled submitter cancels only its own future; the
         # append stays queued and ``_flush`` skips settling a future that is done.
-        await future
+        return await future
 
     async def _flush(self) -> None:
         loop = asyncio.get_running_loop()
@@ -62,7 +78,7 @@ class Committer:
                 batch, self._pending = self._pending, []
                 ops = [op for op, _ in batch]
                 try:
-                    results = await self._apply(loop, ops)
+                    results, stored = await self._apply(loop, ops)
                 except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
                     # StoreError for the expected failures; anything else is a bug that
                     # must still reach each submitter instead of leaving it waiting.
@@ -72,45 +88,56 @@ class Committer:
                     continue
                 self.commits += 1
                 self.appends += len(ops)
-                for (_, future), error in zip(batch, results, strict=True):
+                for (_, future), error, records in zip(batch, results, stored, strict=True):
                     if future.done():
                         continue
                     if error is None:
-                        future.set_result(None)
+                        future.set_result(records)
                     else:
                         future.set_exception(error)
         finally:
             self._flushing = False
 
+    def _signed(self, op: Append) -> Append:
+        signer = self._signer
+        if signer is None or all(rec.signature for rec in op.records):
+            return op
+        records = [rec if rec.signature else signed(rec, signer) for rec in op.records]
+        return dataclasses.replace(op, records=records)
+
     def _apply(
         self, loop: asyncio.AbstractEventLoop, ops: list[Append]
-    ) -> asyncio.Future[list[BaseException | None]]:
-        """Run ``store.apply`` on the write thread; its outcome wakes the loop once.
+    ) -> asyncio.Future[tuple[list[BaseException | None], list[list[Record]]]]:
+        """Sign and ``store.apply`` on the write thread; its outcome wakes the loop once.
 
         Lighter than ``run_in_executor`` (no chained concurrent future): this hop is
         paid on every commit, so on every step.
         """
-        done: asyncio.Future[list[BaseException | None]] = loop.create_future()
+        done: asyncio.Future[tuple[list[BaseException | None], list[list[Record]]]] = (
+            loop.create_future())
         now = self._clock()
 
-        def settle(results: list[BaseException | None] | None, error: BaseException | None
-                   ) -> None:
+        def settle(outcome: tuple[list[BaseException | None], list[list[Record]]] | None,
+                   error: BaseException | None) -> None:
             if done.done():
                 return
             if error is not None:
                 done.set_exception(error)
             else:
-                done.set_result(results or [])
+                assert outcome is not None
+                done.set_result(outcome)
 
         def work() -> None:
             try:
-                results = self._store.apply(ops, now)
+                ready = [self._signed(op) for op in ops]
+                results = self._store.apply(ready, now)
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(settle, None, exc)
                 return
+            outcome = (results, [list(op.records) for op in ready])
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, results, None)
+                loop.call_soon_threadsafe(settle, outcome, None)
 
         self._executor.submit(work)
         return done
@@ -153,6 +180,7 @@ class Journal:
                 ts_us=ts_us,
                 policy_ref=self.policy_ref,
                 signer=self.signer,
+                sign=not self.committer.signs,  # else the write thread signs
             )
             records.append(rec)
             prev = rec.hash
@@ -207,7 +235,6 @@ class Journal:
             clear_avoid=clear_avoid,
         )
         try:
-            await self.committer.submit(op)
+            return await self.committer.submit(op)
         except StoreError as exc:
             raise StoreUnavailable(exc) from exc
-        return records

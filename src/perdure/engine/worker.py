@@ -186,7 +186,7 @@ class Worker:
         self._code_pool = concurrent.futures.ThreadPoolExecutor(
             settings.concurrency + 4, "perdure-code"
         )
-        self.committer = Committer(store, self._write_pool, clock)
+        self.committer = Committer(store, self._write_pool, clock, signer)
         self._active: dict[str, _Active] = {}
         self.held = HeldRecords(settings.held_records)
         self._wake = asyncio.Event()
