@@ -2,6 +2,8 @@
 
 Claims skip rows another transaction has locked instead of waiting for it, and
 lease expiry is decided by the database clock, not by the ``now`` a node passes.
+A group commit that hits a record row it did not expect refuses only that append,
+and it wakes idle nodes (``NOTIFY``) for exactly the objects it makes runnable.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from perdure._keys import public_bytes
+from perdure.errors import LeaseLostError
 from perdure.stores import Claim, Store, open_store
 from tests.pg import BACKENDS, fresh_database
 from tests.stores.builders import Chain, make_signer
@@ -97,3 +100,100 @@ def test_lease_expiry_follows_the_database_clock(pg: tuple[str, Store]) -> None:
     assert store.expire_lease(object_id, "node-a/1", claim.epoch, behind)
     now = time.time()
     assert [c.epoch for c in store.claim("node-b/1", now, now + 30, 1)] == [claim.epoch + 1]
+
+
+def test_a_duplicate_record_refuses_only_its_append(pg: tuple[str, Store]) -> None:
+    """A record row already there (which aborts the batch's transaction) refuses only the
+    append that collides with it: the batch is retried append by append, with or without
+    an event consumer among the appends."""
+    import psycopg
+
+    from perdure.stores._rows import record_params
+
+    url, store = pg
+    signer = make_signer("node-a")
+    store.register_node("node-a", public_bytes(signer.private_key), time.time())
+    now = time.time()
+    chains = {oid: Chain(oid, signer) for oid in ("a", "dup", "c", "eater")}
+    for chain in chains.values():
+        assert store.create(chain.new_object(ready_at=now - 1), now)
+    store.send("eater", "go", b"1", None, now)
+    (event,) = store.pending_events("eater")
+    epochs = {c.object_id: c.epoch for c in store.claim("w1", now, now + 30, 10)}
+    dup = chains["dup"]
+    (taken,) = dup.peek(1)
+    with psycopg.connect(url, autocommit=True) as conn:  # a row the store does not expect
+        conn.execute(
+            "INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, "
+            "body, prev_hash, hash, signature) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+            "%s)", record_params(taken))
+    a, c, eater = chains["a"], chains["c"], chains["eater"]
+
+    results = store.apply([a.append(epochs["a"], a.extend()),
+                           dup.append(epochs["dup"], [taken]),
+                           c.append(epochs["c"], c.extend())], now)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], LeaseLostError)
+    results = store.apply([a.append(epochs["a"], a.extend()),
+                           eater.append(epochs["eater"], eater.extend(),
+                                        consume_event_ids=(event.event_id,)),
+                           dup.append(epochs["dup"], [taken])], now)
+    assert results[0] is None and results[1] is None
+    assert isinstance(results[2], LeaseLostError)
+    for chain in (a, c, eater):
+        assert store.records(chain.object_id) == chain.records
+    assert store.pending_events("eater") == []
+    row = store.get("dup")
+    assert row is not None and row.head_seq == 1
+
+
+def test_a_batch_notifies_the_objects_it_makes_runnable(pg: tuple[str, Store]) -> None:
+    """Idle nodes hear of an object let go runnable now and of an object signalled, and
+    of nothing else: not a later timer, not a held object, not a refused append."""
+    from perdure.stores.base import Signal
+
+    _url, store = pg
+    signer = make_signer("node-a")
+    store.register_node("node-a", public_bytes(signer.private_key), time.time())
+    now = time.time()
+    names = ("now", "later", "held", "stale", "child", "parent")
+    chains = {oid: Chain(oid, signer) for oid in names}
+    for chain in chains.values():
+        assert store.create(chain.new_object(ready_at=now - 1), now)
+    epochs = {c.object_id: c.epoch for c in store.claim("w1", now, now + 30, 10)}
+    parent = chains["parent"]
+    assert store.apply([parent.append(epochs["parent"], parent.extend(), status="dormant",
+                                      phase="dormancy", ready_at=None, waiting_event="done",
+                                      release=True)], now) == [None]
+    heard: list[str] = []
+    listening = threading.Event()
+
+    def hear(object_id: str) -> None:
+        if object_id:
+            heard.append(object_id)
+        listening.set()
+
+    stop = store.subscribe(hear)
+    assert stop is not None
+    try:
+        assert listening.wait(5)
+        c = chains
+        results = store.apply([
+            c["now"].append(epochs["now"], c["now"].extend(), ready_at=now, release=True),
+            c["later"].append(epochs["later"], c["later"].extend(), ready_at=now + 60,
+                              release=True),
+            c["held"].append(epochs["held"], c["held"].extend(), ready_at=now),
+            c["stale"].append(epochs["stale"] - 1, c["stale"].peek(1), ready_at=now,
+                              release=True),
+            c["child"].append(epochs["child"], c["child"].extend(), status="completed",
+                              phase="termination", ready_at=None, release=True,
+                              signal=Signal("parent", "done", b"null", "child-done")),
+        ], now)
+        assert [r is None for r in results] == [True, True, True, False, True]
+        deadline = time.monotonic() + 5
+        while set(heard) != {"now", "parent"} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # anything else would have arrived by now
+    finally:
+        stop()
+    assert sorted(heard) == ["now", "parent"]

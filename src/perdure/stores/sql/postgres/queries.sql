@@ -61,36 +61,63 @@ SET lease_expires = extract(epoch FROM clock_timestamp())::double precision + %(
 WHERE object_id = %(object_id)s AND epoch = %(epoch)s AND lease_owner IS NOT NULL
 RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
 
--- name: append_update
-UPDATE objects
-SET head_seq = COALESCE(%(head_seq)s, head_seq),
-    head_hash = COALESCE(%(head_hash)s, head_hash),
-    status = %(status)s,
-    phase = %(phase)s,
-    ready_at = CASE
-        -- A cancel asked for while the node ran must not be lost when it lets go.
-        WHEN cancel_requested AND %(status)s NOT IN ('completed', 'failed', 'cancelled')
-        THEN %(now)s
-        WHEN %(waiting_event)s::text IS NOT NULL AND EXISTS (
-            SELECT 1 FROM inbox
-            WHERE inbox.object_id = %(object_id)s AND inbox.name = %(waiting_event)s::text
-              AND inbox.consumed_seq IS NULL)
-        THEN %(now)s
-        ELSE %(ready_at)s::double precision END,
-    waiting_event = %(waiting_event)s::text,
-    result = COALESCE(%(result)s, result),
-    lease_owner = CASE WHEN %(release)s THEN NULL ELSE lease_owner END,
-    lease_expires = CASE WHEN %(release)s THEN NULL ELSE lease_expires END,
-    parked = %(parked)s,
-    note = %(note)s,
-    requires = COALESCE(%(requires)s::text[], requires),
-    avoid = CASE WHEN %(clear_avoid)s THEN '{}'::text[]
-                 WHEN %(avoid_node)s::text IS NOT NULL THEN array_append(avoid, %(avoid_node)s::text)
-                 ELSE avoid END,
-    updated_at = %(now)s
-WHERE object_id = %(object_id)s AND epoch = %(epoch)s
-  AND (%(expected_head)s::bigint IS NULL OR head_seq = %(expected_head)s::bigint)
-RETURNING ready_at;
+-- name: append
+-- Fenced appends to distinct objects in one statement (a group commit is one of these,
+-- or a few when one object appends twice): %(ops)s holds one JSON object per append,
+-- %(records)s one per record (bytea as base64), both tagged with the append's index i.
+-- An append whose epoch or head no longer matches updates nothing and inserts none of
+-- its records; the statement returns the index of every append that went through, and
+-- wakes idle nodes when one lets go of an object that is runnable now (NOTIFY is sent
+-- at commit, dropped on rollback).
+WITH upd AS (
+    UPDATE objects o
+    SET head_seq = COALESCE(p.head_seq, o.head_seq),
+        head_hash = COALESCE(decode(p.head_hash, 'base64'), o.head_hash),
+        status = p.status,
+        phase = p.phase,
+        ready_at = CASE
+            -- A cancel asked for while the node ran must not be lost when it lets go.
+            WHEN o.cancel_requested AND p.status NOT IN ('completed', 'failed', 'cancelled')
+            THEN %(now)s
+            WHEN p.waiting_event IS NOT NULL AND EXISTS (
+                SELECT 1 FROM inbox
+                WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
+                  AND inbox.consumed_seq IS NULL)
+            THEN %(now)s
+            ELSE p.ready_at END,
+        waiting_event = p.waiting_event,
+        result = COALESCE(decode(p.result, 'base64'), o.result),
+        lease_owner = CASE WHEN p.release THEN NULL ELSE o.lease_owner END,
+        lease_expires = CASE WHEN p.release THEN NULL ELSE o.lease_expires END,
+        parked = p.parked,
+        note = p.note,
+        requires = COALESCE(p.requires, o.requires),
+        avoid = CASE WHEN p.clear_avoid THEN '{}'::text[]
+                     WHEN p.avoid_node IS NOT NULL THEN array_append(o.avoid, p.avoid_node)
+                     ELSE o.avoid END,
+        updated_at = %(now)s
+    FROM jsonb_to_recordset(%(ops)s::jsonb) AS p(
+        i int, object_id text, epoch bigint, expected_head bigint, head_seq bigint,
+        head_hash text, status text, phase text, waiting_event text,
+        ready_at double precision, result text, release boolean, parked boolean,
+        note text, requires text[], avoid_node text, clear_avoid boolean)
+    WHERE o.object_id = p.object_id AND o.epoch = p.epoch
+      AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
+    RETURNING p.i, o.object_id, o.ready_at, p.release
+), ins AS (
+    INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
+                         prev_hash, hash, signature)
+    SELECT r.object_id, r.seq, r.trace_id, r.ts_us, r.node_id, r.policy_ref, r.kind,
+           decode(r.body, 'base64'), decode(r.prev_hash, 'base64'), decode(r.hash, 'base64'),
+           decode(r.signature, 'base64')
+    FROM jsonb_to_recordset(%(records)s::jsonb) AS r(
+        i int, object_id text, seq bigint, trace_id text, ts_us bigint, node_id text,
+        policy_ref text, kind text, body text, prev_hash text, hash text, signature text)
+    JOIN upd ON upd.i = r.i
+)
+SELECT i, CASE WHEN release AND ready_at <= %(now)s
+               THEN pg_notify('perdure_wake', object_id) END
+FROM upd;
 
 -- name: consume_event
 UPDATE inbox SET consumed_seq = %s

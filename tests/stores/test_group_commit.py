@@ -1,0 +1,190 @@
+"""Group commit: many appends in one ``Store.apply``, on every backend.
+
+A node's committer hands a store every append submitted while the previous commit
+ran, for any number of objects, in submission order. Whatever the backend does to
+make that cheap (PostgreSQL sends one statement for the whole batch), each append is
+still judged on its own: one refused by its fence writes nothing and the others go
+through; two appends of one object chain in order; appends that consume events or
+signal another object mix with plain ones; every field of an append lands exactly.
+"""
+
+from __future__ import annotations
+
+from perdure.core.chain import Signer
+from perdure.errors import LeaseLostError
+from perdure.stores import Store
+from perdure.stores.base import Route, Signal
+from tests.stores.builders import NOW, Chain
+
+LEASE = NOW + 30.0
+
+
+def _claimed(store: Store, signer: Signer, *object_ids: str) -> tuple[dict[str, Chain],
+                                                                         dict[str, int]]:
+    """Create ``object_ids`` ready at ``NOW`` and claim them all: chains and epochs."""
+    chains = {oid: Chain(oid, signer) for oid in object_ids}
+    for chain in chains.values():
+        assert store.create(chain.new_object(ready_at=NOW), NOW)
+    epochs = {c.object_id: c.epoch for c in store.claim("w1", NOW, LEASE, len(object_ids))}
+    assert sorted(epochs) == sorted(object_ids)
+    return chains, epochs
+
+
+def test_a_batch_refuses_only_its_fenced_out_appends(store: Store, signer: Signer) -> None:
+    """In one batch, a stale epoch and a seq gap are refused and write nothing, while
+    appends of several records and a record-less row update around them go through."""
+    chains, epochs = _claimed(store, signer, "multi", "stale", "gap", "bare", "single")
+    multi, stale, gap, bare, single = (chains[k] for k in ("multi", "stale", "gap", "bare",
+                                                             "single"))
+    results = store.apply([
+        multi.append(epochs["multi"], multi.extend(3)),
+        stale.append(epochs["stale"] - 1, stale.peek(1)),
+        gap.append(epochs["gap"], gap.peek(2)[1:]),
+        bare.append(epochs["bare"], [], status="running", phase="evaluation"),
+        single.append(epochs["single"], single.extend(1), phase="termination"),
+    ], NOW + 1)
+
+    assert results[0] is None and results[3] is None and results[4] is None
+    assert isinstance(results[1], LeaseLostError) and isinstance(results[2], LeaseLostError)
+    for chain in (multi, stale, gap, bare, single):
+        assert store.records(chain.object_id) == chain.records
+        row = store.get(chain.object_id)
+        assert row is not None
+        assert (row.head_seq, row.head_hash) == (chain.head.seq, chain.head.hash)
+    for refused in ("stale", "gap"):
+        row = store.get(refused)
+        assert row is not None and (row.phase, row.updated_at) == ("evaluation", NOW)
+    row = store.get("bare")
+    assert row is not None and (row.phase, row.updated_at) == ("evaluation", NOW + 1)
+    row = store.get("single")
+    assert row is not None and (row.phase, row.lease_owner) == ("termination", "w1")
+
+
+def test_two_appends_of_one_object_in_a_batch_chain_in_order(store: Store,
+                                                             signer: Signer) -> None:
+    """A second append of an object in the same batch (parallel branches) follows the
+    first; when the first is refused, the second, which chains onto it, is too."""
+    chains, epochs = _claimed(store, signer, "a", "b")
+    a, b = chains["a"], chains["b"]
+    results = store.apply([
+        a.append(epochs["a"], a.extend(1)),
+        b.append(epochs["b"], b.extend(2)),
+        a.append(epochs["a"], a.extend(2), phase="termination"),
+        b.append(epochs["b"], b.extend(1)),
+    ], NOW)
+    assert results == [None, None, None, None]
+    assert store.records("a") == a.records and store.records("b") == b.records
+    row = store.get("a")
+    assert row is not None and (row.head_seq, row.phase) == (4, "termination")
+
+    first, second = a.peek(2)
+    refused = store.apply([a.append(epochs["a"] - 1, [first]),
+                           a.append(epochs["a"], [second])], NOW)
+    assert all(isinstance(r, LeaseLostError) for r in refused)
+    assert store.records("a") == a.records
+
+
+def test_a_batch_mixes_event_consumers_signals_and_plain_appends(store: Store,
+                                                                 signer: Signer) -> None:
+    """Appends that consume events or signal another object, in a batch among plain
+    ones (one object twice): a second consumption of an event is refused alone; a
+    signal reaches its target's inbox and wakes it; the plain appends go through."""
+    chains, epochs = _claimed(store, signer, "plain-1", "eater", "plain-2", "late",
+                              "child", "plain-3")
+    parent = Chain("parent", signer)
+    assert store.create(parent.new_object(ready_at=NOW), NOW)
+    (parent_claim,) = store.claim("w1", NOW, LEASE, 1)
+    assert store.apply([parent.append(parent_claim.epoch, parent.extend(), status="dormant",
+                                       phase="dormancy", ready_at=None,
+                                       waiting_event="child:done", release=True)],
+                       NOW) == [None]
+    store.send("eater", "go", b"1", None, NOW)
+    (event,) = store.pending_events("eater")
+    store.send("late", "go", b"2", None, NOW)
+    (late_event,) = store.pending_events("late")
+    assert store.apply([chains["late"].append(epochs["late"], chains["late"].extend(),
+                                              consume_event_ids=(late_event.event_id,))],
+                       NOW) == [None]
+    late_replay = chains["late"].peek(1)
+
+    c = chains
+    results = store.apply([
+        c["plain-1"].append(epochs["plain-1"], c["plain-1"].extend()),
+        c["plain-1"].append(epochs["plain-1"], c["plain-1"].extend()),
+        c["eater"].append(epochs["eater"], c["eater"].extend(),
+                          consume_event_ids=(event.event_id,)),
+        c["plain-2"].append(epochs["plain-2"], c["plain-2"].extend()),
+        c["late"].append(epochs["late"], late_replay, consume_event_ids=(late_event.event_id,)),
+        c["child"].append(epochs["child"], c["child"].extend(), status="completed",
+                          phase="termination", ready_at=None, release=True,
+                          signal=Signal("parent", "child:done", b'{"ok":1}', "child-done")),
+        c["plain-3"].append(epochs["plain-3"], c["plain-3"].extend()),
+    ], NOW + 2)
+
+    assert [r is None for r in results] == [True, True, True, True, False, True, True]
+    assert isinstance(results[4], LeaseLostError)
+    for chain in c.values():
+        assert store.records(chain.object_id) == chain.records
+    assert store.pending_events("eater") == []
+    (signal,) = store.pending_events("parent")
+    assert (signal.name, signal.payload, signal.dedupe_key) == ("child:done", b'{"ok":1}',
+                                                                 "child-done")
+    row = store.get("parent")
+    assert row is not None and row.ready_at == NOW + 2
+
+
+def test_a_batch_sets_routing_fields(store: Store, signer: Signer) -> None:
+    """Capabilities needed next, a node to avoid and clearing the avoid list, each set
+    by one append of a batch, decide which nodes may claim each object next."""
+    chains, epochs = _claimed(store, signer, "gpu", "avoided", "cleared")
+    gpu, avoided, cleared = chains["gpu"], chains["avoided"], chains["cleared"]
+    releasing = {"ready_at": NOW, "release": True, "status": "ready", "phase": "evaluation"}
+    assert store.apply([
+        gpu.append(epochs["gpu"], gpu.extend(), requires=("gpu",), **releasing),
+        avoided.append(epochs["avoided"], avoided.extend(), avoid_node="node-b", **releasing),
+        cleared.append(epochs["cleared"], cleared.extend(), avoid_node="node-b", **releasing),
+    ], NOW) == [None, None, None]
+    row = store.get("gpu")
+    assert row is not None and row.requires == ("gpu",)
+
+    def claimable(node: str, caps: tuple[str, ...] = ()) -> list[str]:
+        claims = store.claim(node, NOW, LEASE, 10, Route(node_id=node, capabilities=caps))
+        found = sorted(c.object_id for c in claims)
+        for claim in claims:  # let go again, unchanged
+            chain = chains[claim.object_id]
+            assert store.apply([chain.append(claim.epoch, chain.extend(), **releasing)],
+                               NOW) == [None]
+        return found
+
+    assert claimable("node-b") == []
+    assert claimable("node-b", ("gpu",)) == ["gpu"]
+    assert claimable("node-c") == ["avoided", "cleared"]
+    claims = {c.object_id: c for c in store.claim("node-c", NOW, LEASE, 10,
+                                                  Route(node_id="node-c"))}
+    assert store.apply([
+        avoided.append(claims["avoided"].epoch, avoided.extend(), **releasing),
+        cleared.append(claims["cleared"].epoch, cleared.extend(), clear_avoid=True,
+                       **releasing),
+    ], NOW) == [None, None]
+    assert claimable("node-b") == ["cleared"]
+
+
+def test_an_append_keeps_times_bytes_and_text_exactly(store: Store, signer: Signer) -> None:
+    """Timers that are not round numbers, result bytes of every value and non-ASCII
+    notes come back exactly as appended."""
+    chains, epochs = _claimed(store, signer, "exact", "other")
+    exact = chains["exact"]
+    result = bytes(range(256))
+    assert store.apply([
+        exact.append(epochs["exact"], exact.extend(), status="completed", phase="termination",
+                     ready_at=NOW + 0.1, release=True, result=result,
+                     note="naïve ✓ 日本 \"quoted\" \\ back"),
+        chains["other"].append(epochs["other"], chains["other"].extend(), ready_at=1 / 3),
+    ], NOW + 0.7) == [None, None]
+    row = store.get("exact")
+    assert row is not None
+    assert (row.ready_at, row.result, row.updated_at) == (NOW + 0.1, result, NOW + 0.7)
+    assert row.note == "naïve ✓ 日本 \"quoted\" \\ back"
+    row = store.get("other")
+    assert row is not None and row.ready_at == 1 / 3
+    assert store.records("exact") == exact.records
