@@ -47,7 +47,6 @@ class Committer:
         self._signer = signer
         self._pending: list[tuple[Append, asyncio.Future[list[Record]]]] = []
         self._flushing = False
-        self._flusher: asyncio.Task[None] | None = None
         self.commits = 0
         self.appends = 0
 
@@ -65,37 +64,67 @@ class Committer:
         future: asyncio.Future[list[Record]] = loop.create_future()
         self._pending.append((op, future))
         if not self._flushing:
-            self._flushing = True
-            self._flusher = loop.create_task(self._flush())
+            self._start(loop)
         # No shield needed: a cancelled submitter cancels only its own future; the
-        # append stays queued and ``_flush`` skips settling a future that is done.
+        # append stays queued and ``_settle`` skips a future that is done.
         return await future
 
-    async def _flush(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Hand every pending append to the write thread as one commit.
+
+        The write thread signs and applies the batch, then schedules ``_settle`` on the
+        loop, which wakes the submitters and starts the next batch if appends queued up
+        meanwhile. No task and no intermediate future: this is paid on every step.
+        """
+        batch, self._pending = self._pending, []
+        self._flushing = True
+        ops = [op for op, _ in batch]
+        now = self._clock()
+
+        def work() -> None:
+            try:
+                ready = [self._signed(op) for op in ops]
+                results = self._store.apply(ready, now)
+                outcome = (results, [list(op.records) for op in ready])
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._settle, loop, batch, None, exc)
+                return
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._settle, loop, batch, outcome, None)
+
         try:
-            while self._pending:
-                batch, self._pending = self._pending, []
-                ops = [op for op, _ in batch]
-                try:
-                    results, stored = await self._apply(loop, ops)
-                except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
-                    # StoreError for the expected failures; anything else is a bug that
-                    # must still reach each submitter instead of leaving it waiting.
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
+            self._executor.submit(work)
+        except RuntimeError as exc:  # the executor shut down: the node is stopping
+            self._settle(loop, batch, None, exc)
+
+    def _settle(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[tuple[Append, asyncio.Future[list[Record]]]],
+        outcome: tuple[list[BaseException | None], list[list[Record]]] | None,
+        error: BaseException | None,
+    ) -> None:
+        if outcome is None:
+            # StoreError for the expected failures; anything else is a bug that must
+            # still reach each submitter instead of leaving it waiting.
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(error or RuntimeError("commit failed"))
+        else:
+            self.commits += 1
+            self.appends += len(batch)
+            results, stored = outcome
+            for (_, future), failure, records in zip(batch, results, stored, strict=True):
+                if future.done():
                     continue
-                self.commits += 1
-                self.appends += len(ops)
-                for (_, future), error, records in zip(batch, results, stored, strict=True):
-                    if future.done():
-                        continue
-                    if error is None:
-                        future.set_result(records)
-                    else:
-                        future.set_exception(error)
-        finally:
+                if failure is None:
+                    future.set_result(records)
+                else:
+                    future.set_exception(failure)
+        if self._pending:
+            self._start(loop)
+        else:
             self._flushing = False
 
     def _signed(self, op: Append) -> Append:
@@ -104,43 +133,6 @@ class Committer:
             return op
         records = [rec if rec.signature else signed(rec, signer) for rec in op.records]
         return dataclasses.replace(op, records=records)
-
-    def _apply(
-        self, loop: asyncio.AbstractEventLoop, ops: list[Append]
-    ) -> asyncio.Future[tuple[list[BaseException | None], list[list[Record]]]]:
-        """Sign and ``store.apply`` on the write thread; its outcome wakes the loop once.
-
-        Lighter than ``run_in_executor`` (no chained concurrent future): this hop is
-        paid on every commit, so on every step.
-        """
-        done: asyncio.Future[tuple[list[BaseException | None], list[list[Record]]]] = (
-            loop.create_future())
-        now = self._clock()
-
-        def settle(outcome: tuple[list[BaseException | None], list[list[Record]]] | None,
-                   error: BaseException | None) -> None:
-            if done.done():
-                return
-            if error is not None:
-                done.set_exception(error)
-            else:
-                assert outcome is not None
-                done.set_result(outcome)
-
-        def work() -> None:
-            try:
-                ready = [self._signed(op) for op in ops]
-                results = self._store.apply(ready, now)
-            except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(settle, None, exc)
-                return
-            outcome = (results, [list(op.records) for op in ready])
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle, outcome, None)
-
-        self._executor.submit(work)
-        return done
 
 
 @dataclass
