@@ -128,9 +128,16 @@ def claims_table(report: dict[str, Any]) -> str:
 
 
 def _floor_for(report: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any] | None:
-    """The floor a peer is set against: SQLite FULL for SQLite peers, else PostgreSQL."""
-    name = "postgresql" if peer["label"].endswith("PostgreSQL") else "sqlite_full"
-    return report["backends"].get(name, {}).get("floor")
+    """The floor a peer is set against: SQLite FULL for SQLite peers, else PostgreSQL.
+
+    The peer's store kind is ``peer["store"]``; documents written before it was recorded
+    name PostgreSQL at the end of the label.
+    """
+    kind = peer.get("store") or ("postgresql" if peer["label"].endswith("PostgreSQL")
+                                 else "sqlite")
+    name = "postgresql" if kind == "postgresql" else "sqlite_full"
+    found: dict[str, Any] | None = report["backends"].get(name, {}).get("floor")
+    return found
 
 
 def _na(figures: dict[str, Any] | None, width: int) -> list[str] | None:

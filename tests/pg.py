@@ -41,6 +41,22 @@ def _admin(sql: str) -> None:
         conn.execute(sql.encode())
 
 
+_strategy: str | None = None
+
+
+def _copy_strategy() -> str:
+    """`` STRATEGY FILE_COPY`` on PostgreSQL 15 and later, where the default (WAL_LOG)
+    takes about three times as long to clone a small database; nothing before 15."""
+    global _strategy
+    if _strategy is None:
+        import psycopg
+
+        with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+            version = conn.info.server_version
+        _strategy = " STRATEGY FILE_COPY" if version >= 150000 else ""
+    return _strategy
+
+
 def template() -> str:
     """Create (once per process) a database holding the current schema; return its name."""
     global _template
@@ -73,7 +89,7 @@ def fresh_database(*, migrated: bool = True) -> Iterator[str]:
     """A new, private database (cloned from the template when ``migrated``); its URL."""
     name = f"perdure_t_{uuid.uuid4().hex[:12]}"
     if migrated:
-        _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template()}"')
+        _admin(f'CREATE DATABASE "{name}" TEMPLATE "{template()}"{_copy_strategy()}')
     else:
         _admin(f'CREATE DATABASE "{name}"')
     try:

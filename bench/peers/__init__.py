@@ -1,11 +1,15 @@
 """Peers: DBOS and LangGraph on the same workloads, each scenario in its own process.
 
 Installed with ``pip install 'perdure[bench]'``; without them every peer figure is
-``{"na": "<peer> not installed (pip install 'perdure[bench]')"}``. Each scenario runs
+``{"na": "<package> not installed (pip install 'perdure[bench]')"}``. Each scenario runs
 ``python -m bench.peers.dbos_bench`` or ``bench.peers.langgraph_bench`` in a fresh
 process on a fresh SQLite file or PostgreSQL database (the same server and folder as
 perdure's), and reads the JSON it prints. A workload a peer cannot do is
 ``{"na": reason}``.
+
+LangGraph runs in three ways (``targets``): its functional API with ``SqliteSaver``,
+a ``StateGraph`` with ``SqliteSaver``, and, when PostgreSQL is among the backends, its
+functional API with ``PostgresSaver``.
 """
 
 from __future__ import annotations
@@ -28,14 +32,25 @@ LANGGRAPH_NO_WAKE = (
     "LangGraph has no worker and no event delivery to a waiting run: an interrupted run "
     "stays in its checkpoint until the caller invokes it again with Command(resume=...)"
 )
-LANGGRAPH_NO_PG = "LangGraph's PostgreSQL checkpointer (langgraph-checkpoint-postgres) not run"
+
+# What a target needs importable, and the packages to name when it is not.
+NEEDS: dict[str, tuple[str, list[str]]] = {
+    "dbos": ("dbos", ["dbos"]),
+    "langgraph": ("langgraph with langgraph-checkpoint-sqlite",
+                  ["langgraph", "langgraph.checkpoint.sqlite"]),
+    "langgraph-postgres": ("langgraph with langgraph-checkpoint-postgres",
+                           ["langgraph", "langgraph.checkpoint.postgres", "psycopg"]),
+}
 
 
-def installed(peer: str) -> bool:
-    """Whether ``dbos`` or ``langgraph`` (with its SQLite checkpointer) can be imported."""
-    modules = {"dbos": ["dbos"], "langgraph": ["langgraph", "langgraph.checkpoint.sqlite"]}
+def installed(needs: str) -> bool:
+    """Whether the modules of ``NEEDS[needs]`` can be imported.
+
+    ``dbos``; ``langgraph`` with its SQLite checkpointer; ``langgraph-postgres``, with
+    its PostgreSQL one.
+    """
     try:
-        return all(importlib.util.find_spec(m) is not None for m in modules[peer])
+        return all(importlib.util.find_spec(m) is not None for m in NEEDS[needs][1])
     except ModuleNotFoundError:
         return False
 
@@ -43,7 +58,8 @@ def installed(peer: str) -> bool:
 def versions() -> dict[str, str | None]:
     """Versions of the peer packages (None when not installed)."""
     return {p: _version(p) for p in ("dbos", "langgraph", "langgraph-checkpoint",
-                                      "langgraph-checkpoint-sqlite", "sqlalchemy")}
+                                      "langgraph-checkpoint-sqlite",
+                                      "langgraph-checkpoint-postgres", "sqlalchemy")}
 
 
 def _env(crash_at: int | None = None) -> dict[str, str]:
@@ -76,14 +92,24 @@ def _popen(peer: str, args: list[str], log: Path, crash_at: int | None = None
 
 
 class _Target:
-    """One peer on one store: how to point it at a fresh database."""
+    """One peer on one store: how to point it at a fresh database.
 
-    def __init__(self, name: str, peer: str, backend: Backend, label: str) -> None:
-        self.name, self.peer, self.backend, self.label = name, peer, backend, label
+    ``api`` is LangGraph's way of writing the flow (``functional`` or ``graph``, see
+    ``bench/peers/langgraph_bench.py``); ``needs`` the key of ``NEEDS`` it requires.
+    """
+
+    def __init__(self, name: str, peer: str, backend: Backend, label: str,
+                 api: str | None = None) -> None:
+        self.name, self.peer, self.backend, self.label, self.api = name, peer, backend, label, api
+        self.needs = (f"{peer}-postgres" if peer == "langgraph" and backend.kind == "postgresql"
+                      else peer)
 
     def store_args(self, db: Any) -> list[str]:
+        """The arguments pointing the scenario at ``db`` (and at LangGraph's API)."""
         if self.peer == "langgraph":
-            return ["--db", str(db.sqlite_path)]
+            store = (["--db", str(db.sqlite_path)] if db.sqlite_path is not None
+                     else ["--url", db.pg_url])
+            return [*store, "--api", self.api or "functional"]
         if db.sqlite_path is not None:
             return ["--url", f"sqlite:///{db.sqlite_path}"]
         return ["--url", db.pg_url]
@@ -98,10 +124,15 @@ def targets(backends: list[Backend]) -> list[_Target]:
     """The peer/store pairs to run: SQLite always, PostgreSQL when it is among ``backends``."""
     lite = Backend("peer_sqlite", "sqlite", None, "SQLite")
     out = [_Target("dbos_sqlite", "dbos", lite, "DBOS, SQLite"),
-           _Target("langgraph_sqlite", "langgraph", lite, "LangGraph, SqliteSaver")]
+           _Target("langgraph_sqlite", "langgraph", lite, "LangGraph, SqliteSaver",
+                   "functional"),
+           _Target("langgraph_stategraph_sqlite", "langgraph", lite,
+                   "LangGraph StateGraph, SqliteSaver", "graph")]
     pg = [b for b in backends if b.kind == "postgresql"]
     if pg:
         out.insert(1, _Target("dbos_postgresql", "dbos", pg[0], "DBOS, PostgreSQL"))
+        out.append(_Target("langgraph_postgresql", "langgraph", pg[0],
+                           "LangGraph, PostgresSaver", "functional"))
     return out
 
 
@@ -263,12 +294,14 @@ def measure(parts: list[str], sizes: dict[str, Any], backends: list[Backend], fo
     """Every peer figure for the chosen parts: ``{target: {part: figures or {"na": ...}}}``."""
     out: dict[str, Any] = {}
     for t in targets(backends):
-        figures: dict[str, Any] = {"label": t.label, "peer": t.peer}
+        figures: dict[str, Any] = {"label": t.label, "peer": t.peer, "store": t.backend.kind}
+        if t.api is not None:
+            figures["api"] = t.api
         for part in parts:
             if part not in WORKLOADS:
                 continue
-            if not installed(t.peer):
-                figures[part] = {"na": f"{t.peer} not installed ({INSTALL})"}
+            if not installed(t.needs):
+                figures[part] = {"na": f"{NEEDS[t.needs][0]} not installed ({INSTALL})"}
                 continue
             began = time.monotonic()
             figures[part] = _guard(WORKLOADS[part], t, folder / t.name / part, sizes[part],

@@ -262,7 +262,7 @@ def history_resume(args: argparse.Namespace) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise TimeoutError("the recovered workflow did not take its next step")
         time.sleep(0.0005)
-    result = DBOS.retrieve_workflow(pending[0].workflow_id).get_result()
+    result: int = DBOS.retrieve_workflow(pending[0].workflow_id).get_result()
     assert result == args.steps
     return {"steps": args.steps, "ms_launch_to_next_step": (STAMPS[0] - began) * 1e3,
             "ms_launch_call": (launched - began) * 1e3}

@@ -441,7 +441,7 @@ class ObjectsMachine(RuleBasedStateMachine):
 
 
 ObjectsMachine.TestCase.settings = settings(
-    max_examples=6 * SCALE,
+    max_examples=4 * SCALE,
     stateful_step_count=15 * SCALE,
     deadline=None,
     database=None,
