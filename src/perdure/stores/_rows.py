@@ -16,7 +16,6 @@ __all__ = [
     "append_params",
     "claim_from_row",
     "create_params",
-    "is_step_append",
     "object_row",
     "record_from_row",
     "record_params",
@@ -110,15 +109,3 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
         "expected_head": first.seq - 1 if first else None,
     }
 
-
-def is_step_append(op: Append) -> bool:
-    """Whether ``op`` only adds records while the node keeps running the object.
-
-    Such an append changes nothing in the row but the head when the row already says
-    running, in this phase, ready at this time, waiting for nothing: the stores then
-    use the narrower ``append_step`` statement, which leaves the indexed columns alone.
-    """
-    return (bool(op.records) and op.status == "running" and not op.release
-            and op.waiting_event is None and op.result is None and not op.consume_event_ids
-            and not op.parked and op.note is None and op.signal is None and op.requires is None
-            and op.avoid_node is None and not op.clear_avoid)

@@ -32,7 +32,6 @@ from perdure.stores._rows import (
     append_params,
     claim_from_row,
     create_params,
-    is_step_append,
     object_row,
     record_from_row,
     record_params,
@@ -79,6 +78,21 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
 def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
     return object_row({col[0]: value for col, value in zip(cur.description, row, strict=True)},
                       json.loads)
+
+
+def _is_step_append(op: Append) -> bool:
+    """Whether ``op`` only adds records while the node keeps running the object.
+
+    Such an append changes nothing in the row but the head when the row already says
+    running, in this phase, ready at this time, waiting for nothing: it is tried with the
+    narrower ``append_step`` statement first, which leaves the indexed columns (and their
+    index pages) alone. PostgreSQL needs no such split: an update that leaves indexed
+    values as they were can be a heap-only (HOT) update there.
+    """
+    return (bool(op.records) and op.status == "running" and not op.release
+            and op.waiting_event is None and op.result is None and not op.consume_event_ids
+            and not op.parked and op.note is None and op.signal is None and op.requires is None
+            and op.avoid_node is None and not op.clear_avoid)
 
 
 class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
@@ -372,7 +386,7 @@ class SQLiteStore:
     def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> None:
         last = op.records[-1] if op.records else None
         params = append_params(op, now, json.dumps)
-        moved = is_step_append(op) and conn.execute(_Q["append_step"], params).rowcount == 1
+        moved = _is_step_append(op) and conn.execute(_Q["append_step"], params).rowcount == 1
         if not moved and conn.execute(_Q["append_update"], params).rowcount != 1:
             raise LeaseLostError(
                 f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease "
