@@ -17,7 +17,7 @@ from typing import Any, TypeVar, overload
 
 from perdure._keys import default_key_dir, default_node_id, load_or_create_key, public_bytes
 from perdure.core.backoff import RetryPolicy
-from perdure.core.chain import Signer, VerifyReport, verify_chain
+from perdure.core.chain import Signer, VerifyReport, sealed_by, verify_chain
 from perdure.core.codec import decode, encode
 from perdure.core.cycle import LocalPolicy
 from perdure.core.intent import Intent
@@ -351,8 +351,10 @@ class App:
             records = self.store.records(object_id)
         except RecordDecodeError as exc:
             return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
+        digests = [d for d in map(sealed_by, records) if d is not None]
         return verify_chain(object_id, records, self.store.public_keys(),
-                            head_seq=row.head_seq, head_hash=row.head_hash)
+                            head_seq=row.head_seq, head_hash=row.head_hash,
+                            seals=self.store.seals(digests))
 
     def replay_check(self, object_ids: Sequence[str] | None = None) -> builtins.list[ReplayReport]:
         """Replay recorded memory against this App's code without running any step.

@@ -422,3 +422,100 @@ def test_decoded_body_round_trips(finished: perdure.App) -> None:
     """Sanity for the edits above: stored bodies are the canonical JSON of the record body."""
     for rec in finished.history(OID):
         assert decode(rec.body_bytes) == rec.body
+
+
+# -- commit seals: records of many objects sharing one commit share one signature -------
+
+
+@pytest.fixture
+def sealed(make_app: MakeApp) -> tuple[perdure.App, str]:
+    """Objects run side by side, so their steps share commits: an object whose memory
+    holds records under commit seals, and the App."""
+    app = make_app()
+
+    @app.agent(name="sum_doubles")
+    async def sum_doubles(run: perdure.Run, n: int) -> int:
+        total = 0
+        for i in range(n):
+            total += await run.step(_double, i)
+        return total
+
+    handles = [app.start(sum_doubles, 6, object_id=f"obj-{i}") for i in range(8)]
+    with app.background_worker(concurrency=8):
+        assert [h.result(timeout=20) for h in handles] == [30] * 8
+    for handle in handles:
+        assert app.verify(handle.object_id).ok
+        if sum(len(r.signature) == 33 for r in app.history(handle.object_id)) >= 2:
+            return app, handle.object_id
+    raise AssertionError("no object had records under a commit seal")
+
+
+def _first_sealed(app: perdure.App, oid: str) -> Any:
+    return next(r for r in app.history(oid) if len(r.signature) == 33)
+
+
+def _assert_bad_object(app: perdure.App, store_url: str, key_dir: Path, oid: str, seq: int,
+                       reason: str) -> None:
+    report = app.verify(oid)
+    assert not report.ok and report.bad_seq == seq, report
+    assert reason in (report.reason or ""), report
+    done = _cli(store_url, key_dir, "verify", oid)
+    assert done.returncode == 1 and f"record #{seq} is bad" in done.stdout, done
+
+
+def test_sealed_memory_verifies_through_the_cli(sealed: tuple[perdure.App, str],
+                                               store_url: str, key_dir: Path) -> None:
+    """Intact objects whose records share commit seals verify through the CLI too."""
+    app, oid = sealed
+    done = _cli(store_url, key_dir, "verify", "--all")
+    assert done.returncode == 0, done
+    assert f"{oid}: {len(app.history(oid))} records verified" in done.stdout
+
+
+def test_deleted_seal_is_named(sealed: tuple[perdure.App, str], db: Callable[[], RawSQL],
+                               store_url: str, key_dir: Path) -> None:
+    """Deleting a commit seal leaves its records unsigned: the first of them is named."""
+    app, oid = sealed
+    rec = _first_sealed(app, oid)
+    db().execute("DELETE FROM seals WHERE digest=?", (rec.signature[1:],))
+    _assert_bad_object(app, store_url, key_dir, oid, rec.seq, "is missing from the store")
+
+
+def test_edited_sealed_record_is_not_covered(sealed: tuple[perdure.App, str],
+                                            db: Callable[[], RawSQL],
+                                            store_url: str, key_dir: Path) -> None:
+    """A sealed record rewritten with its hash, the next link and the head made to match
+    still points at a seal that never signed its new hash."""
+    app, oid = sealed
+    records = app.history(oid)
+    last = records[-1]
+    forged = seal(RecordDraft(Kind(last.kind), {**last.body, "result": 1000}),
+                  object_id=oid, seq=last.seq, prev_hash=last.prev_hash,
+                  trace_id=last.trace_id, ts_us=last.ts_us, policy_ref=last.policy_ref,
+                  signer=Signer(last.node_id, Ed25519PrivateKey.generate()), sign=False)
+    conn = db()
+    conn.execute("BEGIN")
+    conn.execute("UPDATE records SET body=?, hash=?, signature=? WHERE object_id=? AND seq=?",
+                 (forged.body_bytes, bytes.fromhex(forged.hash), last.signature, oid,
+                  last.seq))
+    conn.execute("UPDATE objects SET head_hash=? WHERE object_id=?",
+                 (bytes.fromhex(forged.hash), oid))
+    conn.execute("COMMIT")
+    if len(last.signature) == 33:
+        reason = "does not cover this record's hash"
+    else:  # the last record (terminated) had a commit of its own: its signature fails
+        reason = "signature does not verify"
+    _assert_bad_object(app, store_url, key_dir, oid, last.seq, reason)
+
+
+def test_edited_seal_hash_list_is_altered(sealed: tuple[perdure.App, str],
+                                          db: Callable[[], RawSQL],
+                                          store_url: str, key_dir: Path) -> None:
+    """A seal whose list of hashes was edited no longer matches its digest."""
+    app, oid = sealed
+    rec = _first_sealed(app, oid)
+    conn = db()
+    (hashes,) = conn.one("SELECT hashes FROM seals WHERE digest=?", (rec.signature[1:],))
+    conn.execute("UPDATE seals SET hashes=? WHERE digest=?",
+                 (bytes(32) + bytes(hashes)[32:], rec.signature[1:]))
+    _assert_bad_object(app, store_url, key_dir, oid, rec.seq, "was altered")

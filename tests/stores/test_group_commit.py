@@ -10,7 +10,7 @@ signal another object mix with plain ones; every field of an append lands exactl
 
 from __future__ import annotations
 
-from perdure.core.chain import Signer
+from perdure.core.chain import Signer, seal_commit, seal_ref
 from perdure.errors import LeaseLostError
 from perdure.stores import Store
 from perdure.stores.base import Route, Signal
@@ -188,3 +188,41 @@ def test_an_append_keeps_times_bytes_and_text_exactly(store: Store, signer: Sign
     row = store.get("other")
     assert row is not None and row.ready_at == 1 / 3
     assert store.records("exact") == exact.records
+
+
+def test_commit_seals_are_stored_with_the_batch(store: Store, signer: Signer) -> None:
+    """Seals handed to ``apply`` are stored in the same commit and read back by digest,
+    also the one covering an append its fence refused (a seal only vouches for hashes);
+    storing a seal twice keeps one, and an unknown digest is simply absent."""
+    chains, epochs = _claimed(store, signer, "a", "b")
+    a, b = chains["a"], chains["b"]
+    new_a, new_b = a.extend(2), b.peek(1)
+    commit_seal, refs = seal_commit([*new_a, *new_b], signer)
+    sealed_a, sealed_b = refs[:2], refs[2:]
+    results = store.apply([
+        a.append(epochs["a"], sealed_a),
+        b.append(epochs["b"] - 1, sealed_b),
+    ], NOW, [commit_seal])
+    assert results[0] is None and isinstance(results[1], LeaseLostError)
+    assert [r.signature for r in store.records("a")[1:]] == [seal_ref(commit_seal.digest)] * 2
+    assert store.seals([commit_seal.digest, bytes(32)]) == {commit_seal.digest: commit_seal}
+    assert store.seals([]) == {}
+
+    more = a.extend(1)
+    assert store.apply([a.append(epochs["a"], more)], NOW, [commit_seal]) == [None]
+    assert store.seals([commit_seal.digest]) == {commit_seal.digest: commit_seal}
+
+
+def test_commit_seals_go_in_with_careful_appends(store: Store, signer: Signer) -> None:
+    """A batch that also consumes events or signals (the careful path) stores its seal."""
+    chains, epochs = _claimed(store, signer, "parent", "child")
+    parent, child = chains["parent"], chains["child"]
+    commit_seal, refs = seal_commit([*parent.extend(1), *child.extend(1)], signer)
+    results = store.apply([
+        parent.append(epochs["parent"], refs[:1]),
+        child.append(epochs["child"], refs[1:], status="completed", phase="termination",
+                     signal=Signal("parent", "perdure:child", b"{}", "child-done")),
+    ], NOW, [commit_seal])
+    assert results == [None, None]
+    assert store.seals([commit_seal.digest]) == {commit_seal.digest: commit_seal}
+    assert store.records("child")[-1].signature == seal_ref(commit_seal.digest)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from perdure.core.chain import VerifyReport, check_links, seal, verify_chain
+from perdure.core.chain import (
+    CommitSeal,
+    VerifyReport,
+    check_links,
+    seal,
+    seal_commit,
+    seal_ref,
+    sealed_by,
+    verify_chain,
+)
 from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft, compute_hash
 from perdure.errors import IntegrityError
 from tests.unit.builders import OBJECT_ID, chain, public_key, signer
@@ -228,3 +237,85 @@ def test_sealed_unsigned_then_signed_equals_sealed_and_signed() -> None:
     assert signed(later, SIG) == at_once
     with pytest.raises(ValueError, match="names node"):
         signed(later, signer("node-b", seed=2))
+
+
+# -- commit seals: one signature over the records of one commit ---------------------------
+
+
+def _sealed(n: int = 5) -> tuple[list[Record], dict[bytes, CommitSeal]]:
+    """A chain whose records after the first share one commit seal (as a group commit)."""
+    records = _records(n)
+    commit_seal, refs = seal_commit(records[1:], SIG)
+    return [records[0], *refs], {commit_seal.digest: commit_seal}
+
+
+def test_sealed_records_verify_and_carry_a_reference() -> None:
+    """Records under a commit seal verify; each stores a 33-byte reference, not a signature."""
+    records, seals = _sealed()
+    assert all(len(r.signature) == 33 and sealed_by(r) in seals for r in records[1:])
+    assert sealed_by(records[0]) is None and len(records[0].signature) == 64
+    assert verify_chain(OBJECT_ID, records, KEYS, seals=seals).ok
+
+
+def test_a_missing_seal_fails_the_first_record_it_covered() -> None:
+    """Without the seal row, the first sealed record is named."""
+    records, _ = _sealed()
+    assert _bad(verify_chain(OBJECT_ID, records, KEYS, seals={})) == (
+        2, f"its commit seal {sealed_by(records[1]).hex()[:16]}… is missing from the store")
+    assert _bad(verify_chain(OBJECT_ID, records, KEYS))[0] == 2
+
+
+def test_a_seal_with_an_edited_hash_list_is_altered() -> None:
+    """Changing the seal's hash list (to cover a forged record) breaks its digest."""
+    records, seals = _sealed()
+    (digest, real), = seals.items()
+    forged = CommitSeal(digest, real.node_id, bytes(32) + real.hashes[32:], real.signature)
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS, seals={digest: forged}))
+    assert seq == 2 and "was altered" in reason
+
+
+def test_a_rehashed_record_is_not_covered_by_its_seal() -> None:
+    """An attacker rewrites the last record (hash recomputed) and keeps its seal reference."""
+    records, seals = _sealed()
+    last = records[-1]
+    changed = _reseal(last, body_bytes=b'{"result":1000}', body={"result": 1000})
+    changed = changed._replace(signature=last.signature)
+    seq, reason = _bad(verify_chain(OBJECT_ID, [*records[:-1], changed], KEYS, seals=seals))
+    assert seq == len(records) and "does not cover this record's hash" in reason
+
+
+def test_a_seal_signed_by_another_key_fails() -> None:
+    """A seal over the right hashes, with the right digest, signed with a forger's key."""
+    records, seals = _sealed()
+    forger = signer("node-a", seed=9)
+    (digest, real), = seals.items()
+    forged = CommitSeal(digest, real.node_id, real.hashes, forger.sign(digest))
+    seq, reason = _bad(verify_chain(OBJECT_ID, records, KEYS, seals={digest: forged}))
+    assert seq == 2 and "commit seal's signature does not verify" in reason
+
+
+def test_a_seal_of_another_node_does_not_vouch() -> None:
+    """A record naming node-a cannot borrow a seal node-b made over its hash."""
+    records = _records(3)
+    other_seal, _ = seal_commit([r._replace(node_id="node-b") for r in records[1:]], OTHER)
+    # The hashes are node-a's records' hashes; the seal is node-b's, honestly signed.
+    shared = CommitSeal(other_seal.digest, "node-b", other_seal.hashes, other_seal.signature)
+    refs = [r._replace(signature=seal_ref(shared.digest)) for r in records[1:]]
+    seq, reason = _bad(verify_chain(OBJECT_ID, [records[0], *refs], KEYS,
+                                    seals={shared.digest: shared}))
+    assert seq == 2 and "made by node 'node-b', not 'node-a'" in reason
+
+
+def test_sealing_refuses_records_of_another_node() -> None:
+    """A node seals only records that name it."""
+    records = _records(3)
+    with pytest.raises(ValueError, match="not the signer"):
+        seal_commit(records, OTHER)
+
+
+def test_seal_covers_only_whole_hashes() -> None:
+    """``covers`` matches 32-byte hashes at their boundaries, not bytes straddling two."""
+    a, b = bytes(range(32)), bytes(range(32, 64))
+    commit_seal = CommitSeal(b"", "n", a + b, b"")
+    assert commit_seal.covers(a) and commit_seal.covers(b)
+    assert not commit_seal.covers((a + b)[16:48])

@@ -29,7 +29,22 @@ from perdure.core.records import (
 )
 from perdure.errors import IntegrityError
 
-__all__ = ["Signer", "VerifyReport", "check_links", "seal", "signed", "verify_chain"]
+__all__ = [
+    "SEAL_MARK",
+    "CommitSeal",
+    "Signer",
+    "VerifyReport",
+    "check_links",
+    "seal",
+    "seal_commit",
+    "seal_ref",
+    "sealed_by",
+    "signed",
+    "verify_chain",
+]
+
+SEAL_MARK = b"S"  # a record's signature column holding b"S" + a commit seal's digest
+_SEAL_DOMAIN = b"perdure commit seal v1\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +112,69 @@ def signed(record: Record, signer: Signer) -> Record:
     return record._replace(signature=signer.sign(bytes.fromhex(record.hash)))
 
 
+@dataclass(frozen=True, slots=True)
+class CommitSeal:
+    """One signature over every record a node wrote in one commit.
+
+    ``hashes`` is the records' 32-byte hashes, concatenated in commit order;
+    ``digest`` is SHA-256 over a domain tag, the node id and ``hashes``, and
+    ``signature`` is the node's Ed25519 signature of ``digest``. A sealed record
+    stores ``seal_ref(digest)`` where a signature would be: verifying it finds its
+    hash among ``hashes`` and checks the seal's signature once for all of them.
+    """
+
+    digest: bytes
+    node_id: str
+    hashes: bytes
+    signature: bytes
+
+    def covers(self, record_hash: bytes) -> bool:
+        """Whether ``record_hash`` (32 bytes) is one of the hashes this seal signs."""
+        hashes = self.hashes
+        at = hashes.find(record_hash)
+        while at != -1:
+            if at % 32 == 0:
+                return True
+            at = hashes.find(record_hash, at + 1)
+        return False
+
+    def intact(self) -> bool:
+        """Whether ``digest`` is what ``node_id`` and ``hashes`` give."""
+        return (len(self.hashes) % 32 == 0
+                and _seal_digest(self.node_id, self.hashes) == self.digest)
+
+
+def _seal_digest(node_id: str, hashes: bytes) -> bytes:
+    return hashlib.sha256(b"%b%b\n%b" % (_SEAL_DOMAIN, node_id.encode(), hashes)).digest()
+
+
+def seal_ref(digest: bytes) -> bytes:
+    """What a sealed record stores in its signature column (33 bytes, never 64)."""
+    return SEAL_MARK + digest
+
+
+def seal_commit(records: Sequence[Record], signer: Signer) -> tuple[CommitSeal, list[Record]]:
+    """Sign ``records`` (all of ``signer``'s node) with one signature: the seal, and the
+    records carrying a reference to it instead of a signature of their own."""
+    for rec in records:
+        if rec.node_id != signer.node_id:
+            raise ValueError(f"record #{rec.seq} names node {rec.node_id!r}, "
+                             f"not the signer {signer.node_id!r}")
+    hashes = b"".join([bytes.fromhex(rec.hash) for rec in records])
+    digest = _seal_digest(signer.node_id, hashes)
+    commit_seal = CommitSeal(digest, signer.node_id, hashes, signer.sign(digest))
+    ref = seal_ref(digest)
+    return commit_seal, [rec._replace(signature=ref) for rec in records]
+
+
+def sealed_by(record: Record) -> bytes | None:
+    """The digest of the commit seal ``record`` refers to, or ``None`` if it is signed."""
+    sig = record.signature
+    if len(sig) == 33 and sig[:1] == SEAL_MARK:
+        return sig[1:]
+    return None
+
+
 def check_links(object_id: str, records: Sequence[Record], *, start_hash: str = GENESIS_HASH,
                 start_seq: int = 1) -> None:
     """Check sequence numbers, hashes and links (not signatures); raise ``IntegrityError``.
@@ -162,17 +240,21 @@ def verify_chain(
     *,
     head_seq: int | None = None,
     head_hash: str | None = None,
+    seals: Mapping[bytes, CommitSeal] | None = None,
 ) -> VerifyReport:
     """Walk ``records`` and report the first bad one by sequence number and reason.
 
     ``head_seq``/``head_hash`` are what the object's row says the chain ends
-    with; a chain that stops short of it (a deleted tail) fails too.
+    with; a chain that stops short of it (a deleted tail) fails too. ``seals``
+    holds the commit seals the records refer to (by digest); a sealed record whose
+    seal is missing, altered, signed by another node or not covering its hash fails.
     """
     try:
         check_links(object_id, records)
     except IntegrityError as exc:
         return VerifyReport(object_id, False, len(records), exc.seq, exc.reason)
     keys: dict[str, Ed25519PublicKey] = {}
+    good_seals: set[bytes] = set()
     for rec in records:
         key = keys.get(rec.node_id)
         if key is None:
@@ -183,6 +265,12 @@ def verify_chain(
                     f"origin node {rec.node_id!r} has no registered public key",
                 )
             key = keys[rec.node_id] = Ed25519PublicKey.from_public_bytes(raw)
+        digest = sealed_by(rec)
+        if digest is not None:
+            problem = _seal_problem(rec, digest, (seals or {}).get(digest), key, good_seals)
+            if problem is not None:
+                return VerifyReport(object_id, False, len(records), rec.seq, problem)
+            continue
         try:
             key.verify(rec.signature, bytes.fromhex(rec.hash))
         except InvalidSignature:
@@ -205,3 +293,24 @@ def verify_chain(
     if not records:
         return VerifyReport(object_id, False, 0, 1, "object has no records")
     return VerifyReport(object_id, True, len(records), head_hash=last.hash if last else None)
+
+
+def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: Ed25519PublicKey,
+                  good: set[bytes]) -> str | None:
+    """Why the commit seal ``rec`` refers to does not vouch for it, or ``None``."""
+    if found is None:
+        return f"its commit seal {digest.hex()[:16]}… is missing from the store"
+    if found.digest != digest or not found.intact():
+        return f"its commit seal {digest.hex()[:16]}… was altered"
+    if found.node_id != rec.node_id:
+        return f"its commit seal was made by node {found.node_id!r}, not {rec.node_id!r}"
+    if not found.covers(bytes.fromhex(rec.hash)):
+        return f"its commit seal {digest.hex()[:16]}… does not cover this record's hash"
+    if digest not in good:
+        try:
+            key.verify(found.signature, digest)
+        except InvalidSignature:
+            return (f"its commit seal's signature does not verify against node "
+                    f"{rec.node_id!r}")
+        good.add(digest)
+    return None

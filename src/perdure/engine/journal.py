@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from perdure.core.chain import Signer, seal, signed
+from perdure.core.chain import CommitSeal, Signer, seal, seal_commit, signed
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import StoreError
 from perdure.stores.base import Append, Signal, Store
@@ -31,7 +31,10 @@ class Committer:
 
     Records arrive hashed but not signed: the write thread signs them (Ed25519 runs
     outside the GIL) just before the store writes them, so the event loop spends
-    none of its time on signatures and every stored record is signed.
+    none of its time on signatures. A commit of one record gets a signature of its
+    own; a commit of several gets one commit seal, a single signature over all
+    their hashes stored beside them, so many objects sharing a commit also share
+    its signature while every record stays verifiable on its own.
     """
 
     def __init__(
@@ -64,7 +67,10 @@ class Committer:
         future: asyncio.Future[list[Record]] = loop.create_future()
         self._pending.append((op, future))
         if not self._flushing:
-            self._start(loop)
+            # Start on the loop's next turn, not now: the other objects woken by the
+            # same settled commit submit in this turn and then share the commit.
+            self._flushing = True
+            loop.call_soon(self._start, loop)
         # No shield needed: a cancelled submitter cancels only its own future; the
         # append stays queued and ``_settle`` skips a future that is done.
         return await future
@@ -83,8 +89,8 @@ class Committer:
 
         def work() -> None:
             try:
-                ready = [self._signed(op) for op in ops]
-                results = self._store.apply(ready, now)
+                ready, seals = self._signed(ops)
+                results = self._store.apply(ready, now, seals)
                 outcome = (results, [list(op.records) for op in ready])
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
@@ -127,12 +133,27 @@ class Committer:
         else:
             self._flushing = False
 
-    def _signed(self, op: Append) -> Append:
+    def _signed(self, ops: list[Append]) -> tuple[list[Append], list[CommitSeal]]:
+        """``ops`` with every record signed: one record alone, several under one seal."""
         signer = self._signer
-        if signer is None or all(rec.signature for rec in op.records):
-            return op
-        records = [rec if rec.signature else signed(rec, signer) for rec in op.records]
-        return dataclasses.replace(op, records=records)
+        if signer is None:
+            return ops, []
+        unsigned = [rec for op in ops for rec in op.records if not rec.signature]
+        if not unsigned:
+            return ops, []
+        if len(unsigned) == 1:
+            seals: list[CommitSeal] = []
+            done = iter([signed(unsigned[0], signer)])
+        else:
+            commit_seal, refs = seal_commit(unsigned, signer)
+            seals, done = [commit_seal], iter(refs)
+        ready = []
+        for op in ops:
+            if op.records and not all(rec.signature for rec in op.records):
+                op = dataclasses.replace(op, records=[
+                    rec if rec.signature else next(done) for rec in op.records])
+            ready.append(op)
+        return ready, seals
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from perdure.core.chain import CommitSeal
 from perdure.core.records import Record, record_from_columns
 from perdure.stores.base import Append, Claim, NewObject, ObjectRow
 
@@ -19,6 +20,8 @@ __all__ = [
     "object_row",
     "record_from_row",
     "record_params",
+    "seal_from_row",
+    "seal_params",
 ]
 
 def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[str]]
@@ -61,6 +64,16 @@ def record_params(rec: Record) -> tuple[Any, ...]:
     return (rec.object_id, rec.seq, rec.trace_id, rec.ts_us, rec.node_id, rec.policy_ref,
             rec.kind, rec.body_bytes, bytes.fromhex(rec.prev_hash), bytes.fromhex(rec.hash),
             rec.signature)
+
+
+def seal_params(seal: CommitSeal) -> tuple[bytes, str, bytes, bytes]:
+    """The ``insert_seal`` parameters of a commit seal, in column order."""
+    return (seal.digest, seal.node_id, seal.hashes, seal.signature)
+
+
+def seal_from_row(row: Sequence[Any]) -> CommitSeal:
+    """A ``seals`` row ``(digest, node_id, hashes, signature)`` as a ``CommitSeal``."""
+    return CommitSeal(bytes(row[0]), str(row[1]), bytes(row[2]), bytes(row[3]))
 
 
 def record_from_row(row: Sequence[Any]) -> Record:

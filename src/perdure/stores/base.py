@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from perdure.core.chain import CommitSeal
 from perdure.core.records import Record
 
 __all__ = [
@@ -188,6 +189,9 @@ class Store(Protocol):
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
 
+    def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
+        """The stored commit seals among ``digests``, by digest (missing ones left out)."""
+
     def claim(self, owner: str, now: float, lease_until: float, limit: int,
               route: Route | None = None) -> builtins.list[Claim]:
         """Lease up to ``limit`` runnable objects that ``route`` can serve, bumping epochs."""
@@ -195,8 +199,13 @@ class Store(Protocol):
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend a lease still held at ``epoch``; ``None`` if it was lost."""
 
-    def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
-        """Apply fenced appends in one commit; per op ``None`` or the error refusing it."""
+    def apply(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+              ) -> builtins.list[BaseException | None]:
+        """Apply fenced appends in one commit; per op ``None`` or the error refusing it.
+
+        ``seals`` are stored in the same commit, whether or not every append goes
+        through (a commit seal only vouches for the hashes it lists).
+        """
 
     def send(
         self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float

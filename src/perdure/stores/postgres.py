@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from perdure.core.chain import CommitSeal
 from perdure.core.records import Record
 from perdure.errors import (
     ConfigurationError,
@@ -39,6 +40,7 @@ from perdure.stores._rows import (
     object_row,
     record_from_row,
     record_params,
+    seal_from_row,
 )
 from perdure.stores._sql import load_migrations, load_queries
 from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
@@ -133,7 +135,15 @@ def _json(value: Any) -> Any:
     return binascii.b2a_base64(value, newline=False).decode() if isinstance(value, bytes) else value
 
 
-def _append_params(ops: Sequence[tuple[int, Append]], now: float) -> dict[str, Any]:
+def _seals_param(seals: Sequence[CommitSeal]) -> str:
+    """Commit seals as the JSON the ``append`` and ``insert_seals`` statements read."""
+    return json.dumps([{"digest": _json(s.digest), "node_id": s.node_id,
+                        "hashes": _json(s.hashes), "signature": _json(s.signature)}
+                       for s in seals])
+
+
+def _append_params(ops: Sequence[tuple[int, Append]], now: float,
+                   seals: Sequence[CommitSeal] = ()) -> dict[str, Any]:
     """The ``append`` parameters of ``(index, append)`` pairs for distinct objects.
 
     Each append is ``append_params`` as a JSON object (without ``now``, which is
@@ -148,7 +158,8 @@ def _append_params(ops: Sequence[tuple[int, Append]], now: float) -> dict[str, A
         for rec in op.records:
             values = map(_json, record_params(rec))
             records.append({"i": index} | dict(zip(_RECORD_COLUMNS, values, strict=True)))
-    return {"ops": json.dumps(appends), "records": json.dumps(records), "now": now}
+    return {"ops": json.dumps(appends), "records": json.dumps(records), "now": now,
+            "seals": _seals_param(seals)}
 
 
 def _distinct_runs(ops: Sequence[Append]) -> builtins.list[builtins.list[tuple[int, Append]]]:
@@ -357,6 +368,14 @@ class PostgresStore:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
         return [record_from_row(row) for row in rows]
 
+    def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
+        """The stored commit seals among ``digests``, by digest."""
+        if not digests:
+            return {}
+        with self._single() as conn:
+            rows = conn.execute(_Q["seals_by_digest"], (builtins.list(digests),)).fetchall()
+        return {bytes(row[0]): seal_from_row(row) for row in rows}
+
     # -- leases ----------------------------------------------------------------
 
     def claim(self, owner: str, now: float, lease_until: float, limit: int,
@@ -384,8 +403,9 @@ class PostgresStore:
             ).fetchone()
         return None if row is None else claim_from_row(row)
 
-    def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
-        """Apply fenced appends in one transaction (group commit).
+    def apply(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+              ) -> builtins.list[BaseException | None]:
+        """Apply fenced appends and store ``seals`` in one transaction (group commit).
 
         Appends that neither consume events nor signal go in one ``append`` statement
         (row updates, records and wake-ups together), run on its own as a transaction:
@@ -399,19 +419,21 @@ class PostgresStore:
         if not ops:
             return []
         try:
-            return self._apply_batch(ops, now, savepoints=False)
+            return self._apply_batch(ops, now, seals, savepoints=False)
         except _RetryWithSavepoints:
-            return self._apply_batch(ops, now, savepoints=True)
+            return self._apply_batch(ops, now, seals, savepoints=True)
 
-    def _apply_batch(self, ops: Sequence[Append], now: float, *, savepoints: bool
-                     ) -> builtins.list[BaseException | None]:
+    def _apply_batch(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal], *,
+                     savepoints: bool) -> builtins.list[BaseException | None]:
         if not savepoints and not any(map(_careful, ops)):
             # No BEGIN/COMMIT round trips: one statement is its own transaction, and
             # several in one pipeline run as one implicit transaction up to its sync.
             with self._tx(transaction=False) as conn:
-                return self._apply_plain(conn, ops, now)
+                return self._apply_plain(conn, ops, now, seals)
         results: builtins.list[BaseException | None] = []
         with self._tx() as conn:
+            if seals:
+                conn.execute(_Q["insert_seals"], {"seals": _seals_param(seals)})
             for alone, run in itertools.groupby(ops, lambda op: savepoints or _careful(op)):
                 if alone:
                     results.extend(self._apply_alone(conn, op, now) for op in run)
@@ -419,13 +441,14 @@ class PostgresStore:
                     results.extend(self._apply_plain(conn, builtins.list(run), now))
         return results
 
-    def _apply_plain(self, conn: psycopg.Connection[Any], ops: Sequence[Append], now: float
-                     ) -> builtins.list[BaseException | None]:
+    def _apply_plain(self, conn: psycopg.Connection[Any], ops: Sequence[Append], now: float,
+                     seals: Sequence[CommitSeal] = ()) -> builtins.list[BaseException | None]:
         """Appends without events or signals: one ``append`` statement for all of them.
 
         When an object appends twice (parallel branches), the statements (one per run
         of distinct objects, in order) go together in pipeline mode: still one round
-        trip. A failed statement aborts the transaction; the batch is then retried
+        trip; the first statement also stores ``seals``. A failed statement aborts the
+        transaction; the batch is then retried
         with a savepoint per append. The statement is prepared on its first use on a
         connection rather than its sixth: planning it costs half as much again as
         running it, and the pool hands the write thread each of its connections in turn.
@@ -433,13 +456,13 @@ class PostgresStore:
         runs = _distinct_runs(ops)
         try:
             if len(runs) == 1:
-                cursors = [conn.execute(_Q["append"], _append_params(runs[0], now),
+                cursors = [conn.execute(_Q["append"], _append_params(runs[0], now, seals),
                                         prepare=True)]
             else:
                 with conn.pipeline():
-                    cursors = [conn.cursor().execute(_Q["append"], _append_params(run, now),
-                                                     prepare=True)
-                               for run in runs]
+                    cursors = [conn.cursor().execute(
+                        _Q["append"], _append_params(run, now, seals if n == 0 else ()),
+                        prepare=True) for n, run in enumerate(runs)]
         except pg_errors.UniqueViolation as exc:
             raise _RetryWithSavepoints from exc
         done = {row[0] for cur in cursors for row in cur.fetchall()}

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from perdure.core.chain import CommitSeal
 from perdure.core.records import Record
 from perdure.errors import (
     LeaseLostError,
@@ -35,6 +36,8 @@ from perdure.stores._rows import (
     object_row,
     record_from_row,
     record_params,
+    seal_from_row,
+    seal_params,
 )
 from perdure.stores._sql import load_migrations, load_queries
 from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, ObjectRow, Route
@@ -292,6 +295,16 @@ class SQLiteStore:
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
         return [record_from_row(row) for row in rows]
 
+    def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
+        """The stored commit seals among ``digests``, by digest."""
+        found: dict[bytes, CommitSeal] = {}
+        with self._read() as conn:
+            for digest in dict.fromkeys(digests):
+                row = conn.execute(_Q["seal_by_digest"], (digest,)).fetchone()
+                if row is not None:
+                    found[bytes(row[0])] = seal_from_row(row)
+        return found
+
     # -- leases ----------------------------------------------------------------
 
     def claim(self, owner: str, now: float, lease_until: float, limit: int,
@@ -340,8 +353,9 @@ class SQLiteStore:
             ).fetchone()
         return None if row is None else claim_from_row(row)
 
-    def apply(self, ops: Sequence[Append], now: float) -> builtins.list[BaseException | None]:
-        """Apply fenced appends in one transaction (group commit).
+    def apply(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+              ) -> builtins.list[BaseException | None]:
+        """Apply fenced appends and store ``seals`` in one transaction (group commit).
 
         An append refused by its fence writes nothing, so most appends need no
         savepoint (each costs tens of µs on the commit path); one that consumes
@@ -350,14 +364,16 @@ class SQLiteStore:
         savepoint per append, so that only the offender is refused.
         """
         try:
-            return self._apply_batch(ops, now, savepoints=False)
+            return self._apply_batch(ops, now, seals, savepoints=False)
         except _RetryWithSavepoints:
-            return self._apply_batch(ops, now, savepoints=True)
+            return self._apply_batch(ops, now, seals, savepoints=True)
 
-    def _apply_batch(self, ops: Sequence[Append], now: float, *, savepoints: bool
-                     ) -> builtins.list[BaseException | None]:
+    def _apply_batch(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal], *,
+                     savepoints: bool) -> builtins.list[BaseException | None]:
         results: list[BaseException | None] = []
         with self._write() as conn:
+            if seals:
+                conn.executemany(_Q["insert_seal"], [seal_params(seal) for seal in seals])
             for op in ops:
                 guarded = savepoints or bool(op.consume_event_ids) or op.signal is not None
                 if guarded:

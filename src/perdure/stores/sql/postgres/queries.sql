@@ -24,6 +24,18 @@ INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind,
                      prev_hash, hash, signature)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s);
 
+-- name: insert_seals
+-- The commit seals of a group commit (one JSON object each, bytea as base64).
+INSERT INTO seals (digest, node_id, hashes, signature)
+SELECT decode(s.digest, 'base64'), s.node_id, decode(s.hashes, 'base64'),
+       decode(s.signature, 'base64')
+FROM jsonb_to_recordset(%(seals)s::jsonb) AS s(
+    digest text, node_id text, hashes text, signature text)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: seals_by_digest
+SELECT digest, node_id, hashes, signature FROM seals WHERE digest = ANY(%s);
+
 -- name: get_object
 SELECT * FROM objects WHERE object_id = %s;
 
@@ -68,8 +80,16 @@ RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
 -- An append whose epoch or head no longer matches updates nothing and inserts none of
 -- its records; the statement returns the index of every append that went through, and
 -- wakes idle nodes when one lets go of an object that is runnable now (NOTIFY is sent
--- at commit, dropped on rollback).
-WITH upd AS (
+-- at commit, dropped on rollback). %(seals)s holds the commit seals the records refer
+-- to (inserted whether or not their appends went through: a seal only vouches for hashes).
+WITH seal AS (
+    INSERT INTO seals (digest, node_id, hashes, signature)
+    SELECT decode(s.digest, 'base64'), s.node_id, decode(s.hashes, 'base64'),
+           decode(s.signature, 'base64')
+    FROM jsonb_to_recordset(%(seals)s::jsonb) AS s(
+        digest text, node_id text, hashes text, signature text)
+    ON CONFLICT (digest) DO NOTHING
+), upd AS (
     UPDATE objects o
     SET head_seq = COALESCE(p.head_seq, o.head_seq),
         head_hash = COALESCE(decode(p.head_hash, 'base64'), o.head_hash),

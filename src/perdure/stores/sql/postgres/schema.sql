@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 2
+-- version: 3
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -62,6 +62,15 @@ CREATE TABLE records (
     hash        BYTEA NOT NULL,
     signature   BYTEA NOT NULL,
     PRIMARY KEY (object_id, seq)
+);
+
+-- One signature over every record a node wrote in one commit; a sealed record holds
+-- b"S" + digest in its signature column.
+CREATE TABLE seals (
+    digest    BYTEA PRIMARY KEY,
+    node_id   TEXT NOT NULL,
+    hashes    BYTEA NOT NULL,
+    signature BYTEA NOT NULL
 );
 
 CREATE TABLE inbox (

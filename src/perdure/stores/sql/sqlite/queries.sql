@@ -22,6 +22,13 @@ INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind,
                      prev_hash, hash, signature)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?);
 
+-- name: insert_seal
+INSERT INTO seals (digest, node_id, hashes, signature) VALUES (?, ?, ?, ?)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: seal_by_digest
+SELECT digest, node_id, hashes, signature FROM seals WHERE digest = ?;
+
 -- name: get_object
 SELECT * FROM objects WHERE object_id = ?;
 

@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 2
+-- version: 3
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -54,6 +54,15 @@ CREATE TABLE records (
     hash        BLOB NOT NULL,
     signature   BLOB NOT NULL,
     PRIMARY KEY (object_id, seq)
+) WITHOUT ROWID;
+
+-- One signature over every record a node wrote in one commit; a sealed record holds
+-- b"S" + digest in its signature column.
+CREATE TABLE seals (
+    digest    BLOB PRIMARY KEY,
+    node_id   TEXT NOT NULL,
+    hashes    BLOB NOT NULL,
+    signature BLOB NOT NULL
 ) WITHOUT ROWID;
 
 CREATE TABLE inbox (
