@@ -15,7 +15,12 @@ the object on. From the effects file:
   first step body it runs;
 * ``ms_to_completion``: from the same moment to the last step's end;
 * ``ms_kill_to_first_resumed_step``: from the killed step's start (the kill) to the
-  first step body the fresh process runs.
+  first step body the fresh process runs;
+* ``ms_worker_up_to_first_resumed_step`` (perdure only): from the moment the fresh
+  ``perdure worker`` is up (its ``node_up`` log line, written once the interpreter has
+  started, the agents are imported and the store and keys are open, appears in its
+  log) to the first step body it runs: the engine's part of recovery, without Python's
+  start-up and imports.
 
 The same harness (``analyse``) serves perdure and the peers (``bench/peers``). For
 perdure the processes are ``perdure worker`` (``bench.agents:paced_steps``): the dead
@@ -119,17 +124,28 @@ def crash_recovery(db: Database, folder: Path, sizes: dict[str, Any]) -> dict[st
             first.kill()
             first.wait()
             raise RuntimeError("the first worker did not crash at the planned step") from None
+        log = folder / "worker.log"
+        offset = log.stat().st_size if log.exists() else 0
         began = time.time()
-        second = _worker(db.url, key_dir, sizes["lease_s"], folder / "worker.log", None)
+        second = _worker(db.url, key_dir, sizes["lease_s"], log, None)
+        up: list[float] = []
+
+        def completed() -> bool:
+            if not up and b"claiming work" in log.read_bytes()[offset:]:
+                up.append(time.time())
+            return app.get("paced-1").status == "completed"
+
         try:
-            run_until(second, lambda: app.get("paced-1").status == "completed", 120,
-                      "the resumed object to complete")
+            run_until(second, completed, 120, "the resumed object to complete")
         finally:
             second.terminate()
             second.wait(timeout=30)
         if app.result_of("paced-1") != steps:
             raise RuntimeError("the resumed object returned a wrong result")
         figures = analyse(effects, first.pid, second.pid, began, steps)
+        if up:
+            figures["ms_worker_up_to_first_resumed_step"] = (
+                figures["ms_to_first_resumed_step"] - (up[0] - began) * 1e3)
         figures["lease_s"] = sizes["lease_s"]
         figures["pace_s"] = sizes["pace_s"]
         figures["crash_at"] = crash_at

@@ -227,7 +227,8 @@ def recovery_table(report: dict[str, Any]) -> str:
     def cells(f: dict[str, Any]) -> list[str]:
         return [f"{f['reexecuted_steps']}", f"{f['reexecuted_finished_steps']}",
                 _num(f["ms_to_first_resumed_step"], " ms"), _num(f["ms_to_completion"], " ms"),
-                _num(f["ms_kill_to_first_resumed_step"], " ms")]
+                _num(f["ms_kill_to_first_resumed_step"], " ms"),
+                _num(f.get("ms_worker_up_to_first_resumed_step"), " ms")]
 
     rows = []
     for b in report["backends"].values():
@@ -238,12 +239,12 @@ def recovery_table(report: dict[str, Any]) -> str:
         got = peer.get("recovery")
         if got is None:
             continue
-        rows.append([peer["label"], *(_na(got, 5) or cells(got))])
+        rows.append([peer["label"], *(_na(got, 6) or cells(got))])
     if not rows:
         return ""
     return _table(["store", "steps re-executed", "of them finished before the kill",
                    "process start → first resumed step", "process start → completion",
-                   "kill → first resumed step"], rows)
+                   "kill → first resumed step", "worker up → first resumed step"], rows)
 
 
 def history_table(report: dict[str, Any]) -> str:

@@ -221,6 +221,8 @@ class Worker:
         can (PostgreSQL NOTIFY), otherwise by polling every ``poll_interval``.
         """
         loop = asyncio.get_running_loop()
+        log.info("node %s is up on %s, claiming work", self.signer.node_id, self.store.url,
+                 extra={"action": "node_up"})
         renewer = asyncio.create_task(self._renew_loop(stop))
         watcher = asyncio.create_task(self._control_loop())
 
