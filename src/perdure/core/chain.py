@@ -37,6 +37,7 @@ __all__ = [
     "check_links",
     "seal",
     "seal_commit",
+    "seal_parts",
     "seal_ref",
     "sealed_by",
     "signed",
@@ -153,18 +154,24 @@ def seal_ref(digest: bytes) -> bytes:
     return SEAL_MARK + digest
 
 
+def seal_parts(records: Sequence[Record], node_id: str) -> tuple[bytes, bytes, list[Record]]:
+    """What a commit seal over ``records`` (all of ``node_id``) needs except its signature:
+    the digest to sign, the hash list, and the records carrying the seal's reference."""
+    for rec in records:
+        if rec.node_id != node_id:
+            raise ValueError(f"record #{rec.seq} names node {rec.node_id!r}, "
+                             f"not the signer {node_id!r}")
+    hashes = b"".join([bytes.fromhex(rec.hash) for rec in records])
+    digest = _seal_digest(node_id, hashes)
+    ref = seal_ref(digest)
+    return digest, hashes, [rec._replace(signature=ref) for rec in records]
+
+
 def seal_commit(records: Sequence[Record], signer: Signer) -> tuple[CommitSeal, list[Record]]:
     """Sign ``records`` (all of ``signer``'s node) with one signature: the seal, and the
     records carrying a reference to it instead of a signature of their own."""
-    for rec in records:
-        if rec.node_id != signer.node_id:
-            raise ValueError(f"record #{rec.seq} names node {rec.node_id!r}, "
-                             f"not the signer {signer.node_id!r}")
-    hashes = b"".join([bytes.fromhex(rec.hash) for rec in records])
-    digest = _seal_digest(signer.node_id, hashes)
-    commit_seal = CommitSeal(digest, signer.node_id, hashes, signer.sign(digest))
-    ref = seal_ref(digest)
-    return commit_seal, [rec._replace(signature=ref) for rec in records]
+    digest, hashes, refs = seal_parts(records, signer.node_id)
+    return CommitSeal(digest, signer.node_id, hashes, signer.sign(digest)), refs
 
 
 def sealed_by(record: Record) -> bytes | None:

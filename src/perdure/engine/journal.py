@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from perdure.core.chain import CommitSeal, Signer, seal, seal_commit, signed
+from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, signed
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import StoreError
 from perdure.stores.base import Append, Signal, Store
@@ -49,7 +49,9 @@ class Committer:
         self._clock = clock
         self._signer = signer
         self._pending: list[tuple[Append, asyncio.Future[list[Record]]]] = []
-        self._flushing = False
+        self._flushing = False  # a commit is with the write thread
+        self._deferred = False  # a start is scheduled for the loop's next turn
+        self._target = 1  # appends to wait for before an idle committer starts a commit
         self.commits = 0
         self.appends = 0
 
@@ -67,16 +69,30 @@ class Committer:
         future: asyncio.Future[list[Record]] = loop.create_future()
         self._pending.append((op, future))
         if not self._flushing:
-            # Start on the loop's next turn, not now: the other objects woken by the
-            # same settled commit submit in this turn and then share the commit.
-            self._flushing = True
-            loop.call_soon(self._start, loop)
+            if len(self._pending) >= self._target:
+                self._start(loop)
+            elif not self._deferred:
+                self._deferred = True
+                loop.call_soon(self._start_deferred, loop)
         # No shield needed: a cancelled submitter cancels only its own future; the
         # append stays queued and ``_settle`` skips a future that is done.
         return await future
 
+    def _start_deferred(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._deferred = False
+        if self._pending and not self._flushing:
+            self._start(loop)
+
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Hand every pending append to the write thread as one commit.
+
+        When a commit settles, the appends waiting and the submitters it woke are two
+        cohorts; the next commit starts once it holds half of them both (at the
+        latest at the end of the loop's turn), and the rest go in the one after, while
+        it runs. So the loop runs the steps of one cohort while the write thread
+        commits the other's, and the cohorts stay even. Starting at the first append
+        instead keeps commits of one append alternating with commits of all the rest;
+        waiting for everyone leaves one thread idle while the other works.
 
         The write thread signs and applies the batch, then schedules ``_settle`` on the
         loop, which wakes the submitters and starts the next batch if appends queued up
@@ -84,12 +100,12 @@ class Committer:
         """
         batch, self._pending = self._pending, []
         self._flushing = True
-        ops = [op for op, _ in batch]
+        ops, to_sign = self._sealed([op for op, _ in batch])
         now = self._clock()
 
         def work() -> None:
             try:
-                ready, seals = self._signed(ops)
+                ready, seals = self._signed(ops, to_sign)
                 results = self._store.apply(ready, now, seals)
                 outcome = (results, [list(op.records) for op in ready])
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
@@ -128,32 +144,59 @@ class Committer:
                     future.set_result(records)
                 else:
                     future.set_exception(failure)
-        if self._pending:
+        self._flushing = False
+        self._target = max(1, (len(self._pending) + len(batch)) // 2)
+        if len(self._pending) >= self._target:
             self._start(loop)
-        else:
-            self._flushing = False
+        elif self._pending and not self._deferred:
+            self._deferred = True
+            loop.call_soon(self._start_deferred, loop)
 
-    def _signed(self, ops: list[Append]) -> tuple[list[Append], list[CommitSeal]]:
-        """``ops`` with every record signed: one record alone, several under one seal."""
+    def _sealed(self, ops: list[Append]) -> tuple[list[Append], tuple[bytes, bytes] | None]:
+        """On the loop: a batch of several unsigned records is put under one commit seal
+        (the records get its reference); the seal's digest and hash list, left for the
+        write thread to sign, or ``None`` when there is no seal to sign."""
+        signer = self._signer
+        if signer is None:
+            return ops, None
+        unsigned = [rec for op in ops for rec in op.records if not rec.signature]
+        if len(unsigned) < 2:
+            return ops, None
+        digest, hashes, refs = seal_parts(unsigned, signer.node_id)
+        done = iter(refs)
+        return [_with_records(op, [rec if rec.signature else next(done) for rec in op.records])
+                if any(not rec.signature for rec in op.records) else op
+                for op in ops], (digest, hashes)
+
+    def _signed(self, ops: list[Append], to_sign: tuple[bytes, bytes] | None
+                ) -> tuple[list[Append], list[CommitSeal]]:
+        """On the write thread: sign the commit seal, or the one unsigned record."""
         signer = self._signer
         if signer is None:
             return ops, []
-        unsigned = [rec for op in ops for rec in op.records if not rec.signature]
-        if not unsigned:
-            return ops, []
-        if len(unsigned) == 1:
-            seals: list[CommitSeal] = []
-            done = iter([signed(unsigned[0], signer)])
-        else:
-            commit_seal, refs = seal_commit(unsigned, signer)
-            seals, done = [commit_seal], iter(refs)
+        if to_sign is not None:
+            digest, hashes = to_sign
+            return ops, [CommitSeal(digest, signer.node_id, hashes, signer.sign(digest))]
         ready = []
         for op in ops:
-            if op.records and not all(rec.signature for rec in op.records):
-                op = dataclasses.replace(op, records=[
-                    rec if rec.signature else next(done) for rec in op.records])
+            if any(not rec.signature for rec in op.records):
+                op = _with_records(op, [rec if rec.signature else signed(rec, signer)
+                                        for rec in op.records])
             ready.append(op)
-        return ready, seals
+        return ready, []
+
+
+_APPEND_FIELDS = tuple(f.name for f in dataclasses.fields(Append))
+
+
+def _with_records(op: Append, records: list[Record]) -> Append:
+    """``op`` with other ``records`` (``dataclasses.replace`` costs twice as much, per
+    append of every commit)."""
+    new = object.__new__(Append)
+    for name in _APPEND_FIELDS:
+        object.__setattr__(new, name, getattr(op, name))
+    object.__setattr__(new, "records", records)
+    return new
 
 
 @dataclass

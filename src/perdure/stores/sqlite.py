@@ -83,6 +83,15 @@ def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
                       json.loads)
 
 
+def _step_params(op: Append, now: float) -> dict[str, Any]:
+    """The ``append_step`` parameters of a step append (see ``_is_step_append``)."""
+    last = op.records[-1]
+    return {"head_seq": last.seq, "head_hash": bytes.fromhex(last.hash), "now": now,
+            "object_id": op.object_id, "epoch": op.epoch,
+            "expected_head": op.records[0].seq - 1, "status": op.status, "phase": op.phase,
+            "ready_at": op.ready_at}
+
+
 def _is_step_append(op: Append) -> bool:
     """Whether ``op`` only adds records while the node keeps running the object.
 
@@ -374,6 +383,8 @@ class SQLiteStore:
         with self._write() as conn:
             if seals:
                 conn.executemany(_Q["insert_seal"], [seal_params(seal) for seal in seals])
+            if not savepoints and self._apply_steps(conn, ops, now):
+                return [None] * len(ops)
             for op in ops:
                 guarded = savepoints or bool(op.consume_event_ids) or op.signal is not None
                 if guarded:
@@ -398,6 +409,33 @@ class SQLiteStore:
                     conn.execute("RELEASE op")
                 results.append(None)
         return results
+
+    def _apply_steps(self, conn: sqlite3.Connection, ops: Sequence[Append], now: float) -> bool:
+        """The common group commit in three statements, if it applies: every append is a
+        step append of a distinct object and every row's fence holds. Otherwise nothing
+        is left written and ``False`` sends the batch down the append-by-append path.
+
+        Each statement releases the GIL while SQLite works and must win it back from
+        the event loop, so one ``executemany`` for all the heads and one for all the
+        records cost far less than two statements per append.
+        """
+        if len(ops) < 2 or not all(map(_is_step_append, ops)):
+            return False
+        if len({op.object_id for op in ops}) != len(ops):
+            return False
+        conn.execute("SAVEPOINT steps")
+        moved = conn.executemany(_Q["append_step"], [_step_params(op, now) for op in ops])
+        if moved.rowcount != len(ops):  # a fence or a row's state differs: go one by one
+            conn.execute("ROLLBACK TO steps")
+            conn.execute("RELEASE steps")
+            return False
+        try:
+            conn.executemany(_Q["insert_record"],
+                             [record_params(rec) for op in ops for rec in op.records])
+        except sqlite3.IntegrityError as exc:
+            raise _RetryWithSavepoints from exc
+        conn.execute("RELEASE steps")
+        return True
 
     def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> None:
         last = op.records[-1] if op.records else None
