@@ -197,6 +197,74 @@ def floor(db: Database, commits: int) -> dict[str, Any]:
     return pg_floor(db.pg_url, commits)
 
 
+GROUP_OBJECTS, GROUP_ROWS = 50, 25
+
+
+def _group_batches(rows: int) -> list[list[tuple[str, int]]]:
+    """``(object, seq)`` of ``rows`` rows for ``GROUP_OBJECTS`` objects taken in turn,
+    ``GROUP_ROWS`` to a commit: the shape of 50 objects sharing commits."""
+    seqs = [0] * GROUP_OBJECTS
+    order = []
+    for n in range(rows):
+        i = n % GROUP_OBJECTS
+        seqs[i] += 1
+        order.append((f"object-{i:03d}", seqs[i]))
+    return [order[n:n + GROUP_ROWS] for n in range(0, rows, GROUP_ROWS)]
+
+
+def _group_figures(times: list[float], rows: int) -> dict[str, Any]:
+    total = sum(times)
+    return {"rows": rows, "objects": GROUP_OBJECTS, "rows_per_commit": GROUP_ROWS,
+            "us_per_row": total / rows * 1e6, "rows_per_s": rows / total,
+            "us_per_commit": total / len(times) * 1e6}
+
+
+def group_floor(db: Database, rows: int) -> dict[str, Any]:
+    """The backend's floor for group commits: ``GROUP_ROWS`` hand-written INSERTs of
+    ``GROUP_OBJECTS`` objects' rows (in turn) per commit, into the floor's table shape
+    (rows clustered by object and seq, as memory is), on a plain connection. What the
+    disk gives when many objects share commits: the ceiling for ``concurrent``."""
+    batches = _group_batches(rows)
+    times: list[float] = []
+    if db.sqlite_path is not None:
+        assert db.backend.mode is not None
+        conn = sqlite3.connect(db.sqlite_path.with_name("group-floor.db"), isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={db.backend.mode.upper()}")
+            conn.execute(
+                "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+                " body BLOB NOT NULL, hash BLOB NOT NULL, signature BLOB NOT NULL,"
+                " PRIMARY KEY (object_id, seq)) WITHOUT ROWID")
+            for batch in batches:
+                began = time.perf_counter()
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)",
+                                 [(o, q, _BODY, _HASH, _SIGNATURE) for o, q in batch])
+                conn.execute("COMMIT")
+                times.append(time.perf_counter() - began)
+        finally:
+            conn.close()
+        return _group_figures(times, rows)
+    import psycopg
+
+    assert db.pg_url is not None
+    with psycopg.connect(db.pg_url) as pg:
+        pg.execute(
+            "CREATE TABLE group_floor_rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+            " body BYTEA NOT NULL, hash BYTEA NOT NULL, signature BYTEA NOT NULL,"
+            " PRIMARY KEY (object_id, seq))")
+        pg.commit()
+        for batch in batches:
+            began = time.perf_counter()
+            with pg.cursor() as cur:
+                cur.executemany("INSERT INTO group_floor_rows VALUES (%s, %s, %s, %s, %s)",
+                                [(o, q, _BODY, _HASH, _SIGNATURE) for o, q in batch])
+            pg.commit()
+            times.append(time.perf_counter() - began)
+    return _group_figures(times, rows)
+
+
 # -- figures ---------------------------------------------------------------------------------
 
 

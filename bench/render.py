@@ -66,6 +66,12 @@ def steps_table(report: dict[str, Any]) -> str:
             lambda b: _num(b["concurrent"]["steps_per_s"], " /s")),
         row("concurrent ÷ floor commits per second",
             lambda b: f"**{_ratio(b['concurrent']['ratio_to_single_commit_rate'])}**"),
+        row("group floor: 25 INSERTs of 50 objects per COMMIT, rows per second",
+            lambda b: _num(b["group_floor"]["rows_per_s"], " /s") if "group_floor" in b
+            else "–"),  # noqa: RUF001
+        row("concurrent ÷ group floor rows per second",
+            lambda b: _ratio(b["concurrent"]["ratio_to_group_floor"])
+            if "ratio_to_group_floor" in b["concurrent"] else "–"),  # noqa: RUF001
         row("concurrent: commits / appends (appends per commit)", lambda b: (
             f"{b['concurrent']['commits']:,} / {b['concurrent']['appends']:,} "
             f"({_num(b['concurrent']['appends_per_commit'])})")),

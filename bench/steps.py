@@ -13,7 +13,12 @@ SQLite ``synchronous=NORMAL``, PostgreSQL), on fresh databases:
   start-up and claiming are not counted;
 * ``concurrent``: M objects of K trivial steps each on one worker; total steps per
   second from the first step to the last, and the group-commit factor (appends per
-  commit, counted by the worker's ``Committer``).
+  commit, counted by the worker's ``Committer``);
+* ``group_floor``: the floor for many objects sharing commits: 25 hand-written
+  ``INSERT``s per commit, rows of 50 objects in turn, into the floor's table (rows
+  clustered by object, as memory is). Each commit then writes a page per object it
+  touches, so this is the most a disk gives 50 objects at once, the ceiling for
+  ``concurrent``.
 
 Besides, ``baseline`` is the plain-Python cost of awaiting the trivial step function.
 Each scenario runs ``--repeats`` times on a fresh database; figures are medians over runs.
@@ -46,6 +51,7 @@ from bench.common import (
     Database,
     floor,
     fresh_database,
+    group_floor,
     machine,
     median_of,
     pick_backends,
@@ -203,12 +209,14 @@ def measure_backend(
     backend: Backend, folder: Path, sizes: dict[str, int], admin_url: str
 ) -> dict[str, Any]:
     """Floor, sequential and concurrent figures for one backend (medians over repeats)."""
-    floors, seqs, concs = [], [], []
+    floors, groups, seqs, concs = [], [], [], []
     for rep in range(sizes["repeats"]):
         base = folder / f"run{rep}"
         with fresh_database(backend, base / "floor", admin_url) as db:
             fl = floor(db, sizes["floor_commits"])
         floors.append(fl)
+        with fresh_database(backend, base / "group-floor", admin_url) as db:
+            groups.append(group_floor(db, sizes["objects"] * sizes["steps_per_object"]))
         with fresh_database(backend, base / "sequential", admin_url) as db:
             seqs.append(sequential(db, base / "sequential", sizes["seq_steps"], fl))
         with fresh_database(backend, base / "concurrent", admin_url) as db:
@@ -221,11 +229,16 @@ def measure_backend(
                     fl["commits_per_s"],
                 )
             )
+    concurrent_figures = median_of(concs)
+    group = median_of(groups)
+    concurrent_figures["ratio_to_group_floor"] = (
+        concurrent_figures["steps_per_s"] / group["rows_per_s"])
     return {
         "store": backend.label,
         "floor": median_of(floors),
+        "group_floor": group,
         "sequential": median_of(seqs),
-        "concurrent": median_of(concs),
+        "concurrent": concurrent_figures,
     }
 
 
