@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import perdure
+from tests import pg
 from tests.pg import BACKENDS, fresh_database
 
 
@@ -24,6 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop this process's PostgreSQL template and spare clones (each xdist worker has its
+    own), once every test database has been dropped."""
+    pg.close()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -130,7 +130,8 @@ class Cluster:
         """Environment for processes that load the acceptance agents.
 
         ``PGAPPNAME`` (read by libpq) names the process's PostgreSQL sessions
-        ``perdure-<node_id>``, so a test can find them in ``pg_stat_activity``.
+        ``perdure-<node_id>``, so a test can find them in ``pg_stat_activity`` (with the
+        test's own database: tests running in parallel reuse the same node ids).
         """
         env = dict(os.environ)
         env["PGAPPNAME"] = f"perdure-{node_id}"
@@ -167,7 +168,8 @@ class Cluster:
             rows = conn.execute(
                 "SELECT state, xact_start IS NOT NULL, "
                 "CASE WHEN wait_event_type = 'Lock' THEN wait_event END "
-                "FROM pg_stat_activity WHERE application_name = %s ORDER BY pid",
+                "FROM pg_stat_activity "
+                "WHERE application_name = %s AND datname = current_database() ORDER BY pid",
                 (f"perdure-{worker.node_id}",),
             ).fetchall()
         return [(str(state), bool(in_tx), lock) for state, in_tx, lock in rows]
