@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             if "steps" in parts:
                 got = timed("steps", steps.measure_backend, backend, here / "steps",
                             sizes["steps"], args.pg)
-                figures.update({k: got[k] for k in ("floor", "group_floor", "sequential", "concurrent")})
+                figures.update({k: got[k] for k in ("floor", "group_floor", "sequential",
+                                                    "concurrent")})
             if "wake" in parts:
                 figures["wake"] = timed("wake", measure_wake, backend, here / "wake",
                                         sizes["wake"], args.pg)

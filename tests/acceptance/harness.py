@@ -74,8 +74,8 @@ class WorkerProc:
             return ""
 
     def ready(self) -> bool:
-        """True once the worker printed its start line (agents loaded, store open)."""
-        return "serving" in self.log()
+        """True once the worker logged ``node_up``: agents loaded, store open, claiming."""
+        return "claiming work" in self.log()
 
     def alive(self) -> bool:
         """True while the process runs (stopped processes count as running)."""
