@@ -128,6 +128,14 @@ def fresh_database(backend: Backend, folder: Path, admin_url: str) -> Iterator[D
 # -- floors: the cheapest durable write each backend can do --------------------------------
 
 _BODY, _HASH, _SIGNATURE = b"x" * 160, os.urandom(32), os.urandom(64)
+FLOOR_TABLE_SQLITE = (
+    "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,"
+    " hash BLOB NOT NULL, signature BLOB NOT NULL, PRIMARY KEY (object_id, seq)) WITHOUT ROWID")
+"""The floors' table on SQLite: a record-sized row, clustered by object and seq as memory is."""
+FLOOR_TABLE_PG = (
+    "CREATE TABLE {name} (object_id TEXT NOT NULL, seq INTEGER NOT NULL, body BYTEA NOT NULL,"
+    " hash BYTEA NOT NULL, signature BYTEA NOT NULL, PRIMARY KEY (object_id, seq))")
+"""The same on PostgreSQL; ``{name}`` is the table's name."""
 
 
 def _floor_figures(times: list[float]) -> dict[str, Any]:
@@ -146,11 +154,7 @@ def sqlite_floor(path: Path, mode: str, commits: int) -> dict[str, Any]:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={mode.upper()}")
-        conn.execute(
-            "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL, body BLOB NOT NULL,"
-            " hash BLOB NOT NULL, signature BLOB NOT NULL, PRIMARY KEY (object_id, seq))"
-            " WITHOUT ROWID"
-        )
+        conn.execute(FLOOR_TABLE_SQLITE)
         times: list[float] = []
         for seq in range(commits):
             began = time.perf_counter()
@@ -170,11 +174,7 @@ def pg_floor(url: str, commits: int) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        conn.execute(
-            "CREATE TABLE floor_rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-            " body BYTEA NOT NULL, hash BYTEA NOT NULL, signature BYTEA NOT NULL,"
-            " PRIMARY KEY (object_id, seq))"
-        )
+        conn.execute(FLOOR_TABLE_PG.format(name="floor_rows"))
         conn.commit()
         times: list[float] = []
         for seq in range(commits):
@@ -232,10 +232,7 @@ def group_floor(db: Database, rows: int) -> dict[str, Any]:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={db.backend.mode.upper()}")
-            conn.execute(
-                "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-                " body BLOB NOT NULL, hash BLOB NOT NULL, signature BLOB NOT NULL,"
-                " PRIMARY KEY (object_id, seq)) WITHOUT ROWID")
+            conn.execute(FLOOR_TABLE_SQLITE)
             for batch in batches:
                 began = time.perf_counter()
                 conn.execute("BEGIN IMMEDIATE")
@@ -250,10 +247,7 @@ def group_floor(db: Database, rows: int) -> dict[str, Any]:
 
     assert db.pg_url is not None
     with psycopg.connect(db.pg_url) as pg:
-        pg.execute(
-            "CREATE TABLE group_floor_rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-            " body BYTEA NOT NULL, hash BYTEA NOT NULL, signature BYTEA NOT NULL,"
-            " PRIMARY KEY (object_id, seq))")
+        pg.execute(FLOOR_TABLE_PG.format(name="group_floor_rows"))
         pg.commit()
         for batch in batches:
             began = time.perf_counter()

@@ -109,7 +109,7 @@ def _bytes(db: Database) -> int:
 
 def _floor_bytes(db: Database, rows: int) -> int:
     """Bytes of the floor's table holding ``rows`` record-sized rows (one transaction)."""
-    from bench.common import _BODY, _HASH, _SIGNATURE
+    from bench.common import _BODY, _HASH, _SIGNATURE, FLOOR_TABLE_PG, FLOOR_TABLE_SQLITE
 
     values = [("object", seq, _BODY, _HASH, _SIGNATURE) for seq in range(rows)]
     if db.sqlite_path is not None:
@@ -119,10 +119,7 @@ def _floor_bytes(db: Database, rows: int) -> int:
         conn = sqlite3.connect(path, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(
-                "CREATE TABLE rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-                " body BLOB NOT NULL, hash BLOB NOT NULL, signature BLOB NOT NULL,"
-                " PRIMARY KEY (object_id, seq)) WITHOUT ROWID")
+            conn.execute(FLOOR_TABLE_SQLITE)
             conn.execute("BEGIN")
             conn.executemany("INSERT INTO rows VALUES (?, ?, ?, ?, ?)", values)
             conn.execute("COMMIT")
@@ -133,10 +130,7 @@ def _floor_bytes(db: Database, rows: int) -> int:
 
     assert db.pg_url is not None
     with psycopg.connect(db.pg_url) as conn:
-        conn.execute(
-            "CREATE TABLE floor_rows (object_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-            " body BYTEA NOT NULL, hash BYTEA NOT NULL, signature BYTEA NOT NULL,"
-            " PRIMARY KEY (object_id, seq))")
+        conn.execute(FLOOR_TABLE_PG.format(name="floor_rows"))
         with conn.cursor() as cur:
             cur.executemany("INSERT INTO floor_rows VALUES (%s, %s, %s, %s, %s)", values)
         conn.commit()

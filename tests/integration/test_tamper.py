@@ -98,10 +98,8 @@ def _double(x: int) -> int:
     return x * 2
 
 
-@pytest.fixture
-def finished(make_app: MakeApp) -> perdure.App:
-    """An App whose object ``obj-1`` ran six steps to completion: seven records."""
-    app = make_app()
+def _sum_doubles(app: perdure.App) -> Any:
+    """Register the agent the fixtures run: ``n`` steps doubling ``0..n-1``, summed."""
 
     @app.agent(name="sum_doubles")
     async def sum_doubles(run: perdure.Run, n: int) -> int:
@@ -110,6 +108,14 @@ def finished(make_app: MakeApp) -> perdure.App:
             total += await run.step(_double, i)
         return total
 
+    return sum_doubles
+
+
+@pytest.fixture
+def finished(make_app: MakeApp) -> perdure.App:
+    """An App whose object ``obj-1`` ran six steps to completion: seven records."""
+    app = make_app()
+    sum_doubles = _sum_doubles(app)
     handle = app.start(sum_doubles, 6, object_id=OID)
     with app.background_worker():
         assert handle.result(timeout=10) == 30
@@ -432,14 +438,7 @@ def sealed(make_app: MakeApp) -> tuple[perdure.App, str]:
     """Objects run side by side, so their steps share commits: an object whose memory
     holds records under commit seals, and the App."""
     app = make_app()
-
-    @app.agent(name="sum_doubles")
-    async def sum_doubles(run: perdure.Run, n: int) -> int:
-        total = 0
-        for i in range(n):
-            total += await run.step(_double, i)
-        return total
-
+    sum_doubles = _sum_doubles(app)
     handles = [app.start(sum_doubles, 6, object_id=f"obj-{i}") for i in range(8)]
     with app.background_worker(concurrency=8):
         assert [h.result(timeout=20) for h in handles] == [30] * 8

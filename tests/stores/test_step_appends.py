@@ -99,3 +99,34 @@ def test_a_record_conflict_refuses_only_its_append(store: Store, signer: Signer,
     assert store.records("good") == good.records
     row = store.get("stray")
     assert row is not None and row.head_seq == 1 and row.updated_at == NOW
+
+
+def test_a_batch_of_step_appends_is_judged_append_by_append(store: Store,
+                                                            signer: Signer) -> None:
+    """Step appends of distinct objects in one batch (the shape of many objects sharing a
+    commit) all land, heads and ``updated_at`` moved; when one of them is fenced out,
+    only that one is refused and the others still land."""
+    chains, epochs = _claimed(store, signer, "a", "b", "c")
+    for chain, epoch in zip(chains, epochs, strict=True):
+        assert store.apply([chain.append(epoch, chain.extend(1), ready_at=NOW)], NOW) == [None]
+    ops = [chain.append(epoch, chain.extend(1), ready_at=NOW)
+           for chain, epoch in zip(chains, epochs, strict=True)]
+    assert store.apply(ops, NOW + 1) == [None, None, None]
+    for chain in chains:
+        row = store.get(chain.object_id)
+        assert row is not None
+        assert (row.head_seq, row.head_hash, row.updated_at) == (
+            chain.head.seq, chain.head.hash, NOW + 1)
+        assert store.records(chain.object_id) == chain.records
+
+    a, b, c = chains
+    stale = b.peek(1)
+    results = store.apply([a.append(epochs[0], a.extend(1), ready_at=NOW),
+                           b.append(epochs[1] - 1, stale, ready_at=NOW),
+                           c.append(epochs[2], c.extend(1), ready_at=NOW)], NOW + 2)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], LeaseLostError)
+    for chain in chains:
+        assert store.records(chain.object_id) == chain.records
+        row = store.get(chain.object_id)
+        assert row is not None and row.head_seq == chain.head.seq

@@ -83,15 +83,6 @@ def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
                       json.loads)
 
 
-def _step_params(op: Append, now: float) -> dict[str, Any]:
-    """The ``append_step`` parameters of a step append (see ``_is_step_append``)."""
-    last = op.records[-1]
-    return {"head_seq": last.seq, "head_hash": bytes.fromhex(last.hash), "now": now,
-            "object_id": op.object_id, "epoch": op.epoch,
-            "expected_head": op.records[0].seq - 1, "status": op.status, "phase": op.phase,
-            "ready_at": op.ready_at}
-
-
 def _is_step_append(op: Append) -> bool:
     """Whether ``op`` only adds records while the node keeps running the object.
 
@@ -424,7 +415,8 @@ class SQLiteStore:
         if len({op.object_id for op in ops}) != len(ops):
             return False
         conn.execute("SAVEPOINT steps")
-        moved = conn.executemany(_Q["append_step"], [_step_params(op, now) for op in ops])
+        moved = conn.executemany(_Q["append_step"],
+                                 [append_params(op, now, json.dumps) for op in ops])
         if moved.rowcount != len(ops):  # a fence or a row's state differs: go one by one
             conn.execute("ROLLBACK TO steps")
             conn.execute("RELEASE steps")
