@@ -337,18 +337,19 @@ def sqlite_app(make_sqlite_app: MakeApp) -> perdure.App:
 def _limit_pages(store: Store, extra: int | None) -> None:
     """Cap the SQLite store's file at its current size plus ``extra`` pages (None: lift it).
 
-    ``PRAGMA max_page_count`` is per connection, so it is set on the store's own
-    write connection, under the store's write lock. Writes that need a page past
-    the cap fail with SQLITE_FULL, as on a full disk.
+    ``PRAGMA max_page_count`` is per connection, so it is set on the store's two
+    write connections (the write thread's and the event loop's), under the store's
+    write lock. Writes that need a page past the cap fail with SQLITE_FULL, as on a
+    full disk.
     """
     assert isinstance(store, SQLiteStore)
-    conn = store._w
     with store._wlock:
-        if extra is None:
-            conn.execute("PRAGMA max_page_count=4294967294")
-        else:
-            pages = conn.execute("PRAGMA page_count").fetchone()[0]
-            conn.execute(f"PRAGMA max_page_count={pages + extra}")
+        for conn in (store._w, store._w_now):
+            if extra is None:
+                conn.execute("PRAGMA max_page_count=4294967294")
+            else:
+                pages = conn.execute("PRAGMA page_count").fetchone()[0]
+                conn.execute(f"PRAGMA max_page_count={pages + extra}")
 
 
 def test_disk_full_is_a_typed_store_error(sqlite_app: perdure.App) -> None:

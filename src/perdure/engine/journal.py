@@ -29,13 +29,30 @@ class StoreUnavailable(BaseException):
 class Committer:
     """Group commit: appends submitted while a commit runs go together in the next one.
 
-    Records arrive hashed but not signed: the write thread signs them (Ed25519 runs
-    outside the GIL) just before the store writes them, so the event loop spends
-    none of its time on signatures. A commit of one record gets a signature of its
-    own; a commit of several gets one commit seal, a single signature over all
-    their hashes stored beside them, so many objects sharing a commit also share
-    its signature while every record stays verifiable on its own.
+    Records arrive hashed but not signed; the committer signs them when it hands a
+    batch to the write thread. A commit of one record gets a signature of its own; a
+    commit of several gets one commit seal, a single signature over all their hashes
+    stored beside them, so many objects sharing a commit also share its signature
+    while every record stays verifiable on its own.
+
+    Where the store can commit without waiting (``Store.apply_now``: SQLite, when no
+    other thread or process holds its write lock), the commit runs on the event loop
+    itself at the end of the loop's turn, so every append submitted during the turn
+    shares it. A local commit is short, and handing it to the write thread costs
+    more: the hop there and back, and the GIL, which the write thread must win back
+    from a busy loop after each statement and only gets when the loop's turn ends.
+    A refused inline commit goes to the thread. If those commits grow slow (their
+    moving average passes ``INLINE_LIMIT``, as on a network disk), or the store
+    refuses three in a row (another process keeps writing, or the store never commits
+    on the loop, as PostgreSQL), commits go to the write thread, and the loop tries
+    again after ``INLINE_RETRY`` of them.
+
+    Signing is done on the event loop either way: it is one signature per commit,
+    and work handed to the write thread should be the store's alone.
     """
+
+    INLINE_LIMIT = 0.005  # seconds: slower inline commits (moving average) go to the thread
+    INLINE_RETRY = 64  # commits on the write thread before trying inline ones again
 
     def __init__(
         self,
@@ -52,6 +69,10 @@ class Committer:
         self._flushing = False  # a commit is with the write thread
         self._deferred = False  # a start is scheduled for the loop's next turn
         self._target = 1  # appends to wait for before an idle committer starts a commit
+        self._inline = True  # commit on the loop (``apply_now``) rather than the thread
+        self._inline_cost = 0.0  # moving average of inline commit times, seconds
+        self._thread_commits = 0  # since the committer last left inline commits
+        self._refusals = 0  # apply_now refusals in a row
         self.commits = 0
         self.appends = 0
 
@@ -69,7 +90,7 @@ class Committer:
         future: asyncio.Future[list[Record]] = loop.create_future()
         self._pending.append((op, future))
         if not self._flushing:
-            if len(self._pending) >= self._target:
+            if len(self._pending) >= self._target and not self._inline:
                 self._start(loop)
             elif not self._deferred:
                 self._deferred = True
@@ -94,20 +115,21 @@ class Committer:
         instead keeps commits of one append alternating with commits of all the rest;
         waiting for everyone leaves one thread idle while the other works.
 
-        The write thread signs and applies the batch, then schedules ``_settle`` on the
-        loop, which wakes the submitters and starts the next batch if appends queued up
-        meanwhile. No task and no intermediate future: this is paid on every step.
+        The write thread applies the batch, then schedules ``_settle`` on the loop, which
+        wakes the submitters and starts the next batch if appends queued up meanwhile.
+        No task and no intermediate future: this is paid on every step.
         """
         batch, self._pending = self._pending, []
         self._flushing = True
-        ops, to_sign = self._sealed([op for op, _ in batch])
+        ops, seals = self._signed([op for op, _ in batch])
         now = self._clock()
+        if self._inline and self._commit_inline(loop, batch, ops, now, seals):
+            return
 
         def work() -> None:
             try:
-                ready, seals = self._signed(ops, to_sign)
-                results = self._store.apply(ready, now, seals)
-                outcome = (results, [list(op.records) for op in ready])
+                results = self._store.apply(ops, now, seals)
+                outcome = (results, [list(op.records) for op in ops])
             except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
                 with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                     loop.call_soon_threadsafe(self._settle, loop, batch, None, exc)
@@ -119,6 +141,34 @@ class Committer:
             self._executor.submit(work)
         except RuntimeError as exc:  # the executor shut down: the node is stopping
             self._settle(loop, batch, None, exc)
+
+    def _commit_inline(self, loop: asyncio.AbstractEventLoop,
+                       batch: list[tuple[Append, asyncio.Future[list[Record]]]],
+                       ops: list[Append], now: float, seals: list[CommitSeal]) -> bool:
+        """Commit ``batch`` on the loop if the store can without waiting; ``False``
+        (nothing written) sends it to the write thread, and later ones with it."""
+        began = time.perf_counter()
+        try:
+            results = self._store.apply_now(ops, now, seals)
+        except Exception as exc:  # noqa: BLE001 - each submitter gets it, as from the thread
+            self._settle(loop, batch, None, exc)
+            return True
+        except BaseException as exc:
+            self._settle(loop, batch, None, exc)
+            raise
+        if results is None:  # the lock is taken, or this store never commits on the loop
+            self._refusals += 1
+            if self._refusals >= 3:  # not a moment's contention: use the thread for a while
+                self._inline = False
+                self._thread_commits = 0
+            return False
+        self._refusals = 0
+        self._inline_cost = 0.8 * self._inline_cost + 0.2 * (time.perf_counter() - began)
+        if self._inline_cost > self.INLINE_LIMIT:
+            self._inline = False
+            self._thread_commits = 0
+        self._settle(loop, batch, (results, [list(op.records) for op in ops]), None)
+        return True
 
     def _settle(
         self,
@@ -136,6 +186,10 @@ class Committer:
         else:
             self.commits += 1
             self.appends += len(batch)
+            if not self._inline:
+                self._thread_commits += 1
+                if self._thread_commits >= self.INLINE_RETRY:
+                    self._inline, self._inline_cost = True, self.INLINE_LIMIT / 2
             results, stored = outcome
             for (_, future), failure, records in zip(batch, results, stored, strict=True):
                 if future.done():
@@ -146,44 +200,31 @@ class Committer:
                     future.set_exception(failure)
         self._flushing = False
         self._target = max(1, (len(self._pending) + len(batch)) // 2)
-        if len(self._pending) >= self._target:
+        if len(self._pending) >= self._target and not self._inline:
             self._start(loop)
         elif self._pending and not self._deferred:
             self._deferred = True
             loop.call_soon(self._start_deferred, loop)
 
-    def _sealed(self, ops: list[Append]) -> tuple[list[Append], tuple[bytes, bytes] | None]:
-        """On the loop: a batch of several unsigned records is put under one commit seal
-        (the records get its reference); the seal's digest and hash list, left for the
-        write thread to sign, or ``None`` when there is no seal to sign."""
-        signer = self._signer
-        if signer is None:
-            return ops, None
-        unsigned = [rec for op in ops for rec in op.records if not rec.signature]
-        if len(unsigned) < 2:
-            return ops, None
-        digest, hashes, refs = seal_parts(unsigned, signer.node_id)
-        done = iter(refs)
-        return [_with_records(op, [rec if rec.signature else next(done) for rec in op.records])
-                if any(not rec.signature for rec in op.records) else op
-                for op in ops], (digest, hashes)
-
-    def _signed(self, ops: list[Append], to_sign: tuple[bytes, bytes] | None
-                ) -> tuple[list[Append], list[CommitSeal]]:
-        """On the write thread: sign the commit seal, or the one unsigned record."""
+    def _signed(self, ops: list[Append]) -> tuple[list[Append], list[CommitSeal]]:
+        """The batch signed: several unsigned records under one commit seal (each gets
+        its reference), a lone unsigned record with a signature of its own."""
         signer = self._signer
         if signer is None:
             return ops, []
-        if to_sign is not None:
-            digest, hashes = to_sign
-            return ops, [CommitSeal(digest, signer.node_id, hashes, signer.sign(digest))]
-        ready = []
-        for op in ops:
-            if any(not rec.signature for rec in op.records):
-                op = _with_records(op, [rec if rec.signature else signed(rec, signer)
-                                        for rec in op.records])
-            ready.append(op)
-        return ready, []
+        unsigned = [rec for op in ops for rec in op.records if not rec.signature]
+        if not unsigned:
+            return ops, []
+        if len(unsigned) == 1:
+            done = iter([signed(unsigned[0], signer)])
+            seals = []
+        else:
+            digest, hashes, refs = seal_parts(unsigned, signer.node_id)
+            done = iter(refs)
+            seals = [CommitSeal(digest, signer.node_id, hashes, signer.sign(digest))]
+        return [_with_records(op, [rec if rec.signature else next(done) for rec in op.records])
+                if any(not rec.signature for rec in op.records) else op
+                for op in ops], seals
 
 
 _APPEND_FIELDS = tuple(f.name for f in dataclasses.fields(Append))

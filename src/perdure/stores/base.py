@@ -207,6 +207,16 @@ class Store(Protocol):
         through (a commit seal only vouches for the hashes it lists).
         """
 
+    def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+                  ) -> builtins.list[BaseException | None] | None:
+        """``apply``, on the calling thread, if it needs no waiting on anyone: ``None``
+        (nothing written) when the backend would have to wait for a lock, or never
+        commits on the caller's thread.
+
+        A worker's event loop calls it so that a short local commit costs no hop to the
+        write thread and back; it falls back to ``apply`` on the write thread on ``None``.
+        """
+
     def send(
         self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
     ) -> bool:

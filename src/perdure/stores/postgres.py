@@ -423,6 +423,13 @@ class PostgresStore:
         except _RetryWithSavepoints:
             return self._apply_batch(ops, now, seals, savepoints=True)
 
+    def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+                  ) -> builtins.list[BaseException | None] | None:
+        """Always ``None``: a commit here is a network round trip, which the event loop
+        must not wait on; the write thread applies it while the loop runs other steps."""
+        del ops, now, seals
+        return None
+
     def _apply_batch(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal], *,
                      savepoints: bool) -> builtins.list[BaseException | None]:
         if not savepoints and not any(map(_careful, ops)):

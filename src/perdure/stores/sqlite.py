@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -98,6 +99,26 @@ def _is_step_append(op: Append) -> bool:
             and op.avoid_node is None and not op.clear_avoid)
 
 
+_ROWS_PER_STATEMENT = 200  # rows of one grouped statement (8 or 11 parameters each)
+
+
+@functools.cache
+def _grouped(name: str, rows: int) -> str:
+    """Query ``name`` for ``rows`` rows: its ``{rows}`` as that many parameter tuples."""
+    width = 11 if name == "insert_records" else 8
+    row = "(" + ",".join("?" * width) + ")"
+    return _Q[name].format(rows=",".join([row] * rows))
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    for at in range(0, len(items), size):
+        yield items[at:at + size]
+
+
+class _Busy(Exception):  # noqa: N818 - internal control flow
+    """The write lock is taken and the caller asked not to wait for it."""
+
+
 class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
     """A record insert failed after its row moved; retry the batch op by op."""
 
@@ -131,18 +152,20 @@ class SQLiteStore:
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._w = self._connect()
+        self._w_now = self._connect(busy_timeout=0.0)  # apply_now: never waits for the lock
         self._r = self._connect()
         self._opening(self._migrate)
 
     # -- connections ---------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        return self._opening(self._open_connection)
+    def _connect(self, busy_timeout: float | None = None) -> sqlite3.Connection:
+        timeout = self._busy_timeout if busy_timeout is None else busy_timeout
+        return self._opening(lambda: self._open_connection(timeout))
 
-    def _open_connection(self) -> sqlite3.Connection:
+    def _open_connection(self, timeout: float) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path,
-            timeout=self._busy_timeout,
+            timeout=timeout,
             isolation_level=None,
             check_same_thread=False,
         )
@@ -180,12 +203,19 @@ class SQLiteStore:
             delay = min(delay * 2, 0.1)
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._wlock:
-            conn = self._w
+    def _write(self, *, wait: bool = True) -> Iterator[sqlite3.Connection]:
+        """A write transaction; with ``wait=False`` it raises ``_Busy`` instead of waiting
+        for another thread of this process or another process to finish writing."""
+        if not self._wlock.acquire(blocking=wait):
+            raise _Busy
+        try:
+            conn = self._w if wait else self._w_now
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
+                if not wait and isinstance(exc, sqlite3.OperationalError) and any(
+                        word in str(exc).lower() for word in ("locked", "busy")):
+                    raise _Busy from exc
                 raise _translate(exc, self.path) from exc
             try:
                 yield conn
@@ -196,6 +226,8 @@ class SQLiteStore:
                 if isinstance(exc, sqlite3.Error):
                     raise _translate(exc, self.path) from exc
                 raise
+        finally:
+            self._wlock.release()
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -225,6 +257,7 @@ class SQLiteStore:
         """Close both connections."""
         with self._wlock, self._rlock:
             self._w.close()
+            self._w_now.close()
             self._r.close()
 
     # -- nodes -----------------------------------------------------------------
@@ -368,14 +401,33 @@ class SQLiteStore:
         except _RetryWithSavepoints:
             return self._apply_batch(ops, now, seals, savepoints=True)
 
+    def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+                  ) -> builtins.list[BaseException | None] | None:
+        """``apply`` on the calling thread, or ``None`` (nothing written) if another
+        thread or process holds the write lock: this never waits on the busy timeout.
+
+        A commit to a local file is short (a few hundred µs with its fsync on a fast
+        disk), so a worker's event loop does it itself rather than hand it to the write
+        thread: the hop there and back, and the GIL the write thread must win from a
+        busy loop between its statements, cost more than the commit.
+        """
+        try:
+            try:
+                return self._apply_batch(ops, now, seals, savepoints=False, wait=False)
+            except _RetryWithSavepoints:
+                return self._apply_batch(ops, now, seals, savepoints=True, wait=False)
+        except _Busy:
+            return None
+
     def _apply_batch(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal], *,
-                     savepoints: bool) -> builtins.list[BaseException | None]:
+                     savepoints: bool, wait: bool = True) -> builtins.list[BaseException | None]:
         results: list[BaseException | None] = []
-        with self._write() as conn:
+        with self._write(wait=wait) as conn:
             if seals:
                 conn.executemany(_Q["insert_seal"], [seal_params(seal) for seal in seals])
-            if not savepoints and self._apply_steps(conn, ops, now):
-                return [None] * len(ops)
+            grouped = None if savepoints else self._apply_steps(conn, ops, now)
+            if grouped is not None:
+                return grouped
             for op in ops:
                 guarded = savepoints or bool(op.consume_event_ids) or op.signal is not None
                 if guarded:
@@ -401,33 +453,63 @@ class SQLiteStore:
                 results.append(None)
         return results
 
-    def _apply_steps(self, conn: sqlite3.Connection, ops: Sequence[Append], now: float) -> bool:
-        """The common group commit in three statements, if it applies: every append is a
-        step append of a distinct object and every row's fence holds. Otherwise nothing
-        is left written and ``False`` sends the batch down the append-by-append path.
+    def _apply_steps(self, conn: sqlite3.Connection, ops: Sequence[Append], now: float
+                     ) -> builtins.list[BaseException | None] | None:
+        """The common group commit, if it applies: every append is a step append of a
+        distinct object. Then two statements do it all: one moves every head whose row
+        still holds its fence (``append_steps``), one inserts every record. An append
+        whose row did not move (its fence or its row state differs, as for the first
+        append after a claim) goes on alone. Returns each append's outcome, or ``None``
+        when the batch is not of that kind (nothing was written).
 
-        Each statement releases the GIL while SQLite works and must win it back from
-        the event loop, so one ``executemany`` for all the heads and one for all the
-        records cost far less than two statements per append.
+        Each statement gives up the GIL while SQLite works and must win it back from the
+        event loop (one release per row with ``executemany``), so one statement for all
+        the heads and one for all the records cost far less than two per append.
         """
         if len(ops) < 2 or not all(map(_is_step_append, ops)):
-            return False
+            return None
         if len({op.object_id for op in ops}) != len(ops):
-            return False
-        conn.execute("SAVEPOINT steps")
-        moved = conn.executemany(_Q["append_step"],
-                                 [append_params(op, now, json.dumps) for op in ops])
-        if moved.rowcount != len(ops):  # a fence or a row's state differs: go one by one
-            conn.execute("ROLLBACK TO steps")
-            conn.execute("RELEASE steps")
-            return False
+            return None
+        moved = 0
+        for chunk in _chunks(ops, _ROWS_PER_STATEMENT):
+            params: list[Any] = []
+            for op in chunk:
+                last = op.records[-1]
+                params += (op.object_id, last.seq, bytes.fromhex(last.hash), op.epoch,
+                           op.records[0].seq - 1, op.status, op.phase, op.ready_at)
+            params.append(now)
+            moved += conn.execute(_grouped("append_steps", len(chunk)), params).rowcount
+        left = [] if moved == len(ops) else self._unmoved(conn, ops)
+        alone = {id(op) for op in left}
+        records = [record_params(rec) for op in ops if id(op) not in alone
+                   for rec in op.records]
         try:
-            conn.executemany(_Q["insert_record"],
-                             [record_params(rec) for op in ops for rec in op.records])
+            for rows in _chunks(records, _ROWS_PER_STATEMENT):
+                conn.execute(_grouped("insert_records", len(rows)),
+                             [value for row in rows for value in row])
         except sqlite3.IntegrityError as exc:
             raise _RetryWithSavepoints from exc
-        conn.execute("RELEASE steps")
-        return True
+        failures: dict[int, BaseException] = {}
+        for op in left:  # not moved by append_steps: append_update decides, as for one op
+            try:
+                self._apply_one(conn, op, now)
+            except LeaseLostError as exc:
+                failures[id(op)] = exc
+            except sqlite3.IntegrityError as exc:
+                raise _RetryWithSavepoints from exc
+        return [failures.get(id(op)) for op in ops]
+
+    @staticmethod
+    def _unmoved(conn: sqlite3.Connection, ops: Sequence[Append]) -> builtins.list[Append]:
+        """The appends whose rows ``append_steps`` did not move to their new heads."""
+        heads: dict[str, tuple[int, bytes]] = {}
+        for chunk in _chunks(ops, _ROWS_PER_STATEMENT):
+            sql = _Q["heads_of"].format(marks=",".join("?" * len(chunk)))
+            for object_id, seq, digest in conn.execute(sql, [op.object_id for op in chunk]):
+                heads[object_id] = (seq, bytes(digest))
+        return [op for op in ops
+                if heads.get(op.object_id) != (op.records[-1].seq,
+                                               bytes.fromhex(op.records[-1].hash))]
 
     def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> None:
         last = op.records[-1] if op.records else None

@@ -110,6 +110,31 @@ WHERE object_id = :object_id AND epoch = :epoch AND head_seq = :expected_head
   AND status = :status AND phase = :phase AND ready_at IS :ready_at
   AND waiting_event IS NULL AND parked = 0 AND note IS NULL AND cancel_requested = 0;
 
+-- name: append_steps
+-- append_step for many objects in one statement ({rows} is that many "(?,?,?,?,?,?,?,?)"):
+-- SQLite gives up the GIL once per statement it runs, not once per row.
+WITH v (object_id, head_seq, head_hash, epoch, expected_head, status, phase, ready_at)
+    AS (VALUES {rows})
+UPDATE objects
+SET head_seq = v.head_seq, head_hash = v.head_hash, updated_at = ?
+FROM v
+WHERE objects.object_id = v.object_id AND objects.epoch = v.epoch
+  AND objects.head_seq = v.expected_head
+  AND objects.status = v.status AND objects.phase = v.phase AND objects.ready_at IS v.ready_at
+  AND objects.waiting_event IS NULL AND objects.parked = 0 AND objects.note IS NULL
+  AND objects.cancel_requested = 0;
+
+-- name: heads_of
+-- The heads of the given objects ({marks} is that many "?").
+SELECT object_id, head_seq, head_hash FROM objects WHERE object_id IN ({marks});
+
+-- name: insert_records
+-- insert_record for many records in one statement ({rows} is that many
+-- "(?,?,?,?,?,?,?,?,?,?,?)").
+INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
+                     prev_hash, hash, signature)
+VALUES {rows};
+
 -- name: consume_event
 UPDATE inbox SET consumed_seq = ? WHERE event_id = ? AND object_id = ? AND consumed_seq IS NULL;
 
