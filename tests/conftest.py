@@ -62,6 +62,22 @@ def key_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def make_sqlite_app(sqlite_url: str, key_dir: Path) -> Iterator[Callable[..., perdure.App]]:
+    """Build Apps on one SQLite store file (short leases, fast polling); closed afterwards."""
+    apps: list[perdure.App] = []
+
+    def make(**options: Any) -> perdure.App:
+        options.setdefault("lease_seconds", 2.0)
+        app = perdure.App(store=sqlite_url, key_dir=key_dir, poll_interval=0.01, **options)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
 def make_app(store_url: str, key_dir: Path) -> Iterator[Callable[..., perdure.App]]:
     """Build Apps on the test's store with short leases and fast polling; closed afterwards."""
     apps: list[perdure.App] = []

@@ -15,7 +15,6 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -304,22 +303,6 @@ def test_store_folder_missing(tmp_path: Path) -> None:
 
 
 # -- disk full (SQLite only: the cap is SQLite's max_page_count) -------------------------
-
-
-@pytest.fixture
-def make_sqlite_app(sqlite_url: str, key_dir: Path) -> Iterator[MakeApp]:
-    """Apps on one SQLite store file (short leases, fast polling); closed afterwards."""
-    apps: list[perdure.App] = []
-
-    def make(**options: Any) -> perdure.App:
-        options.setdefault("lease_seconds", 2.0)
-        app = perdure.App(store=sqlite_url, key_dir=key_dir, poll_interval=0.01, **options)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.close()
 
 
 @pytest.fixture

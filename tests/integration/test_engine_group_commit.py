@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import perdure
 from perdure.engine.worker import Worker
@@ -56,7 +60,73 @@ def test_concurrent_objects_share_commits(make_app: AppFactory) -> None:
     committer = worker.committer
     assert committer.appends >= OBJECTS * (STEPS + 1), "every step and every end was appended"
     assert committer.commits < committer.appends, "appends were batched into shared commits"
+    if app.store.url.startswith("sqlite"):  # nobody else writes: the loop commits itself
+        assert committer.inline_commits > committer.commits // 2
+    else:  # a network round trip: always on the write thread
+        assert committer.inline_commits == 0
     for i in (0, OBJECTS // 2, OBJECTS - 1):
         history = app.history(f"busy-{i:02d}")
         assert sum(1 for r in history if r.kind == perdure.Kind.STEP_DONE) == STEPS
         assert app.verify(f"busy-{i:02d}").ok
+
+
+def test_steps_go_on_while_another_process_holds_the_write_lock(make_sqlite_app: AppFactory,
+                                                                tmp_path: Path) -> None:
+    """While another connection holds SQLite's write lock, the event loop does not wait on
+    it: its commits go to the write thread, which waits out the lock, and the loop goes
+    back to committing itself once the file is free again. Nothing is lost or doubled."""
+    app = make_sqlite_app()
+    path = app.store.url.removeprefix("sqlite:///")
+    ran: list[int] = []
+
+    async def tick(j: int) -> int:
+        ran.append(j)
+        await asyncio.sleep(0.005)
+        return j
+
+    @app.agent(name="ticker")
+    async def ticker(run: perdure.Run, n: int) -> int:
+        return sum([await run.step(tick, j) for j in range(n)])
+
+    handle = app.start("ticker", 400, object_id="ticker")
+    worker: Worker = app.worker(concurrency=4)
+    loop_stalls: list[float] = []
+
+    def hold_lock(held: threading.Event) -> None:
+        other = sqlite3.connect(path, isolation_level=None, timeout=30)
+        try:
+            while len(ran) < 20:
+                time.sleep(0.005)
+            other.execute("BEGIN IMMEDIATE")
+            held.set()
+            time.sleep(0.5)
+            other.execute("COMMIT")
+        finally:
+            other.close()
+
+    async def serve() -> None:
+        held = threading.Event()
+        holder = threading.Thread(target=hold_lock, args=(held,))
+        holder.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        loop = asyncio.get_running_loop()
+        try:
+            while not held.is_set():
+                await asyncio.sleep(0.01)
+            for _ in range(20):  # the loop keeps turning while the lock is held
+                began = loop.time()
+                await asyncio.sleep(0.01)
+                loop_stalls.append(loop.time() - began)
+            assert await loop.run_in_executor(None, handle.result, 60.0) == sum(range(400))
+        finally:
+            stop.set()
+            await task
+            holder.join()
+
+    asyncio.run(serve())
+    assert max(loop_stalls) < 0.3, loop_stalls
+    assert sorted(set(ran)) == list(range(400)) and len(ran) == 400
+    committer = worker.committer
+    assert 0 < committer.inline_commits < committer.commits
+    assert app.verify("ticker").ok

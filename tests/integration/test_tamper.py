@@ -335,22 +335,6 @@ def _pad(i: int) -> str:
     return f"{i:04d}-" + "x" * 150
 
 
-@pytest.fixture
-def make_sqlite_app(sqlite_url: str, key_dir: Path) -> Iterator[MakeApp]:
-    """Apps on one SQLite store file (short leases, fast polling); closed afterwards."""
-    apps: list[perdure.App] = []
-
-    def make() -> perdure.App:
-        app = perdure.App(store=sqlite_url, key_dir=key_dir, lease_seconds=2.0,
-                          poll_interval=0.01)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.close()
-
-
 def test_corrupt_pages_fail_closed(make_sqlite_app: MakeApp, sqlite_url: str,
                                    key_dir: Path) -> None:
     """Garbage over pages in the middle of the file gives StoreCorruptError, never a resume.

@@ -9,6 +9,7 @@ exactly as the full update leaves it, and that anything else takes the full path
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from perdure.core.chain import Signer
 from perdure.errors import LeaseLostError
@@ -130,3 +131,56 @@ def test_a_batch_of_step_appends_is_judged_append_by_append(store: Store,
         assert store.records(chain.object_id) == chain.records
         row = store.get(chain.object_id)
         assert row is not None and row.head_seq == chain.head.seq
+
+
+def test_a_batch_mixing_first_and_later_step_appends_lands_whole(store: Store,
+                                                                  signer: Signer) -> None:
+    """The first step append after a claim finds the row still in the claim's phase, so
+    it cannot just move the head; in a batch with later step appends of other objects
+    it takes the full update on its own and every append lands, rows as the full update
+    leaves them."""
+    chains, epochs = _claimed(store, signer, "later-1", "first", "later-2")
+    for chain, epoch in zip(chains, epochs, strict=True):
+        if chain.object_id != "first":
+            assert store.apply([chain.append(epoch, chain.extend(1), ready_at=NOW)],
+                               NOW) == [None]
+    claimed = store.get("first")
+    assert claimed is not None and claimed.phase == "evaluation"
+    ops = [chain.append(epoch, chain.extend(2), ready_at=NOW)
+           for chain, epoch in zip(chains, epochs, strict=True)]
+    assert store.apply(ops, NOW + 1) == [None, None, None]
+    for chain in chains:
+        row = store.get(chain.object_id)
+        assert row is not None
+        assert (row.head_seq, row.head_hash, row.phase, row.status, row.updated_at) == (
+            chain.head.seq, chain.head.hash, "execution", "running", NOW + 1)
+        assert store.records(chain.object_id) == chain.records
+
+
+def test_apply_now_commits_only_when_it_need_not_wait(store: Store, signer: Signer,
+                                                      place: str) -> None:
+    """``apply_now`` is ``apply`` when nobody else is writing. While another process
+    holds SQLite's write lock it gives ``None`` at once and writes nothing; PostgreSQL
+    never commits on the caller's thread."""
+    (chain,), (epoch,) = _claimed(store, signer, "now")
+    op = chain.append(epoch, chain.extend(1), ready_at=NOW)
+    if not place.startswith("sqlite:///"):
+        assert store.apply_now([op], NOW) is None
+        assert store.records("now") == chain.records[:1]
+        return
+    assert store.apply_now([op], NOW) == [None]
+    assert store.records("now") == chain.records
+    other = sqlite3.connect(place.removeprefix("sqlite:///"), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        began = time.monotonic()
+        held = chain.append(epoch, chain.peek(1), ready_at=NOW)
+        assert store.apply_now([held], NOW + 1) is None
+        assert time.monotonic() - began < 1.0  # the store's busy timeout is 30 s
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+    assert store.records("now") == chain.records
+    assert store.apply_now([chain.append(epoch, chain.extend(1), ready_at=NOW)],
+                           NOW + 2) == [None]
+    assert store.records("now") == chain.records

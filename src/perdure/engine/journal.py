@@ -75,6 +75,7 @@ class Committer:
         self._refusals = 0  # apply_now refusals in a row
         self.commits = 0
         self.appends = 0
+        self.inline_commits = 0  # of ``commits``, those made on the event loop
 
     @property
     def signs(self) -> bool:
@@ -163,6 +164,7 @@ class Committer:
                 self._thread_commits = 0
             return False
         self._refusals = 0
+        self.inline_commits += 1
         self._inline_cost = 0.8 * self._inline_cost + 0.2 * (time.perf_counter() - began)
         if self._inline_cost > self.INLINE_LIMIT:
             self._inline = False
