@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
@@ -28,6 +29,13 @@ from perdure.core.records import (
     needs_escape,
 )
 from perdure.errors import IntegrityError
+
+try:  # libsodium signs in less than half the time OpenSSL takes here
+    from nacl.bindings import crypto_sign as _sodium_sign
+    from nacl.bindings import crypto_sign_seed_keypair as _sodium_keypair
+except ImportError:  # pragma: no cover - PyNaCl is a dependency; a platform without wheels
+    _sodium_sign = None  # type: ignore[assignment]
+    _sodium_keypair = None  # type: ignore[assignment]
 
 __all__ = [
     "SEAL_MARK",
@@ -50,13 +58,29 @@ _SEAL_DOMAIN = b"perdure commit seal v1\n"
 
 @dataclass(frozen=True, slots=True)
 class Signer:
-    """A node's identity: its id and Ed25519 private key."""
+    """A node's identity: its id and Ed25519 private key.
+
+    Signing goes through libsodium (PyNaCl) when it is installed: Ed25519 signatures
+    are deterministic (RFC 8032), so it gives the very bytes ``cryptography`` gives,
+    in less than half the time, and a node signs once per commit.
+    """
 
     node_id: str
     private_key: Ed25519PrivateKey
+    _sodium_key: bytes | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if _sodium_sign is not None:
+            seed = self.private_key.private_bytes(
+                serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                serialization.NoEncryption())
+            object.__setattr__(self, "_sodium_key", _sodium_keypair(seed)[1])
 
     def sign(self, digest: bytes) -> bytes:
-        """Sign ``digest`` (the record hash bytes)."""
+        """Sign ``digest`` (the record hash bytes): the 64-byte Ed25519 signature."""
+        key = self._sodium_key
+        if key is not None and _sodium_sign is not None:
+            return _sodium_sign(digest, key)[:64]
         return self.private_key.sign(digest)
 
 
