@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perdure.core.codec import decode, encode
+from perdure.core.records import step_done_bytes
 from perdure.errors import SerializationError
 from tests.unit.builders import PROFILE
 
@@ -88,3 +89,24 @@ def test_encoding_is_canonical(value: Any) -> None:
     data = encode(value)
     assert encode(decode(data)) == data
     assert decode(data) == value
+
+
+@PROFILE
+@given(attempt=st.integers(min_value=1, max_value=10**6),
+       latency=st.floats(min_value=0, max_value=1e6),
+       name=st.text(), pos=st.integers(min_value=0) | st.text(), result=json_values)
+def test_step_done_bytes_are_the_encoders(attempt: int, latency: float, name: str,
+                                          pos: int | str, result: Any) -> None:
+    """The ``step_done`` body put together around the encoded result is byte for byte
+    what the encoder gives for the whole body, or ``None`` for the encoder to do it."""
+    latency = round(latency, 6)
+    try:
+        result_bytes = encode(result)
+        whole = encode({"pos": pos, "cmd": "step", "name": name, "attempt": attempt,
+                        "latency": latency, "result": decode(result_bytes)})
+    except SerializationError:
+        return  # a value JSON cannot hold (a lone surrogate): the step fails before this
+    built = step_done_bytes(attempt, latency, name, pos, result_bytes)
+    assert built is None or built == whole
+    if name.isalnum() and (type(pos) is int or pos.isalnum()) and name.isascii():
+        assert built == whole  # the common case takes the fast path

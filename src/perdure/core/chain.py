@@ -101,7 +101,7 @@ def seal(
     ``sign=False`` leaves the signature empty for ``signed`` to add later (the engine
     signs on its write thread, just before the record is stored).
     """
-    body_bytes = encode(draft.body, what=f"{draft.kind} record body")
+    body_bytes = draft.body_bytes or encode(draft.body, what=f"{draft.kind} record body")
     digest = compute_hash(
         object_id=object_id,
         seq=seq,

@@ -32,6 +32,7 @@ __all__ = [
     "compute_hash",
     "decode_record",
     "record_from_columns",
+    "step_done_bytes",
 ]
 
 FORMAT_VERSION = 1
@@ -63,10 +64,37 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RecordDraft:
-    """A record before it has a place in the chain: kind and body only."""
+    """A record before it has a place in the chain: kind and body only.
+
+    ``body_bytes``, when given, must be exactly ``encode(body)``: a caller that has
+    the canonical bytes already (a step's body around its encoded result) spares the
+    encoder a second pass.
+    """
 
     kind: Kind
     body: dict[str, Any]
+    body_bytes: bytes | None = None
+
+
+def step_done_bytes(attempt: int, latency: float, name: str, pos: int | str,
+                    result: bytes) -> bytes | None:
+    """The canonical bytes of a ``step_done`` body around the already encoded ``result``,
+    byte for byte what ``encode`` gives for the dict; ``None`` when a value needs the
+    encoder (a name or position that must be escaped)."""
+    if type(attempt) is not int or type(latency) is not float or not is_plain(name):
+        return None
+    if type(pos) is int:
+        at = str(pos)
+    elif is_plain(pos):
+        at = f'"{pos}"'
+    else:
+        return None
+    try:
+        head = (f'{{"attempt":{attempt},"cmd":"step","latency":{latency!r},"name":"{name}",'
+                f'"pos":{at},"result":').encode()
+    except UnicodeEncodeError:
+        return None  # a lone surrogate: the encoder says what is wrong
+    return b"%b%b}" % (head, result)
 
 
 class Record(NamedTuple):

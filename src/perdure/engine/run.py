@@ -23,7 +23,7 @@ from typing import Any, TypeVar, overload
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
 from perdure.core.codec import decode, detached, encode
 from perdure.core.intent import Context, Intent
-from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.records import Kind, Record, RecordDraft, step_done_bytes
 from perdure.engine.context import StepInfo
 from perdure.engine.journal import Journal
 from perdure.errors import (
@@ -162,6 +162,9 @@ _CHILD_FINISHED = Kind.CHILD_FINISHED.value
 _CAPABILITY_MISSING = Kind.CAPABILITY_MISSING.value
 _INSTANTIATED = Kind.INSTANTIATED.value
 _STEP_DONE = Kind.STEP_DONE.value
+
+
+_SCALARS = (int, float, str, bool, type(None))  # what JSON gives back as it was given
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
@@ -435,13 +438,15 @@ class Run:
             latency = time.perf_counter() - began
             await self._record_failure(base, attempt, failures, policy, exc, latency, key)
             raise
-        latency = time.perf_counter() - began
+        latency = round(time.perf_counter() - began, 6)
         # The agent sees the value as memory holds it (tuples as lists, keys as strings),
-        # so the first run and every replay see exactly the same thing.
-        recorded = decode(result_bytes)
+        # so the first run and every replay see exactly the same thing. A scalar comes
+        # back from JSON as itself.
+        recorded = result if type(result) in _SCALARS else decode(result_bytes)
         await self._journal.commit(
-            [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": round(latency, 6),
-                                          "result": recorded})],
+            [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": latency,
+                                          "result": recorded},
+                         step_done_bytes(attempt, latency, step_name, pos, result_bytes))],
             **self._routing_reset(),
         )
         return recorded

@@ -270,8 +270,11 @@ class Worker:
                 stop_wait = asyncio.ensure_future(stop.wait())
                 wake_wait = asyncio.ensure_future(self._wake.wait())
                 try:
+                    # Every slot busy: nothing to claim until an object lets go, which
+                    # sets the wake-up; no polling meanwhile.
                     await asyncio.wait(
-                        [stop_wait, wake_wait], timeout=max(wait, 0.001),
+                        [stop_wait, wake_wait],
+                        timeout=max(wait, 0.001) if free > 0 else None,
                         return_when=asyncio.FIRST_COMPLETED,
                     )
                 finally:
