@@ -10,10 +10,13 @@ signal another object mix with plain ones; every field of an append lands exactl
 
 from __future__ import annotations
 
+import asyncio
+
 from perdure.core.chain import Signer, seal_commit, seal_ref
 from perdure.errors import LeaseLostError
 from perdure.stores import Store
-from perdure.stores.base import Route, Signal
+from perdure.stores._rows import record_params
+from perdure.stores.base import Append, Route, Signal
 from tests.stores.builders import NOW, Chain
 
 LEASE = NOW + 30.0
@@ -226,3 +229,48 @@ def test_commit_seals_go_in_with_careful_appends(store: Store, signer: Signer) -
     assert results == [None, None]
     assert store.seals([commit_seal.digest]) == {commit_seal.digest: commit_seal}
     assert store.records("child")[-1].signature == seal_ref(commit_seal.digest)
+
+
+async def _apply_async(store: Store, ops: list[Append], now: float
+                       ) -> list[BaseException | None] | None:
+    try:
+        return await store.apply_async(ops, now)
+    finally:
+        await store.close_async()
+
+
+def test_apply_async_takes_plain_batches_and_leaves_the_rest(store: Store, signer: Signer,
+                                                             place: str) -> None:
+    """PostgreSQL commits a batch of plain appends to distinct objects on the event loop,
+    each judged on its own as ``apply`` would; a batch with an append that consumes an
+    event, two appends of one object, or a record conflict is left to ``apply``
+    (``None``) with nothing written. SQLite leaves every batch to its other paths."""
+    chains, epochs = _claimed(store, signer, "a", "b", "c")
+    a, b, c = chains["a"], chains["b"], chains["c"]
+    if store.commit_mode != "async":
+        assert asyncio.run(_apply_async(store, [a.append(epochs["a"], a.peek(1))], NOW)) is None
+        assert store.records("a") == a.records
+        return
+    plain = [a.append(epochs["a"], a.extend(1)), b.append(epochs["b"] - 1, b.peek(1)),
+             c.append(epochs["c"], c.extend(2))]
+    results = asyncio.run(_apply_async(store, plain, NOW + 1))
+    assert results is not None and results[0] is None and results[2] is None
+    assert isinstance(results[1], LeaseLostError)
+    for chain in (a, b, c):
+        assert store.records(chain.object_id) == chain.records
+
+    squatter = c.peek(1)[0]  # a stray row at c's next seq: its append hits a conflict
+    import psycopg
+
+    with psycopg.connect(place) as pg:
+        pg.execute(b"INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, "
+                   b"policy_ref, kind, body, prev_hash, hash, signature) "
+                   b"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                   record_params(squatter))
+    twice = [a.append(epochs["a"], a.peek(1)), a.append(epochs["a"], a.peek(2)[1:])]
+    careful = [a.append(epochs["a"], a.peek(1), consume_event_ids=(1,))]
+    clash = [b.append(epochs["b"], b.peek(1)), c.append(epochs["c"], c.peek(1))]
+    for batch in (twice, careful, clash):
+        assert asyncio.run(_apply_async(store, batch, NOW + 3)) is None
+    assert store.records("a") == a.records and store.records("b") == b.records
+    assert store.records("c") == [*c.records, squatter]

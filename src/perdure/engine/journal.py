@@ -47,6 +47,11 @@ class Committer:
     on the loop, as PostgreSQL), commits go to the write thread, and the loop tries
     again after ``INLINE_RETRY`` of them.
 
+    Where the store has an asynchronous driver (``Store.apply_async``: PostgreSQL), the
+    commit is awaited on the loop: the loop runs the next cohort's steps while the
+    server works, with no hop to a thread. Batches it declines (appends that consume
+    events or signal, or that hit a conflict) go to the write thread.
+
     Signing is done on the event loop either way: it is one signature per commit,
     and work handed to the write thread should be the store's alone.
     """
@@ -66,16 +71,19 @@ class Committer:
         self._clock = clock
         self._signer = signer
         self._pending: list[tuple[Append, asyncio.Future[list[Record]]]] = []
-        self._flushing = False  # a commit is with the write thread
+        self._flushing = False  # a commit is in flight
         self._deferred = False  # a start is scheduled for the loop's next turn
         self._target = 1  # appends to wait for before an idle committer starts a commit
-        self._inline = True  # commit on the loop (``apply_now``) rather than the thread
+        mode = getattr(store, "commit_mode", "thread")
+        self._inline = mode == "inline"  # commit on the loop (``apply_now``), not the thread
+        self._async = mode == "async"  # await ``apply_async`` on the loop
         self._inline_cost = 0.0  # moving average of inline commit times, seconds
         self._thread_commits = 0  # since the committer last left inline commits
         self._refusals = 0  # apply_now refusals in a row
+        self._commit_task: asyncio.Task[None] | None = None  # apply_async in flight
         self.commits = 0
         self.appends = 0
-        self.inline_commits = 0  # of ``commits``, those made on the event loop
+        self.loop_commits = 0  # of ``commits``, those made or awaited on the event loop
 
     @property
     def signs(self) -> bool:
@@ -106,7 +114,8 @@ class Committer:
             self._start(loop)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Hand every pending append to the write thread as one commit.
+        """Commit every pending append as one: on the loop itself, awaited on the loop,
+        or on the write thread (see the class).
 
         When a commit settles, the appends waiting and the submitters it woke are two
         cohorts; the next commit starts once it holds half of them both (at the
@@ -116,9 +125,9 @@ class Committer:
         instead keeps commits of one append alternating with commits of all the rest;
         waiting for everyone leaves one thread idle while the other works.
 
-        The write thread applies the batch, then schedules ``_settle`` on the loop, which
-        wakes the submitters and starts the next batch if appends queued up meanwhile.
-        No task and no intermediate future: this is paid on every step.
+        When the commit is done, ``_settle`` wakes the submitters and starts the next
+        batch if appends queued up meanwhile. No task per append and no intermediate
+        future: this is paid on every step.
         """
         batch, self._pending = self._pending, []
         self._flushing = True
@@ -126,6 +135,16 @@ class Committer:
         now = self._clock()
         if self._inline and self._commit_inline(loop, batch, ops, now, seals):
             return
+        if self._async:  # the task is kept: the loop holds only weak references to tasks
+            self._commit_task = loop.create_task(self._commit_async(loop, batch, ops, now,
+                                                                    seals))
+            return
+        self._to_thread(loop, batch, ops, now, seals)
+
+    def _to_thread(self, loop: asyncio.AbstractEventLoop,
+                   batch: list[tuple[Append, asyncio.Future[list[Record]]]],
+                   ops: list[Append], now: float, seals: list[CommitSeal]) -> None:
+        """Hand the batch to the write thread, which settles it on the loop when done."""
 
         def work() -> None:
             try:
@@ -142,6 +161,24 @@ class Committer:
             self._executor.submit(work)
         except RuntimeError as exc:  # the executor shut down: the node is stopping
             self._settle(loop, batch, None, exc)
+
+    async def _commit_async(self, loop: asyncio.AbstractEventLoop,
+                            batch: list[tuple[Append, asyncio.Future[list[Record]]]],
+                            ops: list[Append], now: float, seals: list[CommitSeal]) -> None:
+        """Await the store's asynchronous commit; a batch it leaves goes to the thread."""
+        try:
+            results = await self._store.apply_async(ops, now, seals)
+        except Exception as exc:  # noqa: BLE001 - each submitter gets it, as from the thread
+            self._settle(loop, batch, None, exc)
+            return
+        except BaseException as exc:  # cancelled as the loop closes: nobody is left waiting
+            self._settle(loop, batch, None, exc)
+            raise
+        if results is None:
+            self._to_thread(loop, batch, ops, now, seals)
+        else:
+            self.loop_commits += 1
+            self._settle(loop, batch, (results, [list(op.records) for op in ops]), None)
 
     def _commit_inline(self, loop: asyncio.AbstractEventLoop,
                        batch: list[tuple[Append, asyncio.Future[list[Record]]]],
@@ -164,7 +201,7 @@ class Committer:
                 self._thread_commits = 0
             return False
         self._refusals = 0
-        self.inline_commits += 1
+        self.loop_commits += 1
         self._inline_cost = 0.8 * self._inline_cost + 0.2 * (time.perf_counter() - began)
         if self._inline_cost > self.INLINE_LIMIT:
             self._inline = False

@@ -284,6 +284,8 @@ class Worker:
             if unsubscribe is not None:
                 await loop.run_in_executor(None, unsubscribe)
             await self._drain()
+            with contextlib.suppress(Exception):
+                await self.store.close_async()
             for task in (renewer, watcher):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

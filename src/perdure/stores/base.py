@@ -159,9 +159,16 @@ class Store(Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys."""
 
     url: str
+    #: How a worker's event loop commits its appends: ``"inline"`` (``apply_now``, on the
+    #: loop itself), ``"async"`` (``apply_async``, awaited on the loop) or ``"thread"``
+    #: (``apply`` on the write thread only).
+    commit_mode: str
 
     def close(self) -> None:
         """Release connections."""
+
+    async def close_async(self) -> None:
+        """Release what the running event loop holds (``apply_async``'s connection)."""
 
     def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
         """Record a node's public key; ``NodeIdentityError`` if the id has another key."""
@@ -215,6 +222,14 @@ class Store(Protocol):
 
         A worker's event loop calls it so that a short local commit costs no hop to the
         write thread and back; it falls back to ``apply`` on the write thread on ``None``.
+        """
+
+    async def apply_async(self, ops: Sequence[Append], now: float,
+                          seals: Sequence[CommitSeal] = ()
+                          ) -> builtins.list[BaseException | None] | None:
+        """``apply``, awaited on the running event loop without blocking it; ``None``
+        (nothing written) for a batch it leaves to ``apply`` on the write thread, or
+        always where the backend has no asynchronous driver.
         """
 
     def send(

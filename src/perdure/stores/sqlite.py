@@ -130,6 +130,8 @@ class SQLiteStore:
     or ``"normal"`` (WAL commits may be lost on power failure, never corrupted).
     """
 
+    commit_mode = "inline"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -400,6 +402,16 @@ class SQLiteStore:
             return self._apply_batch(ops, now, seals, savepoints=False)
         except _RetryWithSavepoints:
             return self._apply_batch(ops, now, seals, savepoints=True)
+
+    async def apply_async(self, ops: Sequence[Append], now: float,
+                          seals: Sequence[CommitSeal] = ()
+                          ) -> builtins.list[BaseException | None] | None:
+        """Always ``None``: commits go through ``apply_now`` or the write thread."""
+        del ops, now, seals
+        return None
+
+    async def close_async(self) -> None:
+        """Nothing to release: the event loop commits on the store's own connection."""
 
     def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
                   ) -> builtins.list[BaseException | None] | None:
