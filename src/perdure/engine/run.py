@@ -204,20 +204,21 @@ class Run:
         history = self._history
         top = -1
         rerouted = False
+        special = (_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED)
         for rec in records:
             kind = rec.kind
-            if kind == _CHILD_FINISHED:
-                self._children[str(rec.body["child_id"])] = rec.body
+            body = rec.body
+            if kind in special:
+                if kind == _CHILD_FINISHED:
+                    self._children[str(body["child_id"])] = body
+                elif kind == _CAPABILITY_MISSING:
+                    self._refusals.add(str(body.get("refusal")))
+                    rerouted = True
                 continue
-            if kind == _CAPABILITY_MISSING:
-                self._refusals.add(str(rec.body.get("refusal")))
-                rerouted = True
-                continue
-            if kind == _INSTANTIATED:
-                continue
-            pos = rec.body.get("pos")
+            pos = body.get("pos")
             if type(pos) is int:
-                top = max(top, pos)
+                if pos > top:
+                    top = pos
             elif type(pos) is str:
                 top = max(top, _top(pos))
             else:

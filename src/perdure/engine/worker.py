@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from perdure._gc import gc_paused
 from perdure.core.chain import Signer, check_links
 from perdure.core.codec import decode, encode
 from perdure.core.cycle import (
@@ -700,9 +701,10 @@ class Worker:
             except StoreError as exc:  # not the agent's failure: abandon the run, retry later
                 raise StoreUnavailable(exc) from exc
 
-        run = Run(journal=journal, intent=intent, context=facts.context, records=records,
-                  load_events=load_events, step_executor=self._run_step, clock=self.clock,
-                  spawn=self._spawn, capabilities=self.capabilities)
+        with gc_paused():  # it indexes every record: as many new lists on a long history
+            run = Run(journal=journal, intent=intent, context=facts.context, records=records,
+                      load_events=load_events, step_executor=self._run_step, clock=self.clock,
+                      spawn=self._spawn, capabilities=self.capabilities)
         run.cancel_requested = claim.cancel_requested
         active = self._active.get(oid)
         if active is not None:

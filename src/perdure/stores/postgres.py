@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal
 from perdure.core.records import Record
 from perdure.errors import (
@@ -373,9 +374,10 @@ class PostgresStore:
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
-        with self._single() as conn:
-            rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
-        return [record_from_row(row) for row in rows]
+        with gc_paused():  # a long history: many new containers
+            with self._single() as conn:
+                rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
+            return [record_from_row(row) for row in rows]
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest."""

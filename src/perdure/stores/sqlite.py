@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal
 from perdure.core.records import Record
 from perdure.errors import (
@@ -326,9 +327,9 @@ class SQLiteStore:
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
-        with self._read() as conn:
+        with gc_paused(), self._read() as conn:  # a long history: many new containers
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
-        return [record_from_row(row) for row in rows]
+            return [record_from_row(row) for row in rows]
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest."""
