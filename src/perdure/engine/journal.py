@@ -41,11 +41,11 @@ class Committer:
     shares it. A local commit is short, and handing it to the write thread costs
     more: the hop there and back, and the GIL, which the write thread must win back
     from a busy loop after each statement and only gets when the loop's turn ends.
-    A refused inline commit goes to the thread. If those commits grow slow (their
-    moving average passes ``INLINE_LIMIT``, as on a network disk), or the store
-    refuses three in a row (another process keeps writing, or the store never commits
-    on the loop, as PostgreSQL), commits go to the write thread, and the loop tries
-    again after ``INLINE_RETRY`` of them.
+    A refused inline commit (the lock is taken: the write thread is claiming, or another
+    process writes) goes to the write thread, which waits for the lock; a refusal costs
+    microseconds, so the next batch tries inline again. If inline commits grow slow
+    (their moving average passes ``INLINE_LIMIT``, as on a network disk), commits go to
+    the write thread, and the loop tries again after ``INLINE_RETRY`` of them.
 
     Where the store has an asynchronous driver (``Store.apply_async``: PostgreSQL), the
     commit is awaited on the loop: the loop runs the next cohort's steps while the
@@ -79,7 +79,6 @@ class Committer:
         self._async = mode == "async"  # await ``apply_async`` on the loop
         self._inline_cost = 0.0  # moving average of inline commit times, seconds
         self._thread_commits = 0  # since the committer last left inline commits
-        self._refusals = 0  # apply_now refusals in a row
         self._commit_task: asyncio.Task[None] | None = None  # apply_async in flight
         self.commits = 0
         self.appends = 0
@@ -194,13 +193,8 @@ class Committer:
         except BaseException as exc:
             self._settle(loop, batch, None, exc)
             raise
-        if results is None:  # the lock is taken, or this store never commits on the loop
-            self._refusals += 1
-            if self._refusals >= 3:  # not a moment's contention: use the thread for a while
-                self._inline = False
-                self._thread_commits = 0
+        if results is None:  # the lock is taken: this batch waits on the write thread
             return False
-        self._refusals = 0
         self.loop_commits += 1
         self._inline_cost = 0.8 * self._inline_cost + 0.2 * (time.perf_counter() - began)
         if self._inline_cost > self.INLINE_LIMIT:
