@@ -356,6 +356,7 @@ def machine(db_dir: Path, admin_url: str | None) -> dict[str, Any]:
         "sqlite": sqlite3.sqlite_version,
         "perdure": _version("perdure"),
         "cryptography": _version("cryptography"),
+        "pynacl": _version("pynacl"),
         "psycopg": _version("psycopg"),
         "db_dir": str(db_dir),
         "disk": _mount_of(db_dir),
