@@ -188,7 +188,9 @@ def seal_parts(records: Sequence[Record], node_id: str) -> tuple[bytes, bytes, l
     hashes = b"".join([bytes.fromhex(rec.hash) for rec in records])
     digest = _seal_digest(node_id, hashes)
     ref = seal_ref(digest)
-    return digest, hashes, [rec._replace(signature=ref) for rec in records]
+    # ``tuple.__new__`` rather than ``_replace``: several times cheaper, once per record
+    return digest, hashes, [tuple.__new__(Record, (*rec[:10], ref, rec[11]))
+                            for rec in records]
 
 
 def seal_commit(records: Sequence[Record], signer: Signer) -> tuple[CommitSeal, list[Record]]:
