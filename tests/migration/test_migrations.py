@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import subprocess
@@ -12,9 +13,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from perdure._keys import public_bytes
 from perdure.stores import open_store
+from perdure.stores._rows import create_params, record_params
 from perdure.stores._sql import load_migrations
+from perdure.stores.sqlite import _Q
 from tests.stores.builders import NOW, Chain, make_signer
 
 SCHEMA = resources.files("perdure.stores") / "sql" / "sqlite" / "schema.sql"
@@ -161,3 +166,42 @@ def test_concurrent_first_opens_all_succeed(tmp_path: Path) -> None:
             assert len(store.public_keys()) == count
         finally:
             store.close()
+
+
+def test_records_written_before_version_4_are_kept(tmp_path: Path) -> None:
+    """A store at version 3 (records clustered by object) opened by this version: its
+    records move to the version 4 table unchanged, in order, still one per seq."""
+    path = tmp_path / "v3.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for version, _name, text in load_migrations("sqlite")[:3]:
+        for statement in text.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={version}")
+    signer = make_signer()
+    chains = [Chain(f"obj-{k}", signer) for k in range(3)]
+    rows = []
+    for n, chain in enumerate(chains):
+        chain.extend(5 + n)
+        rows += [record_params(rec) for rec in chain.records]
+    conn.execute("BEGIN")
+    for chain in chains:
+        conn.execute(_Q["insert_object"], create_params(chain.new_object(), NOW, json.dumps))
+    conn.executemany(_Q["insert_record"], rows[::-1])  # written in any order
+    conn.execute("COMMIT")
+    conn.close()
+
+    store = open_store(f"sqlite:///{path}")
+    try:
+        for chain in chains:
+            assert store.records(chain.object_id) == chain.records
+            assert store.records(chain.object_id, 3) == chain.records[3:]
+    finally:
+        store.close()
+    assert _file_snapshot(path) == _expected()
+    conn = sqlite3.connect(path)
+    try:
+        with pytest.raises(sqlite3.IntegrityError):  # still one record per seq
+            conn.execute(_Q["insert_record"], rows[0])
+    finally:
+        conn.close()

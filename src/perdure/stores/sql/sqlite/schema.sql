@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 3
+-- version: 4
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -52,9 +52,12 @@ CREATE TABLE records (
     body        BLOB NOT NULL,
     prev_hash   BLOB NOT NULL,
     hash        BLOB NOT NULL,
-    signature   BLOB NOT NULL,
-    PRIMARY KEY (object_id, seq)
-) WITHOUT ROWID;
+    signature   BLOB NOT NULL
+);
+
+-- Records sit in the order they were written; this index finds an object's in seq order
+-- (and refuses a second record at the same seq).
+CREATE UNIQUE INDEX records_object_seq ON records (object_id, seq);
 
 -- One signature over every record a node wrote in one commit; a sealed record holds
 -- b"S" + digest in its signature column.
