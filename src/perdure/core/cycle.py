@@ -98,6 +98,9 @@ class MemoryFacts:
     finished_children: frozenset[str] = frozenset()
 
 
+_STEP_DONE = Kind.STEP_DONE.value
+
+
 def read_memory(records: Sequence[Record]) -> MemoryFacts:
     """Derive the facts ``evaluate`` needs from an object's records."""
     first = records[0]
@@ -109,8 +112,12 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
     dormancy: Dormancy | None = None
     parked: str | None = None
     finished: set[str] = set()
+    step_done = _STEP_DONE
     for rec in records[1:]:
         kind = rec.kind
+        if kind == step_done and "pos" in rec.body:  # most of a long memory: the quick way
+            executed, parked, dormancy = True, None, None
+            continue
         if kind == Kind.INTENT_REFINED:
             intent = Intent.from_body(rec.body["intent"])
             if "pos" not in rec.body:

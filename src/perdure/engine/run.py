@@ -388,13 +388,13 @@ class Run:
         """
         opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
         step_name = name or opts.get("name") or _qualname(fn)
-        if idempotent is None:
-            idempotent = bool(opts.get("idempotent", True))
-        policy = retry or opts.get("retry") or DEFAULT_RETRY
         pos, recs = self._take("step", step_name)
         for rec in recs:  # replay: the recorded result, nothing runs
             if rec.kind == _STEP_DONE:
                 return detached(rec.body.get("result"))
+        if idempotent is None:
+            idempotent = bool(opts.get("idempotent", True))
+        policy = retry or opts.get("retry") or DEFAULT_RETRY
         key = f"{self.object_id}/{pos}/{step_name}"
         failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
         if failures and failures[-1].body.get("final"):
