@@ -98,8 +98,8 @@ def seal(
 ) -> Record:
     """Give ``draft`` its place after ``prev_hash``: hash it and sign it.
 
-    ``sign=False`` leaves the signature empty for ``signed`` to add later (the engine
-    signs on its write thread, just before the record is stored).
+    ``sign=False`` leaves the signature empty for ``signed`` to add later (the engine's
+    committer signs as a commit starts, just before the store sees the record).
     """
     body_bytes = draft.body_bytes or encode(draft.body, what=f"{draft.kind} record body")
     digest = compute_hash(

@@ -28,8 +28,8 @@ class StoreUnavailable(BaseException):
 class Committer:
     """Group commit: appends submitted while a commit runs go together in the next one.
 
-    Records arrive hashed but not signed; the committer signs them when it hands a
-    batch to the write thread. A commit of one record gets a signature of its own; a
+    Records arrive hashed but not signed; the committer signs them as it starts a
+    commit. A commit of one record gets a signature of its own; a
     commit of several gets one commit seal, a single signature over all their hashes
     stored beside them, so many objects sharing a commit also share its signature
     while every record stays verifiable on its own.
@@ -85,7 +85,7 @@ class Committer:
 
     @property
     def signs(self) -> bool:
-        """Whether this committer signs records on its write thread."""
+        """Whether this committer signs records (as it starts each commit)."""
         return self._signer is not None
 
     async def submit(self, op: Append) -> list[Record]:
@@ -129,7 +129,8 @@ class Committer:
         """
         batch, self._pending = self._pending, []
         self._flushing = True
-        ops, seals = self._signed([op for op, _ in batch])
+        ops = [op for op, _ in batch]
+        seals = self._signed(ops)
         now = self._clock()
         if self._inline and self._commit_inline(loop, batch, ops, now, seals):
             return
@@ -182,7 +183,7 @@ class Committer:
                        batch: list[tuple[Append, asyncio.Future[list[Record]]]],
                        ops: list[Append], now: float, seals: list[CommitSeal]) -> bool:
         """Commit ``batch`` on the loop if the store can without waiting; ``False``
-        (nothing written) sends it to the write thread, and later ones with it."""
+        (nothing written) sends this batch to the write thread."""
         began = time.perf_counter()
         try:
             results = self._store.apply_now(ops, now, seals)
@@ -238,15 +239,15 @@ class Committer:
             self._deferred = True
             loop.call_soon(self._start_deferred, loop)
 
-    def _signed(self, ops: list[Append]) -> tuple[list[Append], list[CommitSeal]]:
-        """The batch signed: several unsigned records under one commit seal (each gets
-        its reference), a lone unsigned record with a signature of its own."""
+    def _signed(self, ops: list[Append]) -> list[CommitSeal]:
+        """Sign the batch in place: several unsigned records under one commit seal (each
+        gets its reference; the seal is returned), a lone one with its own signature."""
         signer = self._signer
         if signer is None:
-            return ops, []
+            return []
         unsigned = [rec for op in ops for rec in op.records if not rec.signature]
         if not unsigned:
-            return ops, []
+            return []
         if len(unsigned) == 1:
             done = iter([signed(unsigned[0], signer)])
             seals = []
@@ -257,7 +258,7 @@ class Committer:
         for op in ops:
             if any(not rec.signature for rec in op.records):
                 _set_records(op, [rec if rec.signature else next(done) for rec in op.records])
-        return ops, seals
+        return seals
 
 
 def _set_records(op: Append, records: list[Record]) -> None:
@@ -308,7 +309,7 @@ class Journal:
                 ts_us=ts_us,
                 policy_ref=self.policy_ref,
                 signer=self.signer,
-                sign=not self.committer.signs,  # else the write thread signs
+                sign=not self.committer.signs,  # else the committer signs
             )
             records.append(rec)
             prev = rec.hash
