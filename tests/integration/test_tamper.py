@@ -258,7 +258,8 @@ def test_non_json_body_names_object_and_seq(finished: perdure.App,
 # -- damaged memory is parked, not resumed ------------------------------------------------
 
 
-@pytest.mark.parametrize("damage", ["edit", "text", "not-json", "delete-middle", "delete-tail"])
+@pytest.mark.parametrize("damage", ["edit", "text", "not-json", "prev-hash", "delete-middle",
+                                    "delete-tail"])
 def test_tampered_dormant_object_is_parked(make_app: MakeApp,
                                            db: Callable[[], RawSQL],
                                            damage: str) -> None:
@@ -302,6 +303,9 @@ def test_tampered_dormant_object_is_parked(make_app: MakeApp,
     elif damage == "not-json":
         conn.execute("UPDATE records SET body=? WHERE object_id=? AND seq=2",
                      (b"\x00\xff", OID))
+    elif damage == "prev-hash":
+        conn.execute("UPDATE records SET prev_hash=? WHERE object_id=? AND seq=2",
+                     (b"\1" * 32, OID))
     elif damage == "delete-middle":
         conn.execute("DELETE FROM records WHERE object_id=? AND seq=2", (OID,))
         count_before -= 1

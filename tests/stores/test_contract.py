@@ -20,6 +20,7 @@ import pytest
 from perdure._keys import public_bytes
 from perdure.core.chain import Signer
 from perdure.errors import (
+    IntegrityError,
     LeaseLostError,
     NodeIdentityError,
     ObjectNotFoundError,
@@ -154,6 +155,19 @@ def test_records_in_order_after_seq(store: Store, signer: Signer) -> None:
     assert [r.seq for r in store.records("obj-1", after_seq=3)] == [4, 5]
     assert store.records("obj-1", after_seq=5) == []
     assert got[2].body == {"n": 3} and got[2].signature == chain.records[2].signature
+
+
+def test_chain_is_the_records_with_links_checked(store: Store, signer: Signer) -> None:
+    """``chain`` gives what ``records`` gives, checked from the hash it follows."""
+    chain = _created(store, signer, "obj-1")
+    claim = _claim_one(store, "obj-1")
+    assert store.apply([chain.append(claim.epoch, chain.extend(4))], NOW) == [None]
+    assert store.chain("obj-1") == store.records("obj-1") == chain.records
+    assert store.chain("obj-1", 3, chain.records[2].hash) == chain.records[3:]
+    assert store.chain("obj-1", 5, chain.records[4].hash) == []
+    with pytest.raises(IntegrityError) as info:
+        store.chain("obj-1", 3, chain.records[1].hash)
+    assert info.value.seq == 4 and "previous-hash" in info.value.reason
 
 
 # -- claiming and leases ----------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -20,13 +21,16 @@ from perdure.core.codec import encode
 from perdure.core.records import (
     FORMAT_VERSION,
     GENESIS_HASH,
+    KNOWN_KINDS,
     PLAIN_SEEN,
     Record,
     RecordDraft,
     compute_hash,
+    has_long_digits,
     header_bytes,
     is_plain,
     needs_escape,
+    parse_body,
 )
 from perdure.errors import IntegrityError
 
@@ -42,6 +46,7 @@ __all__ = [
     "CommitSeal",
     "Signer",
     "VerifyReport",
+    "chain_from_rows",
     "check_links",
     "seal",
     "seal_commit",
@@ -243,6 +248,83 @@ def check_links(object_id: str, records: Sequence[Record], *, start_hash: str = 
             raise IntegrityError(object_id, seq, "content does not match its hash")
         prev = digest
         expected += 1
+
+
+def chain_from_rows(object_id: str, rows: Sequence[Sequence[Any]], *,
+                    start_hash: str = GENESIS_HASH, start_seq: int = 1) -> list[Record] | None:
+    """Decode compact record rows and check their links and hashes in one pass.
+
+    Each row is ``(seq, ts_us, names, body, prev_hash, hash, signature)``, where
+    ``names`` is the JSON array text ``[trace_id, node_id, policy_ref, kind]`` (few
+    distinct values in one history, so each is parsed once) and the hashes are raw
+    bytes.
+
+    This is the claim-time path: one pass, no second walk, no hex round trips. It
+    returns ``None`` at the first thing out of the ordinary (a column of another type,
+    a string that needs escaping, a broken link or hash, a body the fast parser must
+    not take): the caller then reads the full rows and lets ``records`` and
+    ``check_links`` say exactly what is wrong, or accept what was merely unusual.
+    """
+    if not (is_plain(object_id) and _plain_hash(start_hash)) or type(start_seq) is not int:
+        return None
+    out: list[Record] = []
+    append = out.append
+    names: dict[Any, tuple[str, str, str, str, str, str]] = {}
+    head = f'[{FORMAT_VERSION},"{object_id}",'
+    prev = start_hash
+    expected = start_seq
+    sha256 = hashlib.sha256
+    parse = parse_body
+    long = has_long_digits
+    new = tuple.__new__
+    try:
+        prev_raw = bytes.fromhex(start_hash)
+        for seq, ts_us, key, body_bytes, prev_hash, digest, signature in rows:
+            got = names.get(key)
+            if got is None:
+                got = _names(key)
+                if got is None:
+                    return None
+                names[key] = got
+            if (seq != expected or type(seq) is not int or type(ts_us) is not int
+                    or type(body_bytes) is not bytes or prev_hash != prev_raw
+                    or type(prev_hash) is not bytes or type(digest) is not bytes
+                    or type(signature) is not bytes):
+                return None
+            trace, node, policy, kind, mid, tail = got
+            if sha256(f'{head}{seq}{mid}{ts_us}{tail}{prev}"]\n'.encode()
+                      + body_bytes).digest() != digest:
+                return None
+            if long(body_bytes):
+                return None
+            body = parse(body_bytes)
+            if type(body) is not dict:
+                return None
+            hexed = digest.hex()
+            append(new(Record, (object_id, seq, trace, ts_us, node, policy, kind, body_bytes,
+                                prev, hexed, signature, body)))
+            prev = hexed
+            prev_raw = digest
+            expected += 1
+    except (ValueError, TypeError, UnicodeError):
+        return None
+    return out
+
+
+def _names(key: Any) -> tuple[str, str, str, str, str, str] | None:
+    """``(trace, node, policy, kind)`` from a row's names array, with the header pieces
+    around ``ts_us``; ``None`` unless all four are strings that need no escaping."""
+    try:
+        values = parse_body(key) if isinstance(key, str | bytes) else None
+    except ValueError:
+        return None
+    if (type(values) is not list or len(values) != 4
+            or not all(type(v) is str and is_plain(v) for v in values)):
+        return None
+    trace, node, policy, kind = values
+    if kind not in KNOWN_KINDS:
+        return None
+    return (trace, node, policy, kind, f',"{trace}",', f',"{node}","{policy}","{kind}","')
 
 
 def _plain_hash(text: str) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure._gc import gc_paused
-from perdure.core.chain import Signer, check_links
+from perdure.core.chain import Signer
 from perdure.core.codec import decode, encode
 from perdure.core.cycle import (
     Action,
@@ -508,8 +508,8 @@ class Worker:
         if held is not None:
             last = held[-1]
             try:
-                tail: list[Record] = await self._read(self.store.records, oid, last.seq)
-                check_links(oid, tail, start_hash=last.hash, start_seq=last.seq + 1)
+                tail: list[Record] = await self._read(self.store.chain, oid, last.seq,
+                                                      last.hash)
                 records: list[Record] = held + tail
                 await self._check_head(oid, records)
             except (IntegrityError, RecordDecodeError) as exc:
@@ -521,10 +521,9 @@ class Worker:
                 self.held.put(oid, records)
                 return records
         self.held.misses += 1
-        records = await self._read(self.store.records, oid)
+        records = await self._read(self.store.chain, oid)
         if not records:
             raise IntegrityError(oid, 1, "object has no records")
-        check_links(oid, records)
         await self._check_head(oid, records)
         self.held.put(oid, records)
         return records

@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from perdure.core.chain import CommitSeal
+from perdure.core.chain import CommitSeal, chain_from_rows, check_links
 from perdure.core.records import Record, record_from_columns
 from perdure.stores.base import Append, Claim, NewObject, ObjectRow
 
 __all__ = [
     "append_params",
+    "checked_chain",
     "claim_from_row",
     "create_params",
     "object_row",
@@ -79,6 +80,20 @@ def seal_from_row(row: Sequence[Any]) -> CommitSeal:
 def record_from_row(row: Sequence[Any]) -> Record:
     """Decode one ``records`` row; a column of the wrong storage type is damage (fails closed)."""
     return record_from_columns(*row)
+
+
+def checked_chain(object_id: str, rows: Sequence[Sequence[Any]] | None, after_seq: int,
+                  start_hash: str, full: Callable[[], list[Record]]) -> list[Record]:
+    """The checked chain from compact ``rows`` (``chain_from_rows``); when those are
+    ``None`` (the compact read failed) or hold anything unusual, the records from
+    ``full()`` through ``check_links``, which name exactly what is wrong."""
+    if rows is not None:
+        got = chain_from_rows(object_id, rows, start_hash=start_hash, start_seq=after_seq + 1)
+        if got is not None:
+            return got
+    records = full()
+    check_links(object_id, records, start_hash=start_hash, start_seq=after_seq + 1)
+    return records
 
 
 def create_params(new: NewObject, now: float, encode_names: Callable[[list[str]], Any]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from perdure.core.chain import CommitSeal
-from perdure.core.records import Record
+from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
     "Append",
@@ -195,6 +195,12 @@ class Store(Protocol):
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
+
+    def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
+              ) -> builtins.list[Record]:
+        """``records``, with sequence, links and hashes checked from ``start_hash`` (the
+        hash of record ``after_seq``); ``IntegrityError`` or ``RecordDecodeError`` on
+        damage. What a node reads when it claims an object."""
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest (missing ones left out)."""

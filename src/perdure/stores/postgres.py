@@ -26,7 +26,7 @@ import orjson
 
 from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal
-from perdure.core.records import Record
+from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ConfigurationError,
     LeaseLostError,
@@ -38,6 +38,7 @@ from perdure.errors import (
 )
 from perdure.stores._rows import (
     append_params,
+    checked_chain,
     claim_from_row,
     create_params,
     object_row,
@@ -385,6 +386,16 @@ class PostgresStore:
                 rows = conn.execute(_Q["records_after"], (object_id, after_seq),
                                     binary=True).fetchall()
             return [record_from_row(row) for row in rows]
+
+    def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
+              ) -> builtins.list[Record]:
+        """Records after ``after_seq``, links and hashes checked from ``start_hash``."""
+        with gc_paused():  # a long history: many new containers
+            with self._single() as conn:
+                rows = conn.execute(_Q["chain_after"], (object_id, after_seq),
+                                    binary=True).fetchall()
+            return checked_chain(object_id, rows, after_seq, start_hash,
+                                 lambda: self.records(object_id, after_seq))
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest."""

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal
-from perdure.core.records import Record
+from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     LeaseLostError,
     NodeIdentityError,
@@ -33,6 +33,7 @@ from perdure.errors import (
 )
 from perdure.stores._rows import (
     append_params,
+    checked_chain,
     claim_from_row,
     create_params,
     object_row,
@@ -330,6 +331,18 @@ class SQLiteStore:
         with gc_paused(), self._read() as conn:  # a long history: many new containers
             rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
             return [record_from_row(row) for row in rows]
+
+    def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
+              ) -> builtins.list[Record]:
+        """Records after ``after_seq``, links and hashes checked from ``start_hash``."""
+        with gc_paused():  # a long history: many new containers
+            try:
+                with self._read() as conn:
+                    rows = conn.execute(_Q["chain_after"], (object_id, after_seq)).fetchall()
+            except (sqlite3.Error, StoreError):
+                rows = None  # e.g. a damaged column json_array() refuses: the full read says
+            return checked_chain(object_id, rows, after_seq, start_hash,
+                                 lambda: self.records(object_id, after_seq))
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest."""

@@ -44,6 +44,13 @@ SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_ha
        signature
 FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
 
+-- name: chain_after
+-- The claim-time read: the four header strings as one JSON array (few distinct values
+-- in one history).
+SELECT seq, ts_us, json_build_array(trace_id, node_id, policy_ref, kind)::text, body,
+       prev_hash, hash, signature
+FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
+
 -- name: claim
 WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now),
 candidates AS (

@@ -37,6 +37,13 @@ SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_ha
        signature
 FROM records WHERE object_id = ? AND seq > ? ORDER BY seq;
 
+-- name: chain_after
+-- The claim-time read: the four header strings as one JSON array (few distinct values
+-- in one history).
+SELECT seq, ts_us, json_array(trace_id, node_id, policy_ref, kind), body, prev_hash, hash,
+       signature
+FROM records WHERE object_id = ? AND seq > ? ORDER BY seq;
+
 -- name: claim_candidates
 -- Runnable objects this node can serve: its agent@version, its capabilities, not an
 -- object that said this node cannot do its next step. Any node may finish a cancel.
