@@ -170,6 +170,17 @@ def test_chain_is_the_records_with_links_checked(store: Store, signer: Signer) -
     assert info.value.seq == 4 and "previous-hash" in info.value.reason
 
 
+def test_chain_with_header_strings_that_need_escaping(store: Store) -> None:
+    """A node id holding a quote and U+001F (the separator one backend joins the header
+    strings with) reads back exactly, through the full read."""
+    odd = make_signer('node "a"\x1fb')
+    chain = _created(store, odd, "obj-odd")
+    claim = _claim_one(store, "obj-odd")
+    assert store.apply([chain.append(claim.epoch, chain.extend(2))], NOW) == [None]
+    assert store.chain("obj-odd") == chain.records
+    assert store.chain("obj-odd", 1, chain.records[0].hash) == chain.records[1:]
+
+
 # -- claiming and leases ----------------------------------------------------------------
 
 

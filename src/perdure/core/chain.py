@@ -6,7 +6,7 @@ Pure: keys come in as values, nothing here reads files or the store.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -251,13 +251,14 @@ def check_links(object_id: str, records: Sequence[Record], *, start_hash: str = 
 
 
 def chain_from_rows(object_id: str, rows: Sequence[Sequence[Any]], *,
-                    start_hash: str = GENESIS_HASH, start_seq: int = 1) -> list[Record] | None:
+                    start_hash: str = GENESIS_HASH, start_seq: int = 1,
+                    split: Callable[[Any], Any] = parse_body) -> list[Record] | None:
     """Decode compact record rows and check their links and hashes in one pass.
 
     Each row is ``(seq, ts_us, names, body, prev_hash, hash, signature)``, where
-    ``names`` is the JSON array text ``[trace_id, node_id, policy_ref, kind]`` (few
-    distinct values in one history, so each is parsed once) and the hashes are raw
-    bytes.
+    ``names`` holds ``trace_id, node_id, policy_ref, kind`` in one value that ``split``
+    turns into the four (by default the JSON array text; few distinct values in one
+    history, so each is split once) and the hashes are raw bytes.
 
     This is the claim-time path: one pass, no second walk, no hex round trips. It
     returns ``None`` at the first thing out of the ordinary (a column of another type,
@@ -282,7 +283,7 @@ def chain_from_rows(object_id: str, rows: Sequence[Sequence[Any]], *,
         for seq, ts_us, key, body_bytes, prev_hash, digest, signature in rows:
             got = names.get(key)
             if got is None:
-                got = _names(key)
+                got = _names(key, split)
                 if got is None:
                     return None
                 names[key] = got
@@ -311,11 +312,11 @@ def chain_from_rows(object_id: str, rows: Sequence[Sequence[Any]], *,
     return out
 
 
-def _names(key: Any) -> tuple[str, str, str, str, str, str] | None:
-    """``(trace, node, policy, kind)`` from a row's names array, with the header pieces
+def _names(key: Any, split: Callable[[Any], Any]) -> tuple[str, str, str, str, str, str] | None:
+    """``(trace, node, policy, kind)`` from a row's names value, with the header pieces
     around ``ts_us``; ``None`` unless all four are strings that need no escaping."""
     try:
-        values = parse_body(key) if isinstance(key, str | bytes) else None
+        values = split(key) if isinstance(key, str | bytes) else None
     except ValueError:
         return None
     if (type(values) is not list or len(values) != 4

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perdure.core.chain import CommitSeal, chain_from_rows, check_links
-from perdure.core.records import Record, record_from_columns
+from perdure.core.records import Record, parse_body, record_from_columns
 from perdure.stores.base import Append, Claim, NewObject, ObjectRow
 
 __all__ = [
@@ -83,12 +83,15 @@ def record_from_row(row: Sequence[Any]) -> Record:
 
 
 def checked_chain(object_id: str, rows: Sequence[Sequence[Any]] | None, after_seq: int,
-                  start_hash: str, full: Callable[[], list[Record]]) -> list[Record]:
-    """The checked chain from compact ``rows`` (``chain_from_rows``); when those are
-    ``None`` (the compact read failed) or hold anything unusual, the records from
-    ``full()`` through ``check_links``, which name exactly what is wrong."""
+                  start_hash: str, full: Callable[[], list[Record]],
+                  split: Callable[[Any], Any] = parse_body) -> list[Record]:
+    """The checked chain from compact ``rows`` (``chain_from_rows``, names split by
+    ``split``); when those are ``None`` (the compact read failed) or hold anything
+    unusual, the records from ``full()`` through ``check_links``, which name exactly
+    what is wrong."""
     if rows is not None:
-        got = chain_from_rows(object_id, rows, start_hash=start_hash, start_seq=after_seq + 1)
+        got = chain_from_rows(object_id, rows, start_hash=start_hash, start_seq=after_seq + 1,
+                              split=split)
         if got is not None:
             return got
     records = full()

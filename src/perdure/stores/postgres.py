@@ -166,6 +166,13 @@ def _append_params(ops: Sequence[tuple[int, Append]], now: float,
             "seals": _seals_param(seals)}
 
 
+def _split_names(names: str) -> list[str] | None:
+    """The four header strings ``chain_after`` joins with U+001F; ``None`` when one of
+    them holds that character itself (the full read then takes the record)."""
+    parts = names.split("\x1f")
+    return parts if len(parts) == 4 else None
+
+
 def _dumps(value: Any) -> str:
     """JSON text for a ``::jsonb`` parameter (orjson: the group commit's hot path)."""
     return orjson.dumps(value).decode()
@@ -395,7 +402,7 @@ class PostgresStore:
                 rows = conn.execute(_Q["chain_after"], (object_id, after_seq),
                                     binary=True).fetchall()
             return checked_chain(object_id, rows, after_seq, start_hash,
-                                 lambda: self.records(object_id, after_seq))
+                                 lambda: self.records(object_id, after_seq), _split_names)
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest."""

@@ -45,9 +45,9 @@ SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_ha
 FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
 
 -- name: chain_after
--- The claim-time read: the four header strings as one JSON array (few distinct values
--- in one history).
-SELECT seq, ts_us, json_build_array(trace_id, node_id, policy_ref, kind)::text, body,
+-- The claim-time read: the four header strings as one value (few distinct values in
+-- one history), joined with U+001F (the columns are TEXT NOT NULL).
+SELECT seq, ts_us, concat_ws(chr(31), trace_id, node_id, policy_ref, kind), body,
        prev_hash, hash, signature
 FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
 
