@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from perdure.core.chain import (
     CommitSeal,
@@ -11,12 +15,13 @@ from perdure.core.chain import (
     seal,
     seal_commit,
     seal_ref,
+    seal_unsigned,
     sealed_by,
     verify_chain,
 )
 from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft, compute_hash
 from perdure.errors import IntegrityError
-from tests.unit.builders import OBJECT_ID, chain, public_key, signer
+from tests.unit.builders import OBJECT_ID, PROFILE, chain, public_key, signer
 
 SIG = signer("node-a", seed=1)
 OTHER = signer("node-b", seed=2)
@@ -319,3 +324,39 @@ def test_seal_covers_only_whole_hashes() -> None:
     commit_seal = CommitSeal(b"", "n", a + b, b"")
     assert commit_seal.covers(a) and commit_seal.covers(b)
     assert not commit_seal.covers((a + b)[16:48])
+
+
+def _unsigned_by_seal(drafts: list[RecordDraft], **where: Any) -> list[Record]:
+    out: list[Record] = []
+    prev, seq = where.pop("prev_hash"), where.pop("seq")
+    for draft in drafts:
+        seq += 1
+        rec = seal(draft, seq=seq, prev_hash=prev, signer=SIG, sign=False, **where)
+        out.append(rec)
+        prev = rec.hash
+    return out
+
+
+@given(st.lists(st.sampled_from(list(Kind)), min_size=1, max_size=4),
+       st.lists(st.none() | st.integers() | st.text(max_size=6), min_size=4, max_size=4),
+       st.integers(min_value=0, max_value=10**6))
+@PROFILE
+def test_seal_unsigned_gives_what_seal_gives(kinds: list[Kind], values: list[Any],
+                                             seq: int) -> None:
+    """The event loop's sealing path gives byte for byte the records ``seal`` gives."""
+    drafts = [RecordDraft(kind, {"pos": i, "v": values[i % 4]}) for i, kind in enumerate(kinds)]
+    where: dict[str, Any] = dict(object_id=OBJECT_ID, seq=seq, prev_hash="ab" * 32,
+                                 trace_id="trace-1", ts_us=1_700_000_000_000_000,
+                                 policy_ref="default@1")
+    quick = seal_unsigned(drafts, node_id=SIG.node_id, **where)
+    assert quick == _unsigned_by_seal(drafts, **where)
+    assert quick is not None and all(type(r) is Record and r.signature == b"" for r in quick)
+
+
+def test_seal_unsigned_leaves_strings_that_need_escaping_to_seal() -> None:
+    drafts = [RecordDraft(Kind.PROGRESS, {"fields": {}})]
+    where: dict[str, Any] = dict(seq=0, prev_hash=GENESIS_HASH, ts_us=1, node_id="node-a",
+                                 policy_ref="p")
+    assert seal_unsigned(drafts, object_id='a"b', trace_id="t", **where) is None
+    assert seal_unsigned(drafts, object_id="a", trace_id="t\n", **where) is None
+    assert seal_unsigned(drafts, object_id="a", trace_id="t", **where) is not None

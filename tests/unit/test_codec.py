@@ -110,3 +110,19 @@ def test_step_done_bytes_are_the_encoders(attempt: int, latency: float, name: st
     assert built is None or built == whole
     if name.isalnum() and (type(pos) is int or pos.isalnum()) and name.isascii():
         assert built == whole  # the common case takes the fast path
+
+
+@given(st.none() | st.booleans() | st.integers() | st.text())
+@PROFILE
+def test_scalars_take_a_short_way_to_the_encoders_bytes(value: Any) -> None:
+    """A scalar's bytes are exactly what the canonical JSON encoder gives."""
+    import json
+
+    assert encode(value) == json.dumps(value, ensure_ascii=False, sort_keys=True,
+                                       separators=(",", ":"), allow_nan=False).encode()
+    assert decode(encode(value)) == value
+
+
+def test_a_lone_surrogate_is_refused_on_the_short_way_too() -> None:
+    with pytest.raises(SerializationError, match="surrogates"):
+        encode("\ud800")

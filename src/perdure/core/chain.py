@@ -52,6 +52,7 @@ __all__ = [
     "seal_commit",
     "seal_parts",
     "seal_ref",
+    "seal_unsigned",
     "sealed_by",
     "signed",
     "verify_chain",
@@ -132,6 +133,42 @@ def seal(
         signature=signer.sign(bytes.fromhex(digest)) if sign else b"",
         body=draft.body,
     )
+
+
+def seal_unsigned(drafts: Sequence[RecordDraft], *, object_id: str, seq: int, prev_hash: str,
+                  trace_id: str, ts_us: int, node_id: str, policy_ref: str
+                  ) -> list[Record] | None:
+    """``seal`` with ``sign=False`` for each of ``drafts`` in turn after record ``seq``
+    (hash ``prev_hash``): the same records, with the header formatted around the parts
+    that stay the same. ``None`` when a header string needs escaping (then ``seal``).
+
+    A node seals every step's record on its event loop; this is that path.
+    """
+    if not (type(seq) is int and type(ts_us) is int and is_plain(object_id)
+            and is_plain(trace_id) and is_plain(node_id) and is_plain(policy_ref)
+            and _plain_hash(prev_hash)):
+        return None
+    head = f'[{FORMAT_VERSION},"{object_id}",'
+    mid = f',"{trace_id}",{ts_us},"{node_id}","{policy_ref}","'
+    sha256 = hashlib.sha256
+    new = tuple.__new__
+    records: list[Record] = []
+    prev = prev_hash
+    for draft in drafts:
+        seq += 1
+        kind = str(draft.kind)
+        if kind not in KNOWN_KINDS:
+            return None
+        body_bytes = draft.body_bytes or encode(draft.body, what=f"{kind} record body")
+        try:
+            header = f'{head}{seq}{mid}{kind}","{prev}"]\n'.encode()
+        except UnicodeEncodeError:
+            return None  # a lone surrogate: ``seal`` says what is wrong
+        digest = sha256(header + body_bytes).hexdigest()
+        records.append(new(Record, (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind,
+                                    body_bytes, prev, digest, b"", draft.body)))
+        prev = digest
+    return records
 
 
 def signed(record: Record, signer: Signer) -> Record:

@@ -19,9 +19,23 @@ _encoder = json.JSONEncoder(
 )
 
 
+_quoted = json.encoder.encode_basestring  # what the encoder does to a str (no ASCII escaping)
+_CONSTANTS: dict[Any, bytes] = {None: b"null", True: b"true", False: b"false"}
+
+
 def encode(value: Any, *, what: str = "value") -> bytes:
     """Encode ``value`` canonically; ``SerializationError`` (naming ``what``) if it cannot be."""
     try:
+        # A step's result is often a scalar: the encoder's machinery costs more than the
+        # value. Same bytes as the encoder (an int as ``int.__repr__``, a str quoted by
+        # the very function it uses); floats, containers and the rest go through it.
+        kind = type(value)
+        if kind is int:
+            return b"%d" % value
+        if kind is str:
+            return _quoted(value).encode("utf-8")
+        if value is None or kind is bool:
+            return _CONSTANTS[value]
         return _encoder.encode(value).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise SerializationError(

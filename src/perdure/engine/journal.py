@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, signed
+from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import StoreError
 from perdure.stores.base import Append, Signal, Store
@@ -257,19 +257,12 @@ class Committer:
             seals = [CommitSeal(digest, signer.node_id, hashes, signer.sign(digest))]
         for op in ops:
             if any(not rec.signature for rec in op.records):
-                _set_records(op, [rec if rec.signature else next(done) for rec in op.records])
+                # A submitted append belongs to the committer alone (``Journal.commit``
+                # builds it and only awaits the outcome): sign its records in place.
+                op.records = [rec if rec.signature else next(done) for rec in op.records]
         return seals
 
 
-def _set_records(op: Append, records: list[Record]) -> None:
-    """Give ``op`` its signed ``records`` in place.
-
-    An ``Append`` is frozen for everyone else; a submitted one belongs to the committer
-    alone (``Journal.commit`` builds it and only awaits the outcome), which fills in the
-    signatures just before the store sees it. A copy of the append per append of every
-    commit cost a tenth of the event loop's time with 50 objects at once.
-    """
-    object.__setattr__(op, "records", records)
 
 
 @dataclass
@@ -295,9 +288,15 @@ class Journal:
         self.buffer.append(draft)
 
     def _seal(self, drafts: Sequence[RecordDraft]) -> list[Record]:
-        records: list[Record] = []
         seq, prev = self.head_seq, self.head_hash
         ts_us = int(self.clock() * 1_000_000)
+        if self.committer.signs:  # the committer signs as the commit starts
+            quick = seal_unsigned(drafts, object_id=self.object_id, seq=seq, prev_hash=prev,
+                                  trace_id=self.trace_id, ts_us=ts_us,
+                                  node_id=self.signer.node_id, policy_ref=self.policy_ref)
+            if quick is not None:
+                return quick
+        records: list[Record] = []
         for draft in drafts:
             seq += 1
             rec = seal(

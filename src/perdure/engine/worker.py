@@ -18,6 +18,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from inspect import CO_COROUTINE
+from types import FunctionType
 from typing import Any
 
 from perdure._gc import gc_paused
@@ -661,7 +663,10 @@ class Worker:
                         kwargs: dict[str, Any]) -> Any:
         token = step_scope.set(info)
         try:
-            if asyncio.iscoroutinefunction(fn):
+            # An ``async def`` function says so in its code flags: a cheaper test than
+            # ``iscoroutinefunction``'s, which still decides everything else.
+            if ((type(fn) is FunctionType and fn.__code__.co_flags & CO_COROUTINE)
+                    or asyncio.iscoroutinefunction(fn)):
                 return await fn(*args, **kwargs)
 
             def call() -> Any:

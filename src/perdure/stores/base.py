@@ -127,7 +127,7 @@ class Signal:
     dedupe_key: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Append:
     """One fenced write: append ``records`` and update the row, all or nothing.
 
@@ -135,6 +135,11 @@ class Append:
     is the record just before ``records[0]``. ``ready_at``/``waiting_event``
     describe when the object is runnable next; when ``waiting_event`` already has
     an unconsumed event in the inbox, the store makes it runnable at once.
+
+    Treat it as a value: a store never changes one. It is not frozen because a node
+    builds one per step (a frozen dataclass sets each of its 16 fields through
+    ``object.__setattr__``), and the committer that owns a submitted append fills in
+    its records' signatures just before the store sees it.
     """
 
     object_id: str

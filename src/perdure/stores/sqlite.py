@@ -496,7 +496,9 @@ class SQLiteStore:
             return None
         if len({op.object_id for op in ops}) != len(ops):
             return None
-        moved = 0
+        # Rows changed, from the connection's running total: ``rowcount`` is -1 for a
+        # statement that opens with ``WITH`` (the module does not take it for an update).
+        before = conn.total_changes
         for chunk in _chunks(ops, _ROWS_PER_STATEMENT):
             params: list[Any] = []
             for op in chunk:
@@ -504,7 +506,8 @@ class SQLiteStore:
                 params += (op.object_id, last.seq, bytes.fromhex(last.hash), op.epoch,
                            op.records[0].seq - 1, op.status, op.phase, op.ready_at)
             params.append(now)
-            moved += conn.execute(_grouped("append_steps", len(chunk)), params).rowcount
+            conn.execute(_grouped("append_steps", len(chunk)), params)
+        moved = conn.total_changes - before
         left = [] if moved == len(ops) else self._unmoved(conn, ops)
         alone = {id(op) for op in left}
         records = [record_params(rec) for op in ops if id(op) not in alone
