@@ -265,6 +265,12 @@ def history_table(report: dict[str, Any]) -> str:
         notes.extend(f"{label}, {int(n):,} steps: n/a: {resume[n]['na']}"
                      for n in lengths if "na" in resume[n])
         measured = [n for n in lengths if "na" not in resume[n]]
+        runs = resume[measured[-1]].get("runs", []) if measured else []
+        if len(runs) > 1:
+            notes.append(f"{label}, {int(measured[-1]):,} steps: {len(runs)} resumes of "
+                         "copies of one history took "
+                         + ", ".join(_num(r[key], " ms") for r in runs)
+                         + " (the median is in the table)")
         marginal = " / ".join(_num(v) for k, v in per_step.items() if k.startswith("marginal"))
         at_end = per_step.get(f"bytes_per_step_at_{measured[-1]}") if measured else None
         rows.append([label, " / ".join(f"{int(n):,}" for n in lengths), times,

@@ -15,22 +15,30 @@ worker stops once the object is dormant. Then:
   Then the object waits for ``again``; once sent, the same node claims it a second
   time, holding its records: ``ms_claim_to_next_step_same_node`` reads only the tail
   and replays N + 1 steps.
+
+The history is built once per length; each of ``resume_repeats`` resumes runs on its
+own copy of the database as it stood (a SQLite backup, or a PostgreSQL database made
+from it as a template), so every resume starts from the same state. The figures are
+the medians; ``runs`` holds each resume's figures.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import urlsplit, urlunsplit
 
 import perdure
 from bench import storage
-from bench.common import Backend, Database, fresh_database
+from bench.common import Backend, Database, fresh_database, median_of
 
-QUICK = {"lengths": [10, 100, 300]}
-FULL = {"lengths": [10, 1000, 10000]}
+QUICK = {"lengths": [10, 100, 300], "resume_repeats": 1}
+FULL = {"lengths": [10, 1000, 10000], "resume_repeats": 3}
 
 
 class _Stamps:
@@ -137,27 +145,45 @@ def _floor_bytes(db: Database, rows: int) -> int:
     return storage.pg_bytes(db.pg_url)
 
 
-def one_length(db: Database, folder: Path, n: int) -> dict[str, Any]:
-    """Build an object with ``n`` steps in ``db``, measure its bytes, resume it."""
-    oid = f"history-{n}"
-    keys = folder / "keys"
-    build = perdure.App(store=db.url, key_dir=keys, node_id="bench-build", poll_interval=0.005)
+@contextlib.contextmanager
+def _copy_of(db: Database, folder: Path, index: int, admin_url: str) -> Iterator[str]:
+    """A store URL for a copy of ``db`` as it stands now (no App may have it open)."""
+    if db.sqlite_path is not None:
+        import sqlite3
+
+        path = folder / f"resume{index}.db"
+        source, target = sqlite3.connect(db.sqlite_path), sqlite3.connect(path)
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+        try:
+            yield db.url.replace(str(db.sqlite_path), str(path))
+        finally:
+            for extra in ("", "-wal", "-shm"):
+                Path(f"{path}{extra}").unlink(missing_ok=True)
+        return
+    import psycopg
+
+    assert db.pg_url is not None
+    source_name = urlsplit(db.pg_url).path.lstrip("/")
+    name = f"{source_name}_r{index}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source_name}"'.encode())
     try:
-        _register(build)
-        build.start("history", n, object_id=oid)
-
-        def dormant() -> bool:
-            info = build.get(oid)
-            return info.status == "dormant" and info.waiting_event == "go"
-
-        asyncio.run(_drive(build, dormant, timeout=600))
+        yield urlunsplit(urlsplit(db.pg_url)._replace(path=f"/{name}"))
     finally:
-        build.close()
-    size = _bytes(db)
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+def _resume_once(url: str, keys: Path, oid: str, n: int) -> dict[str, Any]:
+    """Resume the object built by ``one_length`` in the store at ``url``, as a new node."""
     # The resuming node stands for a fresh process: collect what building the history
-    # left behind (the build worker's cycles), or the collector walks it during the resume.
+    # (or an earlier resume) left behind, or the collector walks it during the resume.
     gc.collect()
-    resume = perdure.App(store=db.url, key_dir=keys, node_id="bench-resume", poll_interval=0.005)
+    resume = perdure.App(store=url, key_dir=keys, node_id="bench-resume", poll_interval=0.005)
     try:
         _register(resume)
         resume.send(oid, "go", None)
@@ -182,14 +208,38 @@ def one_length(db: Database, folder: Path, n: int) -> dict[str, Any]:
     finally:
         resume.close()
     return {
-        "steps": n,
         "records": records,
-        "store_bytes": size,
         "ms_claim_to_next_step": (_Stamps.resumed[0] - claimed[0]) * 1e3,
         "ms_worker_start_to_next_step": (_Stamps.resumed[0] - began) * 1e3,
         "ms_claim_to_next_step_same_node": (_Stamps.resumed[1] - second_claim) * 1e3,
         "chain_verified": verified,
     }
+
+
+def one_length(db: Database, folder: Path, n: int, repeats: int = 1, admin_url: str = ""
+               ) -> dict[str, Any]:
+    """Build an object with ``n`` steps in ``db``, measure its bytes, resume copies of it
+    ``repeats`` times (medians, and every run under ``runs``)."""
+    oid = f"history-{n}"
+    keys = folder / "keys"
+    build = perdure.App(store=db.url, key_dir=keys, node_id="bench-build", poll_interval=0.005)
+    try:
+        _register(build)
+        build.start("history", n, object_id=oid)
+
+        def dormant() -> bool:
+            info = build.get(oid)
+            return info.status == "dormant" and info.waiting_event == "go"
+
+        asyncio.run(_drive(build, dormant, timeout=600))
+    finally:
+        build.close()
+    size = _bytes(db)
+    runs = []
+    for index in range(max(1, repeats)):
+        with _copy_of(db, folder, index, admin_url) as url:
+            runs.append(_resume_once(url, keys, oid, n))
+    return {"steps": n, "store_bytes": size, **median_of(runs), "runs": runs}
 
 
 def measure(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: str
@@ -201,7 +251,7 @@ def measure(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: st
     for n in sizes["lengths"]:
         sub = folder / f"steps{n}"
         with fresh_database(backend, sub, admin_url) as db:
-            lengths[str(n)] = one_length(db, sub, n)
+            lengths[str(n)] = one_length(db, sub, n, sizes.get("resume_repeats", 1), admin_url)
         store_sizes[n] = lengths[str(n)]["store_bytes"]
         with fresh_database(backend, sub / "floor", admin_url) as db:
             floor_sizes[n] = _floor_bytes(db, n)

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = json.loads(json.dumps(QUICK if args.quick else FULL))
     if args.repeats is not None:
         sizes["steps"]["repeats"] = max(1, args.repeats)
+        sizes["history"] = {**sizes["history"], "resume_repeats": max(1, args.repeats)}
     if args.claim_repeats is not None:
         sizes["claims"]["repeats"] = max(1, args.claim_repeats)
     uses_pg = any(b.kind == "postgresql" for b in backends)
