@@ -32,6 +32,11 @@ def _row(rec: Record) -> Row:
             bytes.fromhex(rec.hash), rec.signature)
 
 
+def _checked(rows: list[Row], full: Callable[[], list[Record]]) -> list[Record]:
+    """What a store's ``chain`` does with compact rows and its full read."""
+    return checked_chain(OBJECT_ID, chain_from_rows(OBJECT_ID, rows), 0, "0" * 64, full)
+
+
 def _records(n: int = 6, result: Any = None) -> list[Record]:
     return chain([(Kind.STEP_DONE, {"pos": i, "cmd": "step", "name": f"s{i}",
                                     "result": i if result is None else result})
@@ -96,7 +101,7 @@ def test_slow_path_names_what_is_wrong() -> None:
     records = _records()
     broken = [*records[:2], *records[3:]]
     with pytest.raises(IntegrityError) as info:
-        checked_chain(OBJECT_ID, [_row(r) for r in broken], 0, "0" * 64, lambda: broken)
+        _checked([_row(r) for r in broken], lambda: broken)
     assert info.value.seq == 3 and "sequence gap" in info.value.reason
 
 
@@ -111,7 +116,7 @@ def test_unusual_but_intact_values_take_the_slow_path_to_the_same_records(unusua
     rows = [_row(r) for r in records]
     if isinstance(unusual, int):
         assert chain_from_rows(OBJECT_ID, rows) is None
-    got = checked_chain(OBJECT_ID, rows, 0, "0" * 64, lambda: records)
+    got = _checked(rows, lambda: records)
     assert got == records and got[1].body["result"] == unusual
 
 
@@ -145,4 +150,4 @@ def test_any_result_decodes_as_the_records_do(result: Any) -> None:
     rows = [_row(r) for r in records]
     got = chain_from_rows(OBJECT_ID, rows)
     assert got is None or got == records
-    assert checked_chain(OBJECT_ID, rows, 0, "0" * 64, lambda: records) == records
+    assert _checked(rows, lambda: records) == records

@@ -6,7 +6,7 @@ Pure: keys come in as values, nothing here reads files or the store.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,7 +287,7 @@ def check_links(object_id: str, records: Sequence[Record], *, start_hash: str = 
         expected += 1
 
 
-def chain_from_rows(object_id: str, rows: Sequence[Sequence[Any]], *,
+def chain_from_rows(object_id: str, rows: Iterable[Sequence[Any]], *,
                     start_hash: str = GENESIS_HASH, start_seq: int = 1,
                     split: Callable[[Any], Any] = parse_body) -> list[Record] | None:
     """Decode compact record rows and check their links and hashes in one pass.

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from perdure.core.chain import CommitSeal, chain_from_rows, check_links
-from perdure.core.records import Record, parse_body, record_from_columns
+from perdure.core.chain import CommitSeal, check_links
+from perdure.core.records import Record, record_from_columns
 from perdure.stores.base import Append, Claim, NewObject, ObjectRow
 
 __all__ = [
@@ -82,18 +82,13 @@ def record_from_row(row: Sequence[Any]) -> Record:
     return record_from_columns(*row)
 
 
-def checked_chain(object_id: str, rows: Sequence[Sequence[Any]] | None, after_seq: int,
-                  start_hash: str, full: Callable[[], list[Record]],
-                  split: Callable[[Any], Any] = parse_body) -> list[Record]:
-    """The checked chain from compact ``rows`` (``chain_from_rows``, names split by
-    ``split``); when those are ``None`` (the compact read failed) or hold anything
-    unusual, the records from ``full()`` through ``check_links``, which name exactly
-    what is wrong."""
-    if rows is not None:
-        got = chain_from_rows(object_id, rows, start_hash=start_hash, start_seq=after_seq + 1,
-                              split=split)
-        if got is not None:
-            return got
+def checked_chain(object_id: str, got: list[Record] | None, after_seq: int, start_hash: str,
+                  full: Callable[[], list[Record]]) -> list[Record]:
+    """``got`` (what ``chain_from_rows`` made of the compact rows); when it is ``None``
+    (the compact read failed or held anything unusual), the records from ``full()``
+    through ``check_links``, which name exactly what is wrong."""
+    if got is not None:
+        return got
     records = full()
     check_links(object_id, records, start_hash=start_hash, start_seq=after_seq + 1)
     return records

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 
 from perdure._gc import gc_paused
-from perdure.core.chain import CommitSeal
+from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ConfigurationError,
@@ -399,10 +399,12 @@ class PostgresStore:
         """Records after ``after_seq``, links and hashes checked from ``start_hash``."""
         with gc_paused():  # a long history: many new containers
             with self._single() as conn:
-                rows = conn.execute(_Q["chain_after"], (object_id, after_seq),
-                                    binary=True).fetchall()
-            return checked_chain(object_id, rows, after_seq, start_hash,
-                                 lambda: self.records(object_id, after_seq), _split_names)
+                # Decoded as the rows come: each row's leftovers are freed at once.
+                cur = conn.execute(_Q["chain_after"], (object_id, after_seq), binary=True)
+                got = chain_from_rows(object_id, cur, start_hash=start_hash,
+                                      start_seq=after_seq + 1, split=_split_names)
+            return checked_chain(object_id, got, after_seq, start_hash,
+                                 lambda: self.records(object_id, after_seq))
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from perdure._gc import gc_paused
-from perdure.core.chain import CommitSeal
+from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     LeaseLostError,
@@ -338,10 +338,16 @@ class SQLiteStore:
         with gc_paused():  # a long history: many new containers
             try:
                 with self._read() as conn:
-                    rows = conn.execute(_Q["chain_after"], (object_id, after_seq)).fetchall()
+                    # Decoded as the rows come: each row's leftovers are freed at once.
+                    cur = conn.execute(_Q["chain_after"], (object_id, after_seq))
+                    try:
+                        got = chain_from_rows(object_id, cur, start_hash=start_hash,
+                                              start_seq=after_seq + 1)
+                    finally:
+                        cur.close()
             except (sqlite3.Error, StoreError):
-                rows = None  # e.g. a damaged column json_array() refuses: the full read says
-            return checked_chain(object_id, rows, after_seq, start_hash,
+                got = None  # e.g. a damaged column json_array() refuses: the full read says
+            return checked_chain(object_id, got, after_seq, start_hash,
                                  lambda: self.records(object_id, after_seq))
 
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
