@@ -263,8 +263,6 @@ class Committer:
         return seals
 
 
-
-
 @dataclass
 class Journal:
     """The head of one object's chain as this node holds it, and the way to extend it."""
