@@ -197,3 +197,34 @@ def test_a_batch_notifies_the_objects_it_makes_runnable(pg: tuple[str, Store]) -
     finally:
         stop()
     assert sorted(heard) == ["now", "parent"]
+
+
+def test_a_chain_streamed_in_chunks_reads_whole_and_a_damaged_one_leaves_the_pool_usable(
+        pg: tuple[str, Store]) -> None:
+    """A claim streams a long chain in chunks: every record arrives, in order. When the
+    pass gives up early on damage (the rest of the stream cancelled), the full read
+    names the record, and the store's connections serve the next reads as before."""
+    import psycopg
+
+    from perdure.errors import IntegrityError
+
+    url, store = pg
+    signer = make_signer("node-a")
+    now = time.time()
+    length = 2_600  # more than two chunks
+    chains = {oid: Chain(oid, signer) for oid in ("long", "damaged")}
+    for chain in chains.values():
+        assert store.create(chain.new_object(ready_at=now - 1), now)
+    epochs = {c.object_id: c.epoch for c in store.claim("w1", now, now + 30, 10)}
+    for oid, chain in chains.items():
+        assert store.apply([chain.append(epochs[oid], chain.extend(length - 1))], now) == [None]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE records SET body = convert_to('{\"n\":-1}', 'UTF8') "
+                     "WHERE object_id = 'damaged' AND seq = 7")
+    assert store.chain("long") == chains["long"].records
+    for _ in range(3):  # more times than the pool has connections in use
+        with pytest.raises(IntegrityError) as info:
+            store.chain("damaged")
+        assert info.value.seq == 7
+        got = store.chain("long", 2_000, chains["long"].records[1_999].hash)
+        assert got == chains["long"].records[2_000:]

@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,6 +67,10 @@ _Q = {name: sql.encode() for name, sql in load_queries("postgres").items()}
 _TERMINAL = ("completed", "failed", "cancelled")
 _MIGRATION_LOCK = 0x70657264  # "perd": advisory lock serialising schema changes
 CHANNEL = "perdure_wake"
+# Rows per chunk when a claim streams an object's chain (libpq 17's chunked rows mode):
+# the next chunk travels while the node decodes this one, and the client never holds
+# one big result of a long history.
+_CHAIN_CHUNK = 1000 if psycopg.pq.version() >= 170000 else 0
 # The columns of ``record_params``, in order: the keys of a record in ``append``'s JSON.
 _RECORD_COLUMNS = ("object_id", "seq", "trace_id", "ts_us", "node_id", "policy_ref", "kind",
                    "body", "prev_hash", "hash", "signature")
@@ -398,11 +402,17 @@ class PostgresStore:
               ) -> builtins.list[Record]:
         """Records after ``after_seq``, links and hashes checked from ``start_hash``."""
         with gc_paused():  # a long history: many new containers
-            with self._single() as conn:
+            with self._single() as conn, conn.cursor(binary=True) as cur:
                 # Decoded as the rows come: each row's leftovers are freed at once.
-                cur = conn.execute(_Q["chain_after"], (object_id, after_seq), binary=True)
-                got = chain_from_rows(object_id, cur, start_hash=start_hash,
-                                      start_seq=after_seq + 1, split=_split_names)
+                params = (object_id, after_seq)
+                rows = (cur.stream(_Q["chain_after"], params, size=_CHAIN_CHUNK)
+                        if _CHAIN_CHUNK else cur.execute(_Q["chain_after"], params))
+                try:
+                    got = chain_from_rows(object_id, rows, start_hash=start_hash,
+                                          start_seq=after_seq + 1, split=_split_names)
+                finally:
+                    if isinstance(rows, Generator):
+                        rows.close()  # given up early: the rest of the stream is cancelled
             return checked_chain(object_id, got, after_seq, start_hash,
                                  lambda: self.records(object_id, after_seq))
 
