@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from perdure.core.chain import Signer, seal_commit, seal_ref
 from perdure.errors import LeaseLostError
 from perdure.stores import Store
@@ -242,9 +244,10 @@ async def _apply_async(store: Store, ops: list[Append], now: float
 def test_apply_async_takes_plain_batches_and_leaves_the_rest(store: Store, signer: Signer,
                                                              place: str) -> None:
     """PostgreSQL commits a batch of plain appends to distinct objects on the event loop,
-    each judged on its own as ``apply`` would; a batch with an append that consumes an
-    event, two appends of one object, or a record conflict is left to ``apply``
-    (``None``) with nothing written. SQLite leaves every batch to its other paths."""
+    each judged on its own as ``apply`` would; a batch of several appends where one
+    consumes an event, one that signals, two appends of one object, or a record conflict
+    is left to ``apply`` (``None``) with nothing written. SQLite leaves every batch to
+    its other paths."""
     chains, epochs = _claimed(store, signer, "a", "b", "c")
     a, b, c = chains["a"], chains["b"], chains["c"]
     if store.commit_mode != "async":
@@ -268,9 +271,73 @@ def test_apply_async_takes_plain_batches_and_leaves_the_rest(store: Store, signe
                    b"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                    record_params(squatter))
     twice = [a.append(epochs["a"], a.peek(1)), a.append(epochs["a"], a.peek(2)[1:])]
-    careful = [a.append(epochs["a"], a.peek(1), consume_event_ids=(1,))]
+    careful = [a.append(epochs["a"], a.peek(1), consume_event_ids=(1,)),
+               b.append(epochs["b"], b.peek(1))]
+    signals = [a.append(epochs["a"], a.peek(1), signal=Signal("b", "hi", b"1", None))]
     clash = [b.append(epochs["b"], b.peek(1)), c.append(epochs["c"], c.peek(1))]
-    for batch in (twice, careful, clash):
+    for batch in (twice, careful, signals, clash):
         assert asyncio.run(_apply_async(store, batch, NOW + 3)) is None
     assert store.records("a") == a.records and store.records("b") == b.records
     assert store.records("c") == [*c.records, squatter]
+
+
+def test_apply_async_takes_a_lone_append_that_consumes_events(store: Store,
+                                                              signer: Signer) -> None:
+    """An agent receiving what it waited for commits on the event loop too (PostgreSQL):
+    the append and the consumption of its events go through together, or, when the
+    epoch is stale or an event was already consumed, neither does."""
+    if store.commit_mode != "async":
+        pytest.skip("only PostgreSQL commits on the event loop")
+    chains, epochs = _claimed(store, signer, "a", "b")
+    a, b = chains["a"], chains["b"]
+    for name in ("go", "more"):
+        store.send("a", name, b'{"x":1}', None, NOW)
+    store.send("b", "go", b"2", None, NOW)
+    go, more = store.pending_events("a")
+    (b_go,) = store.pending_events("b")
+
+    stale = a.append(epochs["a"] - 1, a.peek(1), consume_event_ids=(go.event_id,))
+    refused = asyncio.run(_apply_async(store, [stale], NOW))
+    assert refused is not None and isinstance(refused[0], LeaseLostError)
+    assert store.pending_events("a") == [go, more] and store.records("a") == a.records
+
+    both = a.append(epochs["a"], a.extend(2), consume_event_ids=(go.event_id, more.event_id))
+    assert asyncio.run(_apply_async(store, [both], NOW)) == [None]
+    assert store.pending_events("a") == [] and store.records("a") == a.records
+
+    again = a.append(epochs["a"], a.peek(1), consume_event_ids=(go.event_id,))
+    refused = asyncio.run(_apply_async(store, [again], NOW))
+    assert refused is not None and isinstance(refused[0], LeaseLostError)
+    assert "consumed by another node" in str(refused[0])
+    assert store.records("a") == a.records
+
+    other = b.append(epochs["b"], b.peek(1), consume_event_ids=(b_go.event_id, go.event_id))
+    refused = asyncio.run(_apply_async(store, [other], NOW))
+    assert refused is not None and isinstance(refused[0], LeaseLostError)
+    assert store.pending_events("b") == [b_go] and store.records("b") == b.records
+    row = store.get("b")
+    assert row is not None and row.head_seq == b.head.seq
+
+
+def test_open_async_readies_the_loop_commit_and_can_be_called_again(store: Store,
+                                                                    signer: Signer) -> None:
+    """A worker opens its loop's commit path as it starts: calling it again changes
+    nothing, commits then go through, and ``close_async`` lets it go."""
+    chains, epochs = _claimed(store, signer, "a")
+    a = chains["a"]
+
+    async def go() -> list[BaseException | None] | None:
+        await store.open_async()
+        await store.open_async()
+        try:
+            return await store.apply_async([a.append(epochs["a"], a.peek(1))], NOW)
+        finally:
+            await store.close_async()
+
+    results = asyncio.run(go())
+    if store.commit_mode == "async":
+        assert results == [None]
+        a.extend(1)
+    else:
+        assert results is None
+    assert store.records("a") == a.records

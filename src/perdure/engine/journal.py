@@ -48,8 +48,8 @@ class Committer:
 
     Where the store has an asynchronous driver (``Store.apply_async``: PostgreSQL), the
     commit is awaited on the loop: the loop runs the next cohort's steps while the
-    server works, with no hop to a thread. Batches it declines (appends that consume
-    events or signal, or that hit a conflict) go to the write thread.
+    server works, with no hop to a thread. Batches it declines (an append that signals,
+    several appends where one consumes events, a conflict) go to the write thread.
 
     Signing is done on the event loop either way: it is one signature per commit,
     and work handed to the write thread should be the store's alone.

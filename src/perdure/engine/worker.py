@@ -238,8 +238,12 @@ class Worker:
         )
         backoff = idle
         try:
-            await self._write(self.recover_dead_leases)
-            await self._write(self.heartbeat)
+            async def register() -> None:
+                await self._write(self.recover_dead_leases)
+                await self._write(self.heartbeat)
+
+            # The loop's own connection opens while the write thread does the above.
+            await asyncio.gather(register(), self.store.open_async())
         except StoreError as exc:
             self._store_failed(exc)
         try:

@@ -172,6 +172,11 @@ class Store(Protocol):
     def close(self) -> None:
         """Release connections."""
 
+    async def open_async(self) -> None:
+        """Make ready what the running event loop needs for ``apply_async`` (its
+        connection), so that the first commit does not wait for it; a worker calls this
+        as it starts. ``StoreError`` if the store cannot be reached."""
+
     async def close_async(self) -> None:
         """Release what the running event loop holds (``apply_async``'s connection)."""
 

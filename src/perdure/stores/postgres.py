@@ -129,6 +129,14 @@ def _row(cur: psycopg.Cursor[Any], row: tuple[Any, ...]) -> ObjectRow:
                       tuple)
 
 
+class _Refused(Exception):  # noqa: N818 - internal control flow
+    """Rolls back an asynchronous transaction whose append the store refuses."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
     """A batch hit an error that aborted its transaction; retry it op by op."""
 
@@ -484,28 +492,25 @@ class PostgresStore:
         """A batch of plain appends to distinct objects (the common group commit) as one
         ``append`` statement on the running loop's own asynchronous connection: the loop
         runs other steps while the server works, with no hop to the write thread and
-        back and no GIL for the write thread to win from a busy loop. ``None`` (nothing
-        written) for any other batch, and for one that hit a conflict: the statement is
-        its own transaction, so ``apply`` on the write thread redoes it with its
+        back and no GIL for the write thread to win from a busy loop. A lone append that
+        consumes events (an agent receiving what it waited for) goes the same way, in a
+        transaction of its own. ``None`` (nothing written) for any other batch, and for
+        one that hit a conflict: ``apply`` on the write thread redoes it with its
         savepoints and refuses only the offender.
         """
-        if not ops or any(map(_careful, ops)):
+        if not ops:
+            return None
+        consuming = len(ops) == 1 and ops[0].signal is None and bool(ops[0].consume_event_ids)
+        if not consuming and any(map(_careful, ops)):
             return None
         runs = _distinct_runs(ops)
         if len(runs) != 1:
             return None
         loop = asyncio.get_running_loop()
         try:
-            conn = self._aconns.get(loop)
-            if conn is None or conn.closed:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True,
-                    connect_timeout=max(1, int(self._connect_timeout)))
-                if self._idle_tx_ms > 0:
-                    await conn.execute(
-                        b"SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                        (str(self._idle_tx_ms),))
-                self._aconns[loop] = conn
+            conn = await self._async_conn(loop)
+            if consuming:
+                return [await self._consume_async(conn, ops[0], now, seals)]
             cur = await conn.execute(_Q["append"], _append_params(runs[0], now, seals),
                                      prepare=True)
             done = {row[0] for row in await cur.fetchall()}
@@ -519,6 +524,64 @@ class PostgresStore:
                         await broken.close()
             raise _translate(exc, self._where) from exc
         return [None if index in done else _fenced_out(op) for index, op in enumerate(ops)]
+
+    async def _async_conn(self, loop: asyncio.AbstractEventLoop
+                          ) -> psycopg.AsyncConnection[Any]:
+        """The asynchronous connection of ``loop`` (the running loop), opened if need be."""
+        conn = self._aconns.get(loop)
+        if conn is None or conn.closed:
+            conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True,
+                connect_timeout=max(1, int(self._connect_timeout)))
+            if self._idle_tx_ms > 0:
+                await conn.execute(
+                    b"SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (str(self._idle_tx_ms),))
+            old = self._aconns.get(loop)
+            if old is not None and not old.closed:  # opened meanwhile by another task
+                await conn.close()
+                return old
+            self._aconns[loop] = conn
+        return conn
+
+    async def open_async(self) -> None:
+        """Open the running loop's asynchronous connection now and prepare its commit
+        statements (running them on nothing): a worker does this as it starts, so that
+        its first commit, often the one that resumes an object, waits neither for a
+        connection nor for a new server process to plan its first statements."""
+        try:
+            conn = await self._async_conn(asyncio.get_running_loop())
+            await conn.execute(_Q["append"], _append_params([], 0.0), prepare=True)
+            await conn.execute(_Q["consume_event"], (0, -1, ""), prepare=True)
+        except psycopg.Error as exc:
+            raise _translate(exc, self._where) from exc
+
+    async def _consume_async(self, conn: psycopg.AsyncConnection[Any], op: Append,
+                             now: float, seals: Sequence[CommitSeal]) -> BaseException | None:
+        """One append that consumes events (an agent receiving what it waited for), in a
+        transaction of its own. The transaction's start, the append and every
+        consumption go to the server together (pipeline mode: one round trip), then the
+        commit; a refusal of either rolls both back."""
+        assert op.records, "consuming an event needs the record that receives it"
+        seq = op.records[-1].seq
+        try:
+            async with conn.pipeline() as pipeline, conn.transaction():
+                appended = await conn.execute(
+                    _Q["append"], _append_params([(0, op)], now, seals), prepare=True)
+                consumed = [conn.cursor() for _ in op.consume_event_ids]
+                for cur, event_id in zip(consumed, op.consume_event_ids, strict=True):
+                    await cur.execute(_Q["consume_event"], (seq, event_id, op.object_id),
+                                      prepare=True)
+                await pipeline.sync()
+                if not await appended.fetchall():
+                    raise _Refused(_fenced_out(op))
+                if any(cur.rowcount != 1 for cur in consumed):
+                    raise _Refused(LeaseLostError(
+                        f"object {op.object_id!r}: an event it consumes was consumed by "
+                        "another node"))
+        except _Refused as refused:
+            return refused.error
+        return None
 
     async def close_async(self) -> None:
         """Close the running loop's asynchronous connection (a worker does as it stops)."""

@@ -430,6 +430,9 @@ class SQLiteStore:
         del ops, now, seals
         return None
 
+    async def open_async(self) -> None:
+        """Nothing to open: the event loop commits on the store's own connection."""
+
     async def close_async(self) -> None:
         """Nothing to release: the event loop commits on the store's own connection."""
 
