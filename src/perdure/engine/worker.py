@@ -61,7 +61,7 @@ from perdure.errors import (
     StoreError,
     UnknownAgentError,
 )
-from perdure.stores.base import Claim, Event, Route, Signal, Store
+from perdure.stores.base import Claim, Event, ObjectRow, Route, Signal, Store
 
 __all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
 
@@ -469,14 +469,15 @@ class Worker:
     async def _cycle(self, claim: Claim) -> None:
         oid = claim.object_id
         try:
-            records = await self._checked_memory(oid)
+            records, row = await self._checked_memory(oid)
         except (IntegrityError, RecordDecodeError) as exc:
             log.error("parked %s: %s", oid, exc, extra={"action": "parked_damaged"})
             await self._release_plain(claim, ready_at=None, status="parked", parked=True,
                                       note=f"memory damaged: {exc}; run `perdure verify {oid}`")
             return
         while True:
-            row = await self._read(self.store.get, oid)
+            if row is None:  # the row read with the chain serves the first evaluation
+                row = await self._read(self.store.get, oid)
             events: list[Event] = await self._read(self.store.pending_events, oid)
             refinements = [e for e in events if e.name == REFINE_EVENT]
             child_results = [e for e in events if e.name == CHILD_EVENT]
@@ -496,15 +497,18 @@ class Worker:
                       extra={"action": "decided"})
             if decision.action is Action.MUTATE:
                 records = records + await self._mutate(claim, records, refinements)
+                row = None
                 continue
             if decision.action is Action.DELEGATE:
                 records = records + await self._fold_children(claim, records, child_results)
+                row = None
                 continue
             await self._act(claim, records, decision, facts)
             return
 
-    async def _checked_memory(self, oid: str) -> list[Record]:
-        """The object's whole chain, links checked up to the head its row records.
+    async def _checked_memory(self, oid: str) -> tuple[list[Record], ObjectRow | None]:
+        """The object's whole chain, links checked up to the head its row records, and
+        that row.
 
         Reads only the tail when this node holds the earlier records; falls back to
         the full chain if the tail does not fit on. Raises ``IntegrityError`` or
@@ -517,7 +521,7 @@ class Worker:
                 tail: list[Record] = await self._read(self.store.chain, oid, last.seq,
                                                       last.hash)
                 records: list[Record] = held + tail
-                await self._check_head(oid, records)
+                row = await self._check_head(oid, records)
             except (IntegrityError, RecordDecodeError) as exc:
                 log.info("%s: held records do not fit the store (%s); reading the whole chain",
                          oid, exc, extra={"action": "held_records_dropped"})
@@ -525,18 +529,18 @@ class Worker:
             else:
                 self.held.hits += 1
                 self.held.put(oid, records)
-                return records
+                return records, row
         self.held.misses += 1
         records = await self._read(self.store.chain, oid)
         if not records:
             raise IntegrityError(oid, 1, "object has no records")
-        await self._check_head(oid, records)
+        row = await self._check_head(oid, records)
         self.held.put(oid, records)
-        return records
+        return records, row
 
-    async def _check_head(self, oid: str, records: list[Record]) -> None:
-        """The chain must end where the object's row says its head is."""
-        head = await self._read(self.store.get, oid)
+    async def _check_head(self, oid: str, records: list[Record]) -> ObjectRow | None:
+        """The chain must end where the object's row (returned) says its head is."""
+        head: ObjectRow | None = await self._read(self.store.get, oid)
         last = records[-1]
         if head is not None and head.head_seq != last.seq:
             raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
@@ -544,6 +548,7 @@ class Worker:
         if head is not None and head.head_hash != last.hash:
             raise IntegrityError(oid, last.seq, "last record's hash differs from the "
                                  "object's recorded head")
+        return head
 
     async def _act(self, claim: Claim, records: list[Record], decision: Decision,
                    facts: MemoryFacts) -> None:
