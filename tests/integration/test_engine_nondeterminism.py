@@ -179,3 +179,62 @@ def test_new_steps_and_changed_bodies_need_no_operator(make_app: AppFactory) -> 
     assert result == {"receipt": "paid for picked apple"}
     assert calls == Counter({"pay": 1, "receipt": 1})
     assert "nondeterminism" not in kinds(evolved, "shop-4")
+
+
+def _tick(i: int) -> int:
+    return i
+
+
+def _tock(i: int) -> int:
+    return -i
+
+
+@perdure.step(name="tally")
+def _named(i: int) -> int:
+    return i * 10
+
+
+def test_unnamed_steps_in_a_loop_replay_by_function_and_catch_a_swapped_one(
+        make_app: AppFactory) -> None:
+    """Steps named after their function replay in a loop that switches functions; a
+    later version that calls another function at a recorded position parks."""
+    first = make_app()
+
+    @first.agent(name="loop")
+    async def loop(run: perdure.Run) -> list[int]:
+        got = []
+        for i in range(6):
+            fn = (_tick, _tick, _tock, _named, _tick, _named)[i]
+            got.append(await run.step(fn, i))
+        await run.wait_for("go")
+        return got
+
+    first.start("loop", object_id="loop-1")
+    first.start("loop", object_id="loop-2")
+    with first.background_worker():
+        assert wait_until(lambda: all(first.get(o).waiting_event == "go"
+                                      for o in ("loop-1", "loop-2")))
+    steps = [r.body["name"] for r in first.history("loop-1") if r.kind == perdure.Kind.STEP_DONE]
+    assert steps == ["_tick", "_tick", "_tock", "tally", "_tick", "tally"]
+
+    first.send("loop-1", "go")
+    with first.background_worker():
+        assert first.handle("loop-1").result(timeout=10) == [0, 1, -2, 30, 4, 50]
+
+    swapped = make_app()
+
+    @swapped.agent(name="loop")
+    async def loop_swapped(run: perdure.Run) -> list[int]:
+        got = []
+        for i in range(6):
+            fn = (_tick, _tick, _tick, _named, _tick, _named)[i]  # _tick where _tock ran
+            got.append(await run.step(fn, i))
+        await run.wait_for("go")
+        return got
+
+    swapped.send("loop-2", "go")
+    with swapped.background_worker(), pytest.raises(perdure.AgentParkedError):
+        swapped.handle("loop-2").result(timeout=10)
+    body = swapped.history("loop-2")[-1].body
+    assert (body["position"], body["recorded"], body["found"]) == (2, "step('_tock')",
+                                                                    "step('_tick')")

@@ -167,6 +167,12 @@ _STEP_DONE = Kind.STEP_DONE.value
 _SCALARS = (int, float, str, bool, type(None))  # what JSON gives back as it was given
 
 
+def _step_name(fn: Callable[..., Any]) -> str:
+    """The name a step of ``fn`` is recorded under when the call gives none."""
+    opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
+    return str(opts.get("name") or _qualname(fn))
+
+
 def _qualname(fn: Callable[..., Any]) -> str:
     name = getattr(fn, "__perdure_name__", None) or getattr(fn, "__qualname__", None)
     return str(name or repr(fn))
@@ -200,6 +206,8 @@ class Run:
         self._history: dict[int | str, list[Record]] = {}
         self._children: dict[str, dict[str, Any]] = {}
         self._refusals: set[str] = set()
+        self._last_fn: Any = None  # the function of the last step without a name, and
+        self._last_name = ""  # the name it is recorded under
         # One pass over memory (10,000 records on a long resume): index by position.
         history = self._history
         top = -1
@@ -291,18 +299,24 @@ class Run:
                 branch.counter += 1
         return key
 
-    def _take(self, cmd: str, name: str | None) -> tuple[int | str, list[Record]]:
-        pos = self._key()
-        recs = self._history.get(pos, [])
-        if recs:
-            first = recs[0].body
-            rec_cmd, rec_name = first.get("cmd"), first.get("name")
-            if rec_cmd != cmd or (name is not None and rec_name != name):
-                raise Park(
-                    NonDeterminismError(
-                        pos, f"{rec_cmd}({rec_name!r})", f"{cmd}({name!r})"
-                    )
+    def _take(self, cmd: str, name: str | None) -> tuple[int | str, Sequence[Record]]:
+        """The next position and what memory holds for it, which must be this command."""
+        if _branch.get() is None:  # the main line (``_key`` without its call: every step)
+            pos: int | str = self._pos
+            self._pos += 1
+        else:
+            pos = self._key()
+        recs = self._history.get(pos)
+        if recs is None:
+            return pos, ()
+        first = recs[0].body
+        rec_cmd, rec_name = first.get("cmd"), first.get("name")
+        if rec_cmd != cmd or (name is not None and rec_name != name):
+            raise Park(
+                NonDeterminismError(
+                    pos, f"{rec_cmd}({rec_name!r})", f"{cmd}({name!r})"
                 )
+            )
         return pos, recs
 
     def patched(self, name: str) -> bool:
@@ -386,12 +400,20 @@ class Run:
         sets attempts and pace (semantic backoff); between attempts the object is
         dormant. Options may also be set with ``@perdure.step(...)`` on ``fn``.
         """
-        opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
-        step_name = name or opts.get("name") or _qualname(fn)
+        if name:
+            step_name = name
+        elif fn is self._last_fn:  # a loop calls one function: its name is known
+            step_name = self._last_name
+        else:
+            step_name = _step_name(fn)
+            self._last_fn, self._last_name = fn, step_name
         pos, recs = self._take("step", step_name)
         for rec in recs:  # replay: the recorded result, nothing runs
             if rec.kind == _STEP_DONE:
-                return detached(rec.body.get("result"))
+                result = rec.body.get("result")
+                kind = type(result)
+                return detached(result) if kind is dict or kind is list else result
+        opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
         if idempotent is None:
             idempotent = bool(opts.get("idempotent", True))
         policy = retry or opts.get("retry") or DEFAULT_RETRY
