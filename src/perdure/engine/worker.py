@@ -468,17 +468,9 @@ class Worker:
 
     async def _cycle(self, claim: Claim) -> None:
         oid = claim.object_id
-        # The inbox is read while the chain is (the lease keeps the object as it is; an
-        # event arriving later finds it anyway, as it would after any read).
-        inbox: asyncio.Future[list[Event]] | None = asyncio.ensure_future(
-            self._read(self.store.pending_events, oid))
         try:
             records, row = await self._checked_memory(oid)
-        except BaseException as exc:
-            assert inbox is not None
-            inbox.add_done_callback(_retrieved)  # not needed now; fails without a warning
-            if not isinstance(exc, IntegrityError | RecordDecodeError):
-                raise
+        except (IntegrityError, RecordDecodeError) as exc:
             log.error("parked %s: %s", oid, exc, extra={"action": "parked_damaged"})
             await self._release_plain(claim, ready_at=None, status="parked", parked=True,
                                       note=f"memory damaged: {exc}; run `perdure verify {oid}`")
@@ -486,10 +478,7 @@ class Worker:
         while True:
             if row is None:  # the row read with the chain serves the first evaluation
                 row = await self._read(self.store.get, oid)
-            if inbox is None:
-                events: list[Event] = await self._read(self.store.pending_events, oid)
-            else:
-                events, inbox = await inbox, None
+            events: list[Event] = await self._read(self.store.pending_events, oid)
             refinements = [e for e in events if e.name == REFINE_EVENT]
             child_results = [e for e in events if e.name == CHILD_EVENT]
             facts = read_memory(records)  # once per cycle: a long history costs ms to read
@@ -529,9 +518,10 @@ class Worker:
         if held is not None:
             last = held[-1]
             try:
-                tail, row = await self._chain_and_row(oid, last.seq, last.hash)
+                tail: list[Record] = await self._read(self.store.chain, oid, last.seq,
+                                                      last.hash)
                 records: list[Record] = held + tail
-                self._check_head(oid, records, row)
+                row = await self._check_head(oid, records)
             except (IntegrityError, RecordDecodeError) as exc:
                 log.info("%s: held records do not fit the store (%s); reading the whole chain",
                          oid, exc, extra={"action": "held_records_dropped"})
@@ -541,24 +531,16 @@ class Worker:
                 self.held.put(oid, records)
                 return records, row
         self.held.misses += 1
-        records, row = await self._chain_and_row(oid)
+        records = await self._read(self.store.chain, oid)
         if not records:
             raise IntegrityError(oid, 1, "object has no records")
-        self._check_head(oid, records, row)
+        row = await self._check_head(oid, records)
         self.held.put(oid, records)
         return records, row
 
-    async def _chain_and_row(self, oid: str, *after: Any
-                             ) -> tuple[list[Record], ObjectRow | None]:
-        """The chain (after a held record, if given) and the object's row, read at once
-        on the two read threads: under the lease neither moves meanwhile."""
-        chain, row = await asyncio.gather(self._read(self.store.chain, oid, *after),
-                                          self._read(self.store.get, oid))
-        return chain, row
-
-    @staticmethod
-    def _check_head(oid: str, records: list[Record], head: ObjectRow | None) -> None:
-        """The chain must end where the object's row says its head is."""
+    async def _check_head(self, oid: str, records: list[Record]) -> ObjectRow | None:
+        """The chain must end where the object's row (returned) says its head is."""
+        head: ObjectRow | None = await self._read(self.store.get, oid)
         last = records[-1]
         if head is not None and head.head_seq != last.seq:
             raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
@@ -566,6 +548,7 @@ class Worker:
         if head is not None and head.head_hash != last.hash:
             raise IntegrityError(oid, last.seq, "last record's hash differs from the "
                                  "object's recorded head")
+        return head
 
     async def _act(self, claim: Claim, records: list[Record], decision: Decision,
                    facts: MemoryFacts) -> None:
@@ -803,12 +786,6 @@ class Worker:
                           policy_ref=self.policy_ref, now=self.clock(), parent=parent)
         await self._write(self.store.create, new, self.clock())
         return definition.version
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    """Mark a future's outcome as seen: a read no longer needed may fail quietly."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _by_deadline(ready_at: float | None, deadline: float | None) -> float | None:
