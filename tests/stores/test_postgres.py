@@ -228,3 +228,24 @@ def test_a_chain_streamed_in_chunks_reads_whole_and_a_damaged_one_leaves_the_poo
         assert info.value.seq == 7
         got = store.chain("long", 2_000, chains["long"].records[1_999].hash)
         assert got == chains["long"].records[2_000:]
+
+
+def test_a_chain_read_without_chunked_rows_gives_the_same_records(
+        pg: tuple[str, Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a libpq older than 17 (no chunked rows mode) the claim read takes the whole
+    result at once; the records and the checks are the same."""
+    from perdure.errors import IntegrityError
+    from perdure.stores import postgres
+
+    _, store = pg
+    signer = make_signer("node-a")
+    now = time.time()
+    chain = Chain("obj", signer)
+    assert store.create(chain.new_object(ready_at=now - 1), now)
+    (claim,) = store.claim("w1", now, now + 30, 1)
+    assert store.apply([chain.append(claim.epoch, chain.extend(30))], now) == [None]
+    monkeypatch.setattr(postgres, "_CHAIN_CHUNK", 0)
+    assert store.chain("obj") == chain.records
+    assert store.chain("obj", 20, chain.records[19].hash) == chain.records[20:]
+    with pytest.raises(IntegrityError):
+        store.chain("obj", 20, chain.records[18].hash)
