@@ -120,6 +120,22 @@ def test_unusual_but_intact_values_take_the_slow_path_to_the_same_records(unusua
     assert got == records and got[1].body["result"] == unusual
 
 
+@pytest.mark.parametrize("at", [0, 3, 7])
+def test_a_long_integer_anywhere_in_the_chain_declines_the_pass(at: int) -> None:
+    """The 19-digit look covers every body of the chain, not only the last; 18 digits
+    in every body are read by the fast parser as they are."""
+    near = 10**17 + 1  # 18 digits
+    steps = [(Kind.STEP_DONE, {"pos": i, "cmd": "step", "name": "s",
+                               "result": 2**70 if i == at else near}) for i in range(8)]
+    records = chain(steps, sig=SIG)
+    rows = [_row(r) for r in records]
+    assert chain_from_rows(OBJECT_ID, rows) is None
+    assert _checked(rows, lambda: records) == records
+    plain = chain([(kind, {**body, "result": near}) for kind, body in steps], sig=SIG)
+    got = chain_from_rows(OBJECT_ID, [_row(r) for r in plain])
+    assert got == plain and got is not None and got[at + 1].body["result"] == near
+
+
 def test_trace_that_needs_escaping_takes_the_full_read() -> None:
     """An intact chain whose trace id holds a quote: the one-pass read declines it (its
     header would need escaping) and the full read accepts it as it is."""
