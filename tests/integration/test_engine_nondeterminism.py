@@ -194,21 +194,22 @@ def _named(i: int) -> int:
     return i * 10
 
 
+def _loop_agent(app: perdure.App, fns: tuple[Callable[[int], int], ...]) -> None:
+    """The ``loop`` agent: step ``fns[i](i)`` for each i, unnamed, then wait for ``go``."""
+
+    @app.agent(name="loop")
+    async def loop(run: perdure.Run) -> list[int]:
+        got = [await run.step(fn, i) for i, fn in enumerate(fns)]
+        await run.wait_for("go")
+        return got
+
+
 def test_unnamed_steps_in_a_loop_replay_by_function_and_catch_a_swapped_one(
         make_app: AppFactory) -> None:
     """Steps named after their function replay in a loop that switches functions; a
     later version that calls another function at a recorded position parks."""
     first = make_app()
-
-    @first.agent(name="loop")
-    async def loop(run: perdure.Run) -> list[int]:
-        got = []
-        for i in range(6):
-            fn = (_tick, _tick, _tock, _named, _tick, _named)[i]
-            got.append(await run.step(fn, i))
-        await run.wait_for("go")
-        return got
-
+    _loop_agent(first, (_tick, _tick, _tock, _named, _tick, _named))
     first.start("loop", object_id="loop-1")
     first.start("loop", object_id="loop-2")
     with first.background_worker():
@@ -222,16 +223,7 @@ def test_unnamed_steps_in_a_loop_replay_by_function_and_catch_a_swapped_one(
         assert first.handle("loop-1").result(timeout=10) == [0, 1, -2, 30, 4, 50]
 
     swapped = make_app()
-
-    @swapped.agent(name="loop")
-    async def loop_swapped(run: perdure.Run) -> list[int]:
-        got = []
-        for i in range(6):
-            fn = (_tick, _tick, _tick, _named, _tick, _named)[i]  # _tick where _tock ran
-            got.append(await run.step(fn, i))
-        await run.wait_for("go")
-        return got
-
+    _loop_agent(swapped, (_tick, _tick, _tick, _named, _tick, _named))  # _tick for _tock
     swapped.send("loop-2", "go")
     with swapped.background_worker(), pytest.raises(perdure.AgentParkedError):
         swapped.handle("loop-2").result(timeout=10)
