@@ -534,9 +534,13 @@ class PostgresStore:
                 self.conninfo, autocommit=True,
                 connect_timeout=max(1, int(self._connect_timeout)))
             if self._idle_tx_ms > 0:
-                await conn.execute(
-                    b"SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-                    (str(self._idle_tx_ms),))
+                try:
+                    await conn.execute(
+                        b"SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                        (str(self._idle_tx_ms),))
+                except BaseException:
+                    await conn.close()  # not kept: it would be left open
+                    raise
             old = self._aconns.get(loop)
             if old is not None and not old.closed:  # opened meanwhile by another task
                 await conn.close()
