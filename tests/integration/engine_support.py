@@ -136,6 +136,14 @@ async def careful_charge(run: perdure.Run, marks: str, doubts: str) -> str:
     return "charged"
 
 
+@app.agent(name="wait_then_act")
+async def wait_then_act(run: perdure.Run, marks: str, seconds: float) -> dict[str, Any]:
+    """Wait for ``go``, then run a slow idempotent step (killed mid-way in tests)."""
+    payload = await run.wait_for("go")
+    outcome = await run.step(slow_side_effect, marks, seconds, name="act")
+    return {"payload": payload, "outcome": outcome}
+
+
 @app.agent(name="blind_charge")
 async def blind_charge(run: perdure.Run, marks: str) -> str:
     """A non-idempotent step whose doubt the agent does not handle."""

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import perdure
-from tests.integration.engine_support import kinds, wait_until
+from tests.integration.engine_support import (
+    count_lines,
+    kill_process,
+    kinds,
+    start_worker_process,
+    wait_then_act,
+    wait_until,
+)
 
 AppFactory = Callable[..., perdure.App]
 
@@ -61,6 +69,64 @@ def test_wait_for_releases_the_object_and_an_event_wakes_it_promptly(
     assert took < 1.0, f"an event woke the dormant object only after {took:.2f}s"
     received = [r for r in app.history("wait-1") if r.kind == perdure.Kind.EVENT_RECEIVED]
     assert [r.body["payload"] for r in received] == [{"by": "ana"}]
+
+
+def test_a_received_event_is_recorded_with_the_next_step(make_app: AppFactory) -> None:
+    """Receiving an event costs no commit of its own: its record, and the event's
+    consumption, go with the commit of the step that follows."""
+    app = make_app()
+
+    @app.agent(name="acts_on_go")
+    async def acts_on_go(run: perdure.Run) -> Any:
+        payload = await run.wait_for("go")
+        return await run.step(lambda: payload, name="act")
+
+    handle = app.start("acts_on_go", object_id="go-1")
+    with app.background_worker():
+        assert wait_until(lambda: handle.info().waiting_event == "go")
+        app.send("go-1", "go", 7)
+        assert handle.result(timeout=5) == 7
+
+    records = app.history("go-1")
+    assert [str(r.kind) for r in records] == [
+        "instantiated", "dormant", "event_received", "step_done", "terminated"]
+    received, done = records[2], records[3]
+    assert received.ts_us == done.ts_us, "sealed by one commit"
+    assert app.store.pending_events("go-1") == []
+
+
+def test_an_event_received_before_a_crash_is_delivered_again(
+    make_app: AppFactory, store_url: str, key_dir: Path, tmp_path: Path
+) -> None:
+    """A worker killed (SIGKILL) in the step after ``wait_for``: the event's receipt was
+    not committed yet, so the event is still in the inbox, and the next node delivers
+    it again and completes with it, recording it once."""
+    marks = str(tmp_path / "marks")
+    starter = make_app()
+    starter.agent(name="wait_then_act")(wait_then_act)
+    handle = starter.start("wait_then_act", marks, 30.0, object_id="act-1")
+    log = tmp_path / "worker.log"
+    proc = start_worker_process(store_url, key_dir, log)
+    try:
+        assert wait_until(lambda: handle.info().waiting_event == "go", timeout=15), (
+            log.read_text())
+        starter.send("act-1", "go", {"n": 1})
+        assert wait_until(lambda: count_lines(marks) == 1, timeout=15), log.read_text()
+    finally:
+        kill_process(proc)
+    assert kinds(starter, "act-1") == ["instantiated", "dormant"]
+    assert [e.name for e in starter.store.pending_events("act-1")] == ["go"]
+
+    resumer = make_app()
+    resumer.agent(name="wait_then_act")(wait_then_act)
+    with resumer.background_worker():
+        result = resumer.handle("act-1").result(timeout=15)
+
+    assert result == {"payload": {"n": 1}, "outcome": "done"}
+    assert count_lines(marks) == 2, "the interrupted step ran again"
+    assert kinds(resumer, "act-1").count("event_received") == 1
+    assert resumer.store.pending_events("act-1") == []
+    assert resumer.verify("act-1").ok
 
 
 def test_events_sent_before_waiting_are_delivered_in_order(make_app: AppFactory) -> None:

@@ -280,10 +280,24 @@ class Journal:
 
     def __post_init__(self) -> None:
         self.buffer: list[RecordDraft] = []
+        self.consumed: list[int] = []
+        self.volatile = False
 
-    def defer(self, draft: RecordDraft) -> None:
-        """Queue a record that may be lost in a crash (it will be re-derived on replay)."""
+    def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = ()) -> None:
+        """Queue a record that may be lost in a crash (it will be re-derived on replay).
+
+        ``consume_event_ids`` are inbox events the record stands for: the next commit
+        marks them consumed with it, in the same transaction. Until then they stay in
+        the inbox, so a crash before that commit delivers the same events again on
+        replay. Any other deferred record (a drawn value, a timeout) makes the buffer
+        ``volatile``: replay could derive it differently, so it must be committed
+        before a step's side effect can depend on it.
+        """
         self.buffer.append(draft)
+        if consume_event_ids:
+            self.consumed.extend(consume_event_ids)
+        else:
+            self.volatile = True
 
     def _seal(self, drafts: Sequence[RecordDraft]) -> list[Record]:
         seq, prev = self.head_seq, self.head_hash
@@ -331,7 +345,8 @@ class Journal:
         avoid_node: str | None = None,
         clear_avoid: bool = False,
     ) -> list[Record]:
-        """Durably append deferred records plus ``drafts`` and update the row, fenced.
+        """Durably append deferred records plus ``drafts`` and update the row, fenced;
+        mark the deferred records' events and ``consume_event_ids`` consumed.
 
         Records are sealed onto the head at once, so concurrent commits of one
         object (parallel branches) chain in submission order and the group commit
@@ -339,6 +354,10 @@ class Journal:
         """
         records = self._seal([*self.buffer, *drafts])
         self.buffer.clear()
+        self.volatile = False
+        if self.consumed:
+            consume_event_ids = [*self.consumed, *consume_event_ids]
+            self.consumed.clear()
         if records:
             self.head_seq = records[-1].seq
             self.head_hash = records[-1].hash

@@ -445,10 +445,12 @@ class Run:
             await self._journal.commit(
                 [RecordDraft(Kind.STEP_STARTED, {**base, "attempt": attempt, "key": key})]
             )
-        elif self._journal.buffer:
+        elif self._journal.volatile:
             # Values drawn since the last commit (uuid, now, random) may flow into this
             # step's side effects: make them durable first, or a crash after the effect
-            # would let replay draw different ones than the outside world saw.
+            # would let replay draw different ones than the outside world saw. A
+            # received event needs no such commit: until its receipt is committed it
+            # stays in the inbox, and replay receives the same event again.
             await self._journal.commit()
         info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
         began = time.perf_counter()
@@ -613,10 +615,13 @@ class Run:
                 except ValueError:
                     payload = {"undecodable_payload": ev.payload.decode("utf-8", "replace")}
                 self._consumed.add(ev.event_id)
-                await self._journal.commit(
-                    [RecordDraft(Kind.EVENT_RECEIVED, {"pos": pos, "cmd": "wait", "name": event,
-                                                       "event_id": ev.event_id,
-                                                       "payload": payload})],
+                # Recorded with the next commit (usually the next step's), which marks
+                # the event consumed: until then it stays in the inbox, and a crash
+                # before that commit delivers it again on replay.
+                self._journal.defer(
+                    RecordDraft(Kind.EVENT_RECEIVED, {"pos": pos, "cmd": "wait", "name": event,
+                                                      "event_id": ev.event_id,
+                                                      "payload": payload}),
                     consume_event_ids=[ev.event_id],
                 )
                 return payload
