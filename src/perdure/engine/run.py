@@ -162,6 +162,7 @@ _CHILD_FINISHED = Kind.CHILD_FINISHED.value
 _CAPABILITY_MISSING = Kind.CAPABILITY_MISSING.value
 _INSTANTIATED = Kind.INSTANTIATED.value
 _STEP_DONE = Kind.STEP_DONE.value
+_SPECIAL_KINDS = frozenset((_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED))
 
 
 _SCALARS = (int, float, str, bool, type(None))  # what JSON gives back as it was given
@@ -204,15 +205,21 @@ class Run:
         self._capabilities = capabilities
         self._pos = 0
         self._history: dict[int | str, list[Record]] = {}
+        self._done: dict[int | str, Record] = {}
         self._children: dict[str, dict[str, Any]] = {}
         self._refusals: set[str] = set()
         self._last_fn: Any = None  # the function of the last step without a name, and
         self._last_name = ""  # the name it is recorded under
         # One pass over memory (10,000 records on a long resume): index by position.
+        # A position whose only record is a step's result (most of a long memory) is
+        # kept in ``_done``, the rest in ``_history``; replay of such a step takes the
+        # result from there in a few lookups.
         history = self._history
+        done = self._done
         top = -1
         rerouted = False
-        special = (_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED)
+        special = _SPECIAL_KINDS
+        step_done = _STEP_DONE
         for rec in records:
             kind = rec.kind
             body = rec.body
@@ -232,10 +239,14 @@ class Run:
             else:
                 continue
             recs = history.get(pos)
-            if recs is None:
-                history[pos] = [rec]
-            else:
+            if recs is not None:
                 recs.append(rec)
+            elif pos in done:  # a second record where a step's result stood alone
+                history[pos] = [done.pop(pos), rec]
+            elif kind == step_done and body.get("cmd") == "step":
+                done[pos] = rec
+            else:
+                history[pos] = [rec]
         self._max_recorded = top
         self._started_here: set[int | str] = set()
         self._rerouted = rerouted
@@ -299,6 +310,14 @@ class Run:
                 branch.counter += 1
         return key
 
+    def _recorded(self, pos: int | str) -> Sequence[Record]:
+        """What memory holds for position ``pos`` (empty if nothing)."""
+        recs = self._history.get(pos)
+        if recs is not None:
+            return recs
+        rec = self._done.get(pos)
+        return () if rec is None else (rec,)
+
     def _take(self, cmd: str, name: str | None) -> tuple[int | str, Sequence[Record]]:
         """The next position and what memory holds for it, which must be this command."""
         if _branch.get() is None:  # the main line (``_key`` without its call: every step)
@@ -306,8 +325,8 @@ class Run:
             self._pos += 1
         else:
             pos = self._key()
-        recs = self._history.get(pos)
-        if recs is None:
+        recs = self._recorded(pos)
+        if not recs:
             return pos, ()
         first = recs[0].body
         rec_cmd, rec_name = first.get("cmd"), first.get("name")
@@ -327,7 +346,7 @@ class Run:
         patched block never breaks a running object.
         """
         key = self._key(consume=False)
-        recs = self._history.get(key, [])
+        recs = self._recorded(key)
         if recs and recs[0].kind == Kind.PATCHED and recs[0].body.get("name") == name:
             self._key()
             return True
@@ -340,8 +359,9 @@ class Run:
     def check_finished(self) -> None:
         """At the agent's end, memory must not hold commands the code no longer issues."""
         if self._pos <= self._max_recorded:
-            last = max((p for p in self._history if _top(p) == self._max_recorded), key=str)
-            first = self._history[last][0].body
+            last = max((p for p in (*self._history, *self._done)
+                        if _top(p) == self._max_recorded), key=str)
+            first = self._recorded(last)[0].body
             raise Park(
                 NonDeterminismError(
                     self._pos,
@@ -407,6 +427,14 @@ class Run:
         else:
             step_name = _step_name(fn)
             self._last_fn, self._last_name = fn, step_name
+        if _branch.get() is None:  # on the main line, a step whose result is recorded
+            at = self._pos
+            done = self._done.get(at)
+            if done is not None and (body := done.body).get("name") == step_name:
+                self._pos = at + 1
+                result = body.get("result")
+                kind = type(result)
+                return detached(result) if kind is dict or kind is list else result
         pos, recs = self._take("step", step_name)
         for rec in recs:  # replay: the recorded result, nothing runs
             if rec.kind == _STEP_DONE:
