@@ -95,6 +95,56 @@ def test_a_received_event_is_recorded_with_the_next_step(make_app: AppFactory) -
     assert app.store.pending_events("go-1") == []
 
 
+def test_the_event_that_woke_an_object_is_taken_from_the_claims_read(
+    make_app: AppFactory,
+) -> None:
+    """Resuming a waiting object reads its inbox once: the ``wait_for`` the event woke
+    takes it from the worker's read before running the agent."""
+    app = make_app()
+
+    @app.agent(name="acts_on_go_once")
+    async def acts_on_go_once(run: perdure.Run) -> Any:
+        return await run.wait_for("go")
+
+    handle = app.start("acts_on_go_once", object_id="go-2")
+    with app.background_worker():
+        assert wait_until(lambda: handle.info().waiting_event == "go")
+        store = app.store
+        reads: list[str] = []
+        read_inbox = store.pending_events
+
+        def counted(object_id: str) -> Any:
+            reads.append(object_id)
+            return read_inbox(object_id)
+
+        store.pending_events = counted  # type: ignore[method-assign]
+        app.send("go-2", "go", "now")
+        assert handle.result(timeout=5) == "now"
+    assert reads == ["go-2"]
+
+
+def test_an_event_sent_after_the_claims_read_is_still_received(make_app: AppFactory) -> None:
+    """An event that arrives while the agent runs (here sent by its own step) is not in
+    the worker's earlier read of the inbox: ``wait_for`` reads the inbox again and
+    receives it without going dormant."""
+    app = make_app()
+
+    def send_to_self() -> str:
+        assert app.send("self-1", "note", "from the step") is True
+        return "sent"
+
+    @app.agent(name="sends_to_itself")
+    async def sends_to_itself(run: perdure.Run) -> Any:
+        await run.step(send_to_self, name="send")
+        return await run.wait_for("note", timeout=30)
+
+    handle = app.start("sends_to_itself", object_id="self-1")
+    with app.background_worker():
+        assert handle.result(timeout=10) == "from the step"
+    assert kinds(app, "self-1") == ["instantiated", "step_done", "event_received",
+                                    "terminated"]
+
+
 def test_an_event_received_before_a_crash_is_delivered_again(
     make_app: AppFactory, store_url: str, key_dir: Path, tmp_path: Path
 ) -> None:

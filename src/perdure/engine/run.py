@@ -190,6 +190,7 @@ class Run:
         context: Context,
         records: Sequence[Record],
         load_events: Callable[[], Awaitable[list[Event]]],
+        pending_events: Sequence[Event] = (),
         step_executor: Callable[..., Awaitable[Any]],
         clock: Callable[[], float] = time.time,
         spawn: Spawn | None = None,
@@ -199,6 +200,7 @@ class Run:
         self._intent = intent
         self._context = context
         self._load_events = load_events
+        self._pending: Sequence[Event] = pending_events
         self._step_executor = step_executor
         self._clock = clock
         self._spawn = spawn
@@ -636,7 +638,7 @@ class Run:
         if self._find(recs, Kind.WAIT_TIMED_OUT) is not None:
             return None
         self._boundary()
-        for ev in await self._load_events():
+        for ev in await self._inbox(event):
             if ev.name == event and ev.event_id not in self._consumed:
                 try:
                     payload = decode(ev.payload)
@@ -669,6 +671,16 @@ class Run:
             return None
         raise Suspend(drafts, ready_at=deadline, waiting_event=event,
                       reason=f"waiting for event {event!r}")
+
+    async def _inbox(self, name: str) -> Sequence[Event]:
+        """The pending events, for a wait for ``name``: the inbox as the worker read it
+        before running the agent, the first time and if it holds such an event (usually
+        the one that woke the object), else as the store has it now."""
+        pending, self._pending = self._pending, ()
+        for ev in pending:
+            if ev.name == name and ev.event_id not in self._consumed:
+                return pending
+        return await self._load_events()
 
     def _value(self, cmd: str, make: Callable[[], Any]) -> Any:
         pos, recs = self._take(cmd, None)

@@ -503,7 +503,7 @@ class Worker:
                 records = records + await self._fold_children(claim, records, child_results)
                 row = None
                 continue
-            await self._act(claim, records, decision, facts)
+            await self._act(claim, records, decision, facts, events)
             return
 
     async def _checked_memory(self, oid: str) -> tuple[list[Record], ObjectRow | None]:
@@ -551,12 +551,13 @@ class Worker:
         return head
 
     async def _act(self, claim: Claim, records: list[Record], decision: Decision,
-                   facts: MemoryFacts) -> None:
+                   facts: MemoryFacts, events: list[Event]) -> None:
+        if decision.action in (Action.EXECUTE, Action.REENTRY):
+            await self._execute(claim, records, decision, facts, events)
+            return
         handler = {
             Action.TERMINATE: self._terminate,
             Action.DORMANCY: self._dormancy,
-            Action.EXECUTE: self._execute,
-            Action.REENTRY: self._execute,
         }[decision.action]
         await handler(claim, records, decision, facts)
 
@@ -691,7 +692,7 @@ class Worker:
             step_scope.reset(token)
 
     async def _execute(self, claim: Claim, records: list[Record], decision: Decision,
-                       facts: MemoryFacts) -> None:
+                       facts: MemoryFacts, events: list[Event]) -> None:
         oid = claim.object_id
         intent: Intent = facts.intent
         agent = self.agents.get(intent.agent)
@@ -716,7 +717,8 @@ class Worker:
 
         with gc_paused():  # it indexes every record: as many new lists on a long history
             run = Run(journal=journal, intent=intent, context=facts.context, records=records,
-                      load_events=load_events, step_executor=self._run_step, clock=self.clock,
+                      load_events=load_events, pending_events=events,
+                      step_executor=self._run_step, clock=self.clock,
                       spawn=self._spawn, capabilities=self.capabilities)
         run.cancel_requested = claim.cancel_requested
         active = self._active.get(oid)
