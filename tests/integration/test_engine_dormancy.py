@@ -95,6 +95,38 @@ def test_a_received_event_is_recorded_with_the_next_step(make_app: AppFactory) -
     assert app.store.pending_events("go-1") == []
 
 
+def test_a_received_event_goes_with_values_committed_before_a_step(
+    make_app: AppFactory,
+) -> None:
+    """A value drawn after ``wait_for`` must be durable before the next step's body runs:
+    that commit carries the event's receipt too, and consumes the event."""
+    app = make_app()
+    inbox_seen: list[int] = []
+
+    def look(object_id: str) -> str:
+        inbox_seen.append(len(app.store.pending_events(object_id)))
+        return "looked"
+
+    @app.agent(name="go_then_value")
+    async def go_then_value(run: perdure.Run) -> Any:
+        payload = await run.wait_for("go")
+        token = await run.uuid()
+        await run.step(look, run.object_id, name="look")
+        return [payload, len(token)]
+
+    handle = app.start("go_then_value", object_id="go-3")
+    with app.background_worker():
+        assert wait_until(lambda: handle.info().waiting_event == "go")
+        app.send("go-3", "go", 1)
+        assert handle.result(timeout=5) == [1, 36]
+
+    records = app.history("go-3")
+    assert [str(r.kind) for r in records] == [
+        "instantiated", "dormant", "event_received", "value", "step_done", "terminated"]
+    assert records[2].ts_us == records[3].ts_us < records[4].ts_us
+    assert inbox_seen == [0], "the event was consumed before the step's body ran"
+
+
 def test_the_event_that_woke_an_object_is_taken_from_the_claims_read(
     make_app: AppFactory,
 ) -> None:
