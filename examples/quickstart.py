@@ -2,6 +2,8 @@
 
 Run it: python examples/quickstart.py
 Run it again: it finds the finished object r-1 and prints the same result.
+The agent waits up to 5 minutes for its approval, time enough to send it by hand with
+`perdure send`; this script sends it itself, so it finishes at once.
 """
 
 import perdure
@@ -16,7 +18,7 @@ def fetch(topic: str) -> list[str]:
 async def research(run: perdure.Run, topic: str) -> dict:
     pages = await run.step(fetch, topic)          # recorded: on resume returns the record
     await run.sleep(0.3)                          # dormant: the object is released
-    ok = await run.wait_for("approval", timeout=10)  # dormant until the event arrives
+    ok = await run.wait_for("approval", timeout=300)  # dormant until the event comes
     return {"pages": pages, "approved": ok}
 
 if __name__ == "__main__":

@@ -6,13 +6,15 @@ Settings come from flags or ``PERDURE_<FLAG>`` environment variables (shown in
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -20,9 +22,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from perdure import __version__
 from perdure.app import App
+from perdure.core.chain import VerifyReport
+from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
-from perdure.errors import PerdureError
+from perdure.errors import (
+    AgentFailedError,
+    PerdureError,
+    RecordDecodeError,
+    StoreError,
+)
 from perdure.handle import ObjectInfo
 
 __all__ = ["main"]
@@ -98,6 +108,147 @@ def _status(info: ObjectInfo) -> str:
     return f"[{style}]{info.status}[/]"
 
 
+# -- machine-readable output (--json) -------------------------------------------------
+
+
+def _print_json(document: Any) -> None:
+    """Write one JSON document to stdout: no markup, colour or wrapping."""
+    click.echo(json.dumps(document, indent=2, ensure_ascii=False, default=str))
+
+
+def _info_json(info: ObjectInfo) -> dict[str, Any]:
+    """Every ``ObjectInfo`` field, as JSON values."""
+    doc = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)}
+    doc["status"] = str(info.status)
+    doc["requires"] = list(info.requires)
+    return doc
+
+
+def _record_json(rec: Record) -> dict[str, Any]:
+    return {"seq": rec.seq, "ts": rec.ts, "node_id": rec.node_id, "kind": str(rec.kind),
+            "body": rec.body}
+
+
+def _report_json(report: VerifyReport) -> dict[str, Any]:
+    return {"object_id": report.object_id, "ok": report.ok, "records": report.records,
+            "bad_seq": report.bad_seq, "reason": report.reason, "head_hash": report.head_hash}
+
+
+# -- text layout at the terminal's width ------------------------------------------------
+
+
+def _short_type(error_type: object) -> str:
+    """``builtins:ValueError`` -> ``ValueError``: the name a person knows the error by."""
+    return str(error_type).rpartition(":")[2]
+
+
+def _failure(records: Sequence[Record]) -> str | None:
+    """Why a failed object failed (``Type: message``), from its last terminal record."""
+    last = next((r for r in reversed(records) if r.kind == Kind.TERMINATED), None)
+    if last is None:
+        return None
+    error = last.body.get("error") or {}
+    if error.get("type") is not None:
+        message = error.get("message")
+        name = _short_type(error["type"])
+        return f"{name}: {message}" if message else name
+    reason = last.body.get("reason")
+    return None if reason is None else str(reason)
+
+
+def _explained(app: App, info: ObjectInfo) -> ObjectInfo:
+    """A failed object without a note gets its failure, read from its memory, as note."""
+    if info.status is not Status.FAILED or info.note:
+        return info
+    try:
+        note = _failure(app.history(info.object_id))
+    except StoreError:
+        raise
+    except PerdureError as exc:  # damaged memory: say so rather than stop the listing
+        note = f"memory cannot be read: {exc}"
+    return dataclasses.replace(info, note=note) if note else info
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters; nothing is dropped."""
+    return textwrap.wrap(text, max(width, 10), break_on_hyphens=False) or [""]
+
+
+def _flow(parts: Sequence[str | Text], width: int, indent: str = "    ") -> list[Text]:
+    """Join ``parts`` with two spaces, starting a new (indented) line where one would
+    run past ``width``; a part is never split, so an id is never cut."""
+    lines: list[Text] = []
+    line = Text()
+    for part in parts:
+        if line and len(line) + 2 + len(part) > width:
+            lines.append(line)
+            line = Text(indent)
+        elif line:
+            line.append("  ")
+        line.append(part)
+    lines.append(line)
+    return lines
+
+
+_LS_COLUMNS = ("id", "agent", "status", "phase", "records", "epoch", "updated")
+_NOTE_ROOM = 30  # the least width at which notes stay in a column of their own
+
+
+def _ls_lines(infos: Sequence[ObjectInfo], width: int) -> list[Text]:
+    """The ``ls`` listing, fitted to ``width`` without cutting ids or notes.
+
+    Wide enough: one row per object, the note in the last column, wrapped beneath
+    itself. Narrower: each object's note goes on indented lines below its row, and
+    columns that do not fit (records, epoch, updated) go there too.
+    """
+    rows = [(info.object_id, f"{info.agent}@{info.agent_version}", str(info.status),
+             info.phase, str(info.records), str(info.epoch), _when(info.updated_at))
+            for info in infos]
+    widths = [max([len(col), *(len(row[i]) for row in rows)])
+              for i, col in enumerate(_LS_COLUMNS)]
+    styles = [_STATUS_STYLE.get(info.status, "white") for info in infos]
+    full = sum(widths) + 2 * len(widths)
+    if full + _NOTE_ROOM <= width or (full + 4 <= width
+                                      and all(not info.note for info in infos)):
+        shown = len(_LS_COLUMNS)
+        note_at: int | None = full
+    else:
+        shown, note_at = 4, None  # id, agent, status, phase always stay on the row
+        while (shown < len(_LS_COLUMNS)
+               and sum(widths[: shown + 1]) + 2 * shown <= width):
+            shown += 1
+
+    def row_text(cells: Sequence[str], style: str | None) -> Text:
+        line = Text()
+        for i, cell in enumerate(cells[:shown]):
+            padded = cell.ljust(widths[i]) + "  " if i < shown - 1 or note_at else cell
+            line.append(padded, style=style if i == 2 else None)
+        return line
+
+    lines = [row_text(_LS_COLUMNS, None)]
+    if note_at is not None:
+        lines[0].append("note")
+    indent = "    "
+    for info, row, style in zip(infos, rows, styles, strict=True):
+        line = row_text(row, style)
+        notes = _wrap(info.note, width - note_at) if info.note and note_at else []
+        if notes:
+            line.append(notes[0])
+        line.rstrip()
+        lines.append(line)
+        if note_at is not None:
+            lines.extend(Text(" " * note_at + more) for more in notes[1:])
+            continue
+        rest = [f"{col} {value}" for col, value in zip(_LS_COLUMNS[shown:], row[shown:],
+                                                         strict=True)]
+        if rest:
+            lines.extend(Text(indent) + text
+                         for text in _flow(rest, width - len(indent), indent=""))
+        if info.note:
+            lines.extend(Text(indent + text) for text in _wrap(info.note, width - len(indent)))
+    return lines
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"],
                                 "auto_envvar_prefix": "PERDURE"})
 @click.option("--store", envvar="PERDURE_STORE", show_envvar=True,
@@ -109,6 +260,8 @@ def _status(info: ObjectInfo) -> str:
 @click.option("--node-id", envvar="PERDURE_NODE_ID", show_envvar=True,
               help="This node's id (default hostname-keyfingerprint).")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+@click.version_option(__version__, "--version", prog_name="perdure",
+                      message="%(prog)s %(version)s", help="Print perdure's version and exit.")
 @click.pass_context
 def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: str | None,
         node_id: str | None, verbose: int) -> None:
@@ -176,8 +329,22 @@ def start(obj: _Ctx, agent: str, args_json: str, kwargs_json: str, object_id: st
     if not isinstance(kwargs, dict):
         _fail("--kwargs must be a JSON object")
     app = obj.app(need_agents=True)
+    existed = object_id is not None and _exists(app, object_id)
     handle = app.start(agent, *args, object_id=object_id, deadline=deadline, **kwargs)
-    out.print(handle.object_id)
+    created = getattr(handle, "created", None)
+    if created is None:  # a Handle that does not say: the id was looked up before
+        created = not existed
+    differs = getattr(handle, "differs", None)
+    if differs:
+        err.print(Text(f"warning: {differs}"))
+    elif not created:
+        err.print(Text(f"note: object {handle.object_id} already exists "
+                       f"({handle.info().status}); this is that object"))
+    out.print(Text(handle.object_id))
+
+
+def _exists(app: App, object_id: str) -> bool:
+    return app.store.get(object_id) is not None
 
 
 @cli.command(name="ls")
@@ -185,26 +352,39 @@ def start(obj: _Ctx, agent: str, args_json: str, kwargs_json: str, object_id: st
 @click.option("--phase", help="Only objects in this lifecycle phase.")
 @click.option("--agent", help="Only objects of this agent.")
 @click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of objects instead.")
 @click.pass_obj
-def ls_(obj: _Ctx, status: str | None, phase: str | None, agent: str | None, limit: int) -> None:
-    """List objects, newest first."""
-    infos = obj.app().list(status=status, phase=phase, agent=agent, limit=limit)
-    table = Table(box=None, pad_edge=False)
-    for col in ("id", "agent", "status", "phase", "records", "epoch", "updated", "note"):
-        table.add_column(col)
-    for info in infos:
-        table.add_row(info.object_id, f"{info.agent}@{info.agent_version}", _status(info),
-                      info.phase, str(info.records), str(info.epoch), _when(info.updated_at),
-                      info.note or "")
-    out.print(table)
+def ls_(obj: _Ctx, status: str | None, phase: str | None, agent: str | None, limit: int,
+        as_json: bool) -> None:
+    """List objects, newest first; a failed object's note says why it failed."""
+    app = obj.app()
+    infos = [_explained(app, info)
+             for info in app.list(status=status, phase=phase, agent=agent, limit=limit)]
+    if as_json:
+        _print_json([_info_json(info) for info in infos])
+        return
+    for line in _ls_lines(infos, out.width):
+        out.print(line)
 
 
-def _describe(rec: Record) -> str:
+_CAP = 300  # characters of an intent's arguments shown before "…" (--json has them all)
+
+
+def _json_text(value: Any, cap: int) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= cap else text[: cap - 1] + "…"
+
+
+def _describe(rec: Record) -> tuple[str, bool]:
+    """One record in words, and whether it is shown whole (wrapped) rather than cut
+    to one line: the intent and anything that says why something failed are whole."""
     body = rec.body
     kind = rec.kind
     if kind == Kind.INSTANTIATED:
         intent = body["intent"]
-        return f"{intent['agent']}@{intent['version']} args={json.dumps(intent['args'])}"
+        return (f"{intent['agent']}@{intent['version']} "
+                f"args={_json_text(intent.get('args', []), _CAP)} "
+                f"kwargs={_json_text(intent.get('kwargs', {}), _CAP)}"), True
     if kind in (Kind.STEP_DONE, Kind.STEP_FAILED, Kind.STEP_STARTED, Kind.STEP_IN_DOUBT):
         text = f"#{body.get('pos')} {body.get('name')} attempt {body.get('attempt', '-')}"
         if kind == Kind.STEP_DONE:
@@ -213,53 +393,75 @@ def _describe(rec: Record) -> str:
             error = body.get("error", {})
             text += f" {error.get('type')}: {error.get('message')} [{body.get('error_class')}]"
             text += " final" if body.get("final") else f" retry at {_when(body.get('retry_at'))}"
-        return text
+        return text, kind in (Kind.STEP_FAILED, Kind.STEP_IN_DOUBT)
     if kind == Kind.DORMANT:
         until = f" until {_when(body['wake_at'])}" if body.get("wake_at") is not None else ""
         if body.get("event"):
-            return f"#{body.get('pos')} waiting for event {body.get('event')!r}{until}"
-        return f"#{body.get('pos')} {body.get('reason')}{until}"
+            return f"#{body.get('pos')} waiting for event {body.get('event')!r}{until}", False
+        return f"#{body.get('pos')} {body.get('reason')}{until}", True
     if kind == Kind.WOKE:
-        return f"#{body.get('pos')} timer due"
+        return f"#{body.get('pos')} timer due", False
     if kind == Kind.EVENT_RECEIVED:
-        return f"#{body.get('pos')} {body.get('name')} = {json.dumps(body.get('payload'))[:80]}"
+        payload = json.dumps(body.get("payload"))[:80]
+        return f"#{body.get('pos')} {body.get('name')} = {payload}", False
     if kind == Kind.TERMINATED:
-        detail = body.get("result") if body.get("outcome") == "completed" else body.get("error")
-        return f"{body.get('outcome')}: {json.dumps(detail)[:100]}"
+        outcome = body.get("outcome")
+        if outcome == "completed":
+            return f"completed: {json.dumps(body.get('result'))[:100]}", False
+        why = _failure([rec])
+        return (f"{outcome}: {why}" if why else str(outcome)), True
     if kind == Kind.INTENT_REFINED:
-        return f"intent v{body['intent'].get('version_no')}: {json.dumps(body.get('changes'))}"
+        changes = json.dumps(body.get("changes"))
+        return f"intent v{body['intent'].get('version_no')}: {changes}", True
     if kind == Kind.NONDETERMINISM:
-        return str(body.get("reason"))
+        return str(body.get("reason")), True
     if kind == Kind.PROGRESS:
-        return json.dumps(body.get("fields"))
-    return json.dumps(body)[:100]
+        return json.dumps(body.get("fields")), False
+    return json.dumps(body)[:100], False
 
 
 @cli.command()
 @click.argument("object_id")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the object, its records and its children as one JSON document.")
 @click.pass_obj
-def show(obj: _Ctx, object_id: str) -> None:
+def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     """Show an object and its memory timeline."""
     app = obj.app()
     info = app.get(object_id)
-    out.print(f"[bold]{info.object_id}[/]  {info.agent}@{info.agent_version}  {_status(info)}  "
-              f"phase {info.phase}  epoch {info.epoch}  created {_when(info.created_at)}")
+    if as_json:
+        records = app.history(object_id)
+        children = app.list(parent=object_id, limit=1000)
+        _print_json({"object": _info_json(info),
+                     "records": [_record_json(rec) for rec in records],
+                     "children": [_info_json(child) for child in reversed(children)]})
+        return
+    width = out.width
+    head: list[str | Text] = [
+        Text(info.object_id, style="bold"), f"{info.agent}@{info.agent_version}",
+        Text(info.status, style=_STATUS_STYLE.get(info.status, "white")),
+        f"phase {info.phase}", f"epoch {info.epoch}", f"created {_when(info.created_at)}",
+    ]
+    for head_line in _flow(head, width):
+        out.print(head_line)
     if info.note:
-        out.print(f"note: {info.note}")
+        for index, line in enumerate(_wrap(info.note, width - 6)):
+            out.print(Text(("note: " if index == 0 else "      ") + line))
     if info.waiting_event:
-        out.print(f"waiting for event {info.waiting_event!r}")
+        out.print(Text(f"waiting for event {info.waiting_event!r}"))
     table = Table(box=None, pad_edge=False)
-    rows = [(str(rec.seq), _when(rec.ts)[11:], rec.node_id, str(rec.kind), _describe(rec))
+    rows = [(str(rec.seq), _when(rec.ts)[11:], rec.node_id, str(rec.kind), *_describe(rec))
             for rec in app.history(object_id)]
-    widths = [max([len(col), *(len(row[i]) for row in rows)])
+    widths = [max([len(col), *(len(str(row[i])) for row in rows)])
               for i, col in enumerate(("seq", "time", "node", "kind"))]
-    for col, width in zip(("seq", "time", "node", "kind"), widths, strict=True):
-        table.add_column(col, no_wrap=True, min_width=width)
-    table.add_column("what")
-    room = max(20, out.width - sum(widths) - 2 * len(widths) - 1)  # one line per record
-    for row in rows:
-        what = row[4] if len(row[4]) <= room else row[4][: room - 1] + "…"
-        table.add_row(*(Text(cell) for cell in (*row[:4], what)))  # record text is not markup
+    for col, width_ in zip(("seq", "time", "node", "kind"), widths, strict=True):
+        table.add_column(col, no_wrap=True, min_width=width_)
+    table.add_column("what", overflow="fold")
+    room = max(20, width - sum(widths) - 2 * len(widths) - 1)  # one line per record
+    for seq, time_, node, kind, what, whole in rows:
+        if not whole and len(what) > room:
+            what = what[: room - 1] + "…"
+        table.add_row(*(Text(cell) for cell in (seq, time_, node, kind, what)))  # not markup
     out.print(table)
     children = app.list(parent=object_id, limit=1000)
     if children:
@@ -347,35 +549,78 @@ _control("cancel", "Cancel an object; it terminates at its next command boundary
 @cli.command()
 @click.argument("object_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Verify every object in the store.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of reports instead.")
 @click.pass_obj
-def verify(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
-    """Verify hash chain and signatures; exit 1 naming the first bad record."""
+def verify(obj: _Ctx, object_ids: tuple[str, ...], all_: bool, as_json: bool) -> None:
+    """Verify hash chain and signatures; exit 1 naming the first bad record.
+
+    Every object is checked and reported, also after one that fails; a store that
+    cannot be read at all stops the command with one error line.
+    """
     app = obj.app()
     ids = list(object_ids)
     if all_:
         ids += [info.object_id for info in app.list(limit=1_000_000)]
     if not ids:
         _fail("name an object id, or pass --all")
-    bad = 0
+    reports = []
     for object_id in ids:
-        report = app.verify(object_id)
+        report = _verify_one(app, object_id)
+        reports.append(report)
+        if as_json:
+            continue
         if report.ok:
-            out.print(f"[green]ok[/]   {report}")
+            out.print(Text.assemble(("ok", "green"), f"   {report}"))
+        elif report.bad_seq is None:
+            out.print(Text.assemble(("FAIL", "red"), f" {report.object_id}: {report.reason}"))
         else:
-            bad += 1
-            out.print(f"[red]FAIL[/] {report}")
-    if bad:
+            out.print(Text.assemble(("FAIL", "red"), f" {report}"))
+    if as_json:
+        _print_json([_report_json(report) for report in reports])
+    if not all(report.ok for report in reports):
         sys.exit(1)
+
+
+def _verify_one(app: App, object_id: str) -> VerifyReport:
+    """``App.verify``, with an object whose memory cannot even be read reported as failed."""
+    try:
+        return app.verify(object_id)
+    except StoreError:
+        raise  # the store as a whole is down or damaged: not one object's fault
+    except RecordDecodeError as exc:
+        return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
+    except PerdureError as exc:
+        return VerifyReport(object_id, False, 0, getattr(exc, "seq", None), str(exc))
 
 
 @cli.command()
 @click.argument("object_id")
 @click.option("--wait", type=float, default=0.0, help="Seconds to wait for the result.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"object_id", "status", "result"} (or "error") as JSON.')
 @click.pass_obj
-def result(obj: _Ctx, object_id: str, wait: float) -> None:
+def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
     """Print an object's result as JSON (waiting up to --wait seconds)."""
-    value = obj.app().handle(object_id).result(timeout=wait)
-    out.print_json(json.dumps(value))
+    app = obj.app()
+    if not as_json:
+        out.print_json(json.dumps(app.handle(object_id).result(timeout=wait)))
+        return
+    try:
+        value = app.handle(object_id).result(timeout=wait)
+    except StoreError:
+        raise
+    except PerdureError as exc:
+        try:
+            status: str | None = str(app.get(object_id).status)
+        except PerdureError:
+            status = None  # no such object, or the store went away meanwhile
+        if isinstance(exc, AgentFailedError):
+            error = {"type": exc.error_type, "message": exc.message}
+        else:
+            error = {"type": type(exc).__name__, "message": str(exc)}
+        _print_json({"object_id": object_id, "status": status, "error": error})
+        _fail(str(exc))
+    _print_json({"object_id": object_id, "status": "completed", "result": value})
 
 
 @cli.command()
