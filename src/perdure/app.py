@@ -16,19 +16,22 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from perdure._keys import default_key_dir, default_node_id, load_or_create_key, public_bytes
+from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, sealed_by, verify_chain
-from perdure.core.codec import decode, encode
+from perdure.core.codec import MAX_DEPTH, decode, encode
 from perdure.core.cycle import LocalPolicy
 from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
-from perdure.core.records import Record
+from perdure.core.names import check_labels, check_name, check_object_id
+from perdure.core.records import Kind, Record
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
+    ObjectConflictError,
     ObjectNotFoundError,
     RecordDecodeError,
     StoreCorruptError,
@@ -82,6 +85,8 @@ class App:
         poll_interval: float = 0.1,
         capabilities: set[str] | frozenset[str] | None = None,
     ) -> None:
+        if node_id is not None:
+            check_object_id(node_id, "node id")
         self._store_arg = store
         self._store: Store | None = None if isinstance(store, str) else store
         self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
@@ -189,7 +194,10 @@ class App:
         """
 
         def register(func: F) -> F:
-            agent_name = name or func.__qualname__
+            agent_name = check_name(func.__qualname__ if name is None else name, "agent name")
+            check_name(version, "agent version")
+            for need in requires or ():
+                check_name(need, "required capability")
             if agent_name in self._agents and self._agents[agent_name].fn is not func:
                 raise ConfigurationError(f"agent {agent_name!r} is registered twice")
             self._agents[agent_name] = AgentDef(
@@ -236,24 +244,41 @@ class App:
     ) -> Handle:
         """Create an object running ``agent(*args, **kwargs)``; idempotent on ``object_id``.
 
-        ``deadline`` is seconds from now after which the object is terminated.
-        With an ``object_id`` that already exists, returns a handle to it.
+        ``deadline`` is seconds from now after which the object is terminated;
+        ``object_id=None`` generates an id. Names, ids and arguments are checked before
+        the store is touched (``ConfigurationError``, ``SerializationError``).
+
+        With an ``object_id`` that already exists, returns a handle to that object with
+        ``created=False``; its ``differs`` says how the object was started otherwise
+        (arguments, labels, deadline, failure budget), if it was. An id taken by an
+        object of another agent raises ``ObjectConflictError``.
         """
         definition = self._resolve(agent)
+        oid = uuid.uuid4().hex if object_id is None else check_object_id(object_id)
+        labels = check_labels(labels)
+        check_arguments(definition.fn, args, kwargs, agent=definition.name)
+        encode({"args": list(args), "kwargs": kwargs}, max_depth=MAX_DEPTH + 2,
+               what=f"arguments of agent {definition.name!r}")
         signer = self._ensure_node()
-        oid = object_id or uuid.uuid4().hex
-        if not oid or len(oid) > 200 or any(ch.isspace() for ch in oid):
-            raise ConfigurationError(
-                f"object id {oid!r} must be 1-200 characters without whitespace"
+        row = self.store.get(oid)
+        if row is None:
+            now = time.time()
+            new = instantiate(definition, tuple(args), kwargs, object_id=oid, signer=signer,
+                              policy_ref=self.policy.ref, now=now, deadline=deadline,
+                              max_failures=max_failures, labels=labels)
+            if self.store.create(new, now):
+                return Handle(self, oid, created=True)
+            row = self.store.get(oid)  # another start took the id first
+        if row is not None and row.agent != definition.name:
+            raise ObjectConflictError(
+                f"object {oid!r} already exists and runs agent {row.agent!r}, not "
+                f"{definition.name!r}; start {definition.name!r} under another object id"
             )
-        if self.store.get(oid) is not None:
-            return Handle(self, oid)
-        now = time.time()
-        new = instantiate(definition, tuple(args), kwargs, object_id=oid, signer=signer,
-                          policy_ref=self.policy.ref, now=now, deadline=deadline,
-                          max_failures=max_failures, labels=labels)
-        self.store.create(new, now)
-        return Handle(self, oid)
+        first = next((r for r in self.store.records(oid) if r.kind == Kind.INSTANTIATED), None)
+        differs = None if first is None else start_differences(
+            oid, first.body, args=args, kwargs=kwargs, labels=labels,
+            max_failures=max_failures, deadline=deadline)
+        return Handle(self, oid, differs=differs)
 
     def handle(self, object_id: str) -> Handle:
         """A handle to an existing object; ``ObjectNotFoundError`` if there is none."""
@@ -268,9 +293,15 @@ class App:
         event is then delivered once). Raises ``ObjectNotFoundError`` or
         ``ObjectTerminatedError``.
         """
-        if not event or event.startswith("perdure:"):
-            raise ConfigurationError(f"event name {event!r} is empty or reserved")
-        data = encode(payload, what=f"payload of event {event!r}")
+        check_name(event, "event name")
+        if event.startswith("perdure:"):
+            raise ConfigurationError(
+                f"event name {event!r} is reserved (the prefix perdure: is perdure's own); "
+                "use another name"
+            )
+        if dedupe_key is not None:
+            check_name(dedupe_key, "dedupe key")
+        data = encode(payload, what=f"payload of event {event!r}", max_depth=MAX_DEPTH)
         return self.store.send(object_id, event, data, dedupe_key, time.time())
 
     def refine(self, object_id: str, **changes: Any) -> None:
@@ -279,9 +310,15 @@ class App:
         Appended as an intent-refinement record with a new intent version on the
         object's next cycle.
         """
-        Intent("x", "1").refined(changes)  # validate the field names now
-        self.store.send(object_id, REFINE_EVENT, encode(changes, what="refinement"), None,
-                        time.time())
+        check_object_id(object_id)
+        try:
+            Intent("x", "1").refined(changes)  # validate the field names and values now
+        except ValueError as exc:
+            raise ConfigurationError(f"cannot refine object {object_id!r}: {exc}") from None
+        for need in changes.get("requires", ()):
+            check_name(need, "required capability")
+        data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
+        self.store.send(object_id, REFINE_EVENT, data, None, time.time())
 
     def pause(self, object_id: str) -> ObjectInfo:
         """Hold the object: it stops at its next command boundary and is not claimed."""

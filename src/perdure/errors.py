@@ -3,7 +3,7 @@
 The tree::
 
     PerdureError
-    ├── ConfigurationError        bad App/worker settings, bad store URL, missing extra
+    ├── ConfigurationError        bad settings, store URL, name, id or arguments; missing extra
     ├── StoreError                the store cannot be used (down, locked, disk full)
     │   └── StoreCorruptError     the store's bytes are damaged
     ├── NodeIdentityError         a node id is registered with another public key
@@ -12,6 +12,7 @@ The tree::
     ├── SerializationError        a value is not JSON-encodable for the memory
     ├── UnknownAgentError         no agent of that name is registered
     ├── ObjectNotFoundError       no object with that id
+    ├── ObjectConflictError       an object with that id already exists for another agent
     ├── ObjectTerminatedError     the object has terminated; it takes no more input
     ├── NonDeterminismError       code no longer matches the recorded history
     ├── StepInDoubtError          a non-idempotent step started but its outcome is unknown
@@ -45,6 +46,7 @@ __all__ = [
     "LeaseLostError",
     "NodeIdentityError",
     "NonDeterminismError",
+    "ObjectConflictError",
     "ObjectNotFoundError",
     "ObjectTerminatedError",
     "PerdureError",
@@ -65,7 +67,8 @@ class PerdureError(Exception):
 
 
 class ConfigurationError(PerdureError):
-    """A setting is wrong: fix the App, worker or store URL settings named in the message."""
+    """A setting or an input is wrong: fix the setting, store URL, name, id or arguments
+    named in the message."""
 
 
 class StoreError(PerdureError):
@@ -113,6 +116,13 @@ class UnknownAgentError(PerdureError):
 
 class ObjectNotFoundError(PerdureError):
     """No object with that id exists in the store."""
+
+
+class ObjectConflictError(PerdureError):
+    """``start`` was given an object id that already belongs to an object of another agent.
+
+    Nothing is created or changed; start the agent under another id.
+    """
 
 
 class ObjectTerminatedError(PerdureError):

@@ -83,11 +83,23 @@ def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
 
 
 class Handle:
-    """A reference to one object. Works from any process sharing the store."""
+    """A reference to one object. Works from any process sharing the store.
 
-    def __init__(self, app: App, object_id: str) -> None:
+    A handle from ``App.start`` also says what the start did: ``created`` is true when
+    this call created the object, false when the id was already taken by an object of
+    the same agent (the handle then refers to that object). ``differs`` is ``None``
+    unless that existing object was started with other arguments, labels, deadline or
+    failure budget than asked: then it is one sentence saying what differs (the existing
+    object is left as it is). Handles built any other way have ``created=False`` and
+    ``differs=None``.
+    """
+
+    def __init__(self, app: App, object_id: str, *, created: bool = False,
+                 differs: str | None = None) -> None:
         self.app = app
         self.object_id = object_id
+        self.created = created
+        self.differs = differs
 
     def __repr__(self) -> str:
         return f"Handle({self.object_id!r})"

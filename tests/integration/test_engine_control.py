@@ -232,7 +232,7 @@ def test_refine_appends_a_new_intent_version(make_app: AppFactory) -> None:
     assert refined.body["intent"]["version_no"] == 2
     assert refined.body["intent"]["goal"] == {"target": "ship v2"}
     assert refined.body["changes"] == {"goal": {"target": "ship v2"}}
-    with pytest.raises(ValueError, match="cannot be refined"):
+    with pytest.raises(perdure.ConfigurationError, match="cannot be refined"):
         app.refine("goal-1", agent="other")
 
 

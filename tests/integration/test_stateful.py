@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 import perdure
-from perdure import Kind, ObjectTerminatedError, SyncRun
+from perdure import Kind, ObjectConflictError, ObjectTerminatedError, SyncRun
 
 LEASE = 0.4  # seconds; short so that crashed objects come back quickly
 STALL = LEASE + 0.2  # a frozen node sleeps past its lease
@@ -256,7 +256,11 @@ class ObjectsMachine(RuleBasedStateMachine):
         if self.model:
             old = next(iter(self.model))
             before = self.app.get(old).records
-            assert self.app.start("chain", 9, 0.0, object_id=old).object_id == old
+            if self.app.get(old).agent == "chain":  # the same agent: that object again
+                assert self.app.start("chain", 9, 0.0, object_id=old).object_id == old
+            else:  # another agent's id: refused
+                with pytest.raises(ObjectConflictError):
+                    self.app.start("chain", 9, 0.0, object_id=old)
             assert self.app.get(old).records == before
         oid = f"obj-{self.counter}"
         self.counter += 1
