@@ -7,6 +7,7 @@ forward from exactly where it was.
 
 from __future__ import annotations
 
+from perdure._keys import KeyFolder
 from perdure.app import App, step
 from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import VerifyReport
@@ -63,6 +64,7 @@ __all__ = [
     "Handle",
     "IntegrityError",
     "Intent",
+    "KeyFolder",
     "Kind",
     "LeaseLostError",
     "LocalPolicy",

@@ -7,6 +7,7 @@ import builtins
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import threading
 import time
@@ -15,22 +16,27 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from perdure._keys import default_key_dir, default_node_id, load_or_create_key, public_bytes
+from perdure._identity import NodeIdentity, TrustSpec
+from perdure._keys import default_key_dir, public_bytes
 from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
-from perdure.core.chain import Signer, VerifyReport, sealed_by, verify_chain
-from perdure.core.codec import MAX_DEPTH, decode, encode
+from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain
+from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
 from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
+from perdure.core.trust import seal_event
+from perdure.engine.anchors import rollback_problem
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
+from perdure.engine.verifier import Verifier
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
+    IntegrityError,
     ObjectConflictError,
     ObjectNotFoundError,
     RecordDecodeError,
@@ -72,6 +78,11 @@ class App:
     ``store`` is a URL (``sqlite:///agents.db``) or an open ``Store``. ``node_id``
     defaults to ``hostname-keyfingerprint``; ``key_dir`` holds the node's Ed25519
     key pair (created on first use, default ``~/.perdure/keys``).
+
+    ``trust`` names the root public keys whose certificates this node believes (keys,
+    roots files or key folders; see ``docs/howto/keys-and-trust.md``); by default, the
+    key folder's ``roots`` file, which on one machine is made on first use with a root
+    of its own. ``key_passphrase`` opens a passphrase-protected node key.
     """
 
     def __init__(
@@ -84,20 +95,27 @@ class App:
         lease_seconds: float = 30.0,
         poll_interval: float = 0.1,
         capabilities: set[str] | frozenset[str] | None = None,
+        trust: TrustSpec | None = None,
+        key_passphrase: str | bytes | None = None,
     ) -> None:
         if node_id is not None:
             check_object_id(node_id, "node id")
+        self._trust = trust
+        self._passphrase = (key_passphrase.encode() if isinstance(key_passphrase, str)
+                            else key_passphrase)
         self._store_arg = store
         self._store: Store | None = None if isinstance(store, str) else store
         self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
         self._node_id = node_id
-        self._signer: Signer | None = None
+        self._identity = NodeIdentity(self._key_dir, node_id=node_id, trust=trust,
+                                      passphrase=self._passphrase)
+        self._verifier: Verifier | None = None
         self.policy = policy or LocalPolicy()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
         self.capabilities = frozenset(capabilities or ())
         self._agents: dict[str, AgentDef] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._registered = False
 
     # -- wiring ---------------------------------------------------------------------
@@ -121,11 +139,25 @@ class App:
     @property
     def signer(self) -> Signer:
         """This node's id and signing key (created on first use)."""
+        return self._identity.signer()
+
+    @property
+    def trust_setting(self) -> TrustSpec | None:
+        """The ``trust`` this App was given (``None``: its key folder's roots file)."""
+        return self._trust
+
+    @property
+    def identity(self) -> NodeIdentity:
+        """This node's key folder, trusted roots and certificate."""
+        return self._identity
+
+    @property
+    def verifier(self) -> Verifier:
+        """What this node believes of the store (its trusted roots, cached keys)."""
         with self._lock:
-            if self._signer is None:
-                key = load_or_create_key(self._key_dir)
-                self._signer = Signer(self._node_id or default_node_id(key), key)
-            return self._signer
+            if self._verifier is None:
+                self._verifier = self._identity.verifier(self.store)
+            return self._verifier
 
     @property
     def node_id(self) -> str:
@@ -133,24 +165,39 @@ class App:
         return self.signer.node_id
 
     def _ensure_node(self) -> Signer:
+        """This node, certified by a trusted root and registered in the store."""
         signer = self.signer
         if not self._registered:
+            self._identity.certified(self.store)
             self.store.register_node(signer.node_id, public_bytes(signer.private_key), time.time())
             self._registered = True
         return signer
 
+    def _seal(self, object_id: str, name: str, data: bytes, dedupe_key: str | None) -> bytes:
+        """This node's seal over an event it puts into an inbox."""
+        signer = self._ensure_node()
+        seal, _ = seal_event(signer.sign, signer.node_id, object_id, name, data, dedupe_key,
+                             os.urandom(12).hex())
+        return seal
+
     def with_settings(self, *, store: str | None = None, key_dir: str | Path | None = None,
-                      node_id: str | None = None) -> App:
-        """A new App with the same agents and settings but another store, key directory
-        or node id (``None`` keeps this App's)."""
+                      node_id: str | None = None, trust: TrustSpec | None = None,
+                      key_passphrase: str | bytes | None = None,
+                      lease_seconds: float | None = None, poll_interval: float | None = None,
+                      capabilities: set[str] | frozenset[str] | None = None) -> App:
+        """A new App with the same agents and settings but another store, key directory,
+        node id, trusted roots, key passphrase, lease, poll interval or extra
+        capabilities (``None`` keeps this App's; ``capabilities`` adds to them)."""
         clone = App(
             store=store or self._store_arg,
             key_dir=key_dir or self._key_dir,
             node_id=node_id or self._node_id,
+            trust=trust if trust is not None else self._trust,
+            key_passphrase=key_passphrase if key_passphrase is not None else self._passphrase,
             policy=self.policy,
-            lease_seconds=self.lease_seconds,
-            poll_interval=self.poll_interval,
-            capabilities=self.capabilities,
+            lease_seconds=lease_seconds if lease_seconds is not None else self.lease_seconds,
+            poll_interval=poll_interval if poll_interval is not None else self.poll_interval,
+            capabilities=self.capabilities | frozenset(capabilities or ()),
         )
         clone._agents = dict(self._agents)
         return clone
@@ -280,6 +327,12 @@ class App:
             max_failures=max_failures, deadline=deadline)
         return Handle(self, oid, differs=differs)
 
+    @staticmethod
+    def _lookup(object_id: str) -> str:
+        """An id to look up: any id perdure could hold (``ConfigurationError`` for one no
+        store can, such as a lone surrogate or a NUL), the same on every store."""
+        return check_name(object_id, "object id", max_length=10_000)
+
     def handle(self, object_id: str) -> Handle:
         """A handle to an existing object; ``ObjectNotFoundError`` if there is none."""
         self.get(object_id)
@@ -293,6 +346,7 @@ class App:
         event is then delivered once). Raises ``ObjectNotFoundError`` or
         ``ObjectTerminatedError``.
         """
+        self._lookup(object_id)
         check_name(event, "event name")
         if event.startswith("perdure:"):
             raise ConfigurationError(
@@ -302,7 +356,8 @@ class App:
         if dedupe_key is not None:
             check_name(dedupe_key, "dedupe key")
         data = encode(payload, what=f"payload of event {event!r}", max_depth=MAX_DEPTH)
-        return self.store.send(object_id, event, data, dedupe_key, time.time())
+        return self.store.send(object_id, event, data, dedupe_key, time.time(),
+                               self._seal(object_id, event, data, dedupe_key))
 
     def refine(self, object_id: str, **changes: Any) -> None:
         """Refine an object's intent (deadline, max_failures, goal, requires) from outside.
@@ -318,24 +373,28 @@ class App:
         for need in changes.get("requires", ()):
             check_name(need, "required capability")
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
-        self.store.send(object_id, REFINE_EVENT, data, None, time.time())
+        self.store.send(object_id, REFINE_EVENT, data, None, time.time(),
+                        self._seal(object_id, REFINE_EVENT, data, None))
 
     def pause(self, object_id: str) -> ObjectInfo:
         """Hold the object: it stops at its next command boundary and is not claimed."""
-        return info_from_row(self.store.control(object_id, time.time(), paused=True), time.time())
+        row = self.store.control(self._lookup(object_id), time.time(), paused=True)
+        return info_from_row(row, time.time())
 
     def resume(self, object_id: str) -> ObjectInfo:
         """Release a paused object, or retry a parked one (after its code was fixed)."""
-        row = self.store.control(object_id, time.time(), paused=False, unpark=True)
+        row = self.store.control(self._lookup(object_id), time.time(), paused=False,
+                                 unpark=True)
         return info_from_row(row, time.time())
 
     def cancel(self, object_id: str) -> ObjectInfo:
         """Ask the object to stop; it terminates as cancelled at its next command boundary."""
-        return info_from_row(self.store.control(object_id, time.time(), cancel=True), time.time())
+        row = self.store.control(self._lookup(object_id), time.time(), cancel=True)
+        return info_from_row(row, time.time())
 
     def get(self, object_id: str) -> ObjectInfo:
         """What the store says about an object; ``ObjectNotFoundError`` if unknown."""
-        row = self.store.get(object_id)
+        row = self.store.get(self._lookup(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
         return self._explain(info_from_row(row, time.time()))
@@ -379,19 +438,59 @@ class App:
         self.get(object_id)
         return self.store.records(object_id)
 
-    def verify(self, object_id: str) -> VerifyReport:
-        """Walk the object's chain and signatures; the report names the first bad record."""
-        row = self.store.get(object_id)
+    def verify(self, object_id: str, *,
+               anchors: Mapping[str, tuple[int, str]] | None = None) -> VerifyReport:
+        """Walk the object's chain and every record's signature; the report names the
+        first bad record.
+
+        A signature counts only under a key certified by a root this node trusts.
+        The chain must also reach every head this node saw of the object (its
+        ``heads.db``) and, with ``anchors`` (object id -> ``(seq, hash)``, as
+        ``export_heads`` gives), the head given there: a store rolled back or rewritten
+        is reported, naming the record.
+        """
+        row = self.store.get(self._lookup(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
         try:
             records = self.store.records(object_id)
         except RecordDecodeError as exc:
             return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
+        verifier = self.verifier
+        verifier.refresh()
         digests = [d for d in map(sealed_by, records) if d is not None]
-        return verify_chain(object_id, records, self.store.public_keys(),
-                            head_seq=row.head_seq, head_hash=row.head_hash,
-                            seals=self.store.seals(digests))
+        report = verify_chain(object_id, records, verifier.keys(),
+                              head_seq=row.head_seq, head_hash=row.head_hash,
+                              seals=self.store.seals(digests), trust=verifier.ring)
+        if not report.ok or not records:
+            return report
+        seen = [self._identity.anchors().get(object_id, records[0].hash)]
+        if anchors is not None and object_id in anchors:
+            seq, digest = anchors[object_id]
+            seen.append((records[0].hash, int(seq), str(digest)))
+        for head in seen:
+            problem = rollback_problem(head, records)
+            if problem is not None:
+                return VerifyReport(object_id, False, len(records), problem[0], problem[1])
+        return report
+
+    def export_heads(self, object_ids: Sequence[str] | None = None
+                     ) -> builtins.list[dict[str, Any]]:
+        """The heads of objects whose memory verifies now, to keep outside the store
+        and check later with ``verify(anchors=...)`` / ``perdure verify --anchors``.
+
+        Each is ``{"object_id", "seq", "hash"}``; objects that do not verify are left
+        out (and named by ``verify``).
+        """
+        ids = object_ids if object_ids is not None else [
+            info.object_id for info in self.list(limit=10_000_000)]
+        heads = []
+        for object_id in ids:
+            report = self.verify(object_id)
+            if report.ok and report.head_hash is not None:
+                heads.append({"object_id": object_id, "seq": report.records,
+                              "hash": report.head_hash})
+        return heads
 
     def replay_check(self, object_ids: Sequence[str] | None = None) -> builtins.list[ReplayReport]:
         """Replay recorded memory against this App's code without running any step.
@@ -412,11 +511,50 @@ class App:
         return reports
 
     def result_of(self, object_id: str) -> Any:
-        """Decode a completed object's stored result."""
+        """A completed object's result, as its verified terminal record holds it
+        (``None`` if it has not completed). ``IntegrityError`` if the terminal record
+        does not verify or the store's result column says otherwise."""
         row = self.store.get(object_id)
-        if row is None or row.result is None:
+        if row is None or row.status != Status.COMPLETED:
             return None
-        return decode(row.result)
+        return self.outcome(object_id).get("result")
+
+    def outcome(self, object_id: str) -> dict[str, Any]:
+        """The body of the object's terminal record, after checking it: its hash, its
+        signature under a trusted key, and that the store's row agrees with it.
+
+        ``IntegrityError`` (naming the record) for anything that does not hold: an
+        edited result column is reported, never served.
+        """
+        row = self.store.get(self._lookup(object_id))
+        if row is None:
+            raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
+        last = self.store.records(object_id, max(0, row.head_seq - 1))
+        if not last or last[-1].seq != row.head_seq or last[-1].kind != Kind.TERMINATED:
+            raise IntegrityError(object_id, row.head_seq,
+                                 f"the object's row says {row.status} but its memory holds no "
+                                 f"terminal record at #{row.head_seq}")
+        rec = last[-1]
+        try:
+            check_links(object_id, [rec], start_hash=rec.prev_hash, start_seq=rec.seq)
+        except IntegrityError:
+            raise
+        if rec.hash != row.head_hash:
+            raise IntegrityError(object_id, rec.seq, "the terminal record's hash differs from "
+                                 "the object's recorded head")
+        problem = self.verifier.record_problem(rec)
+        if problem is not None:
+            raise IntegrityError(object_id, rec.seq, problem)
+        body = dict(rec.body)
+        outcome = body.get("outcome")
+        if outcome != row.status:
+            raise IntegrityError(object_id, rec.seq, f"the object's row says {row.status} but "
+                                 f"its terminal record says {outcome}")
+        if outcome == "completed" and (row.result is None
+                                       or row.result != encode(body.get("result"))):
+            raise IntegrityError(object_id, rec.seq, "the stored result differs from the "
+                                 "result in the object's signed terminal record")
+        return body
 
     # -- running a node -------------------------------------------------------------
 
@@ -434,8 +572,11 @@ class App:
             drain_seconds=drain_seconds,
             held_records=held_records,
         )
-        return Worker(store=self.store, signer=self._ensure_node(), policy=self.policy,
-                      agents=self._agents, settings=settings, capabilities=self.capabilities)
+        signer = self._ensure_node()
+        return Worker(store=self.store, signer=signer, policy=self.policy,
+                      agents=self._agents, settings=settings, capabilities=self.capabilities,
+                      verifier=self._identity.verifier(self.store),
+                      anchors=self._identity.anchors())
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16) -> None:
         """Run a worker on the current event loop until ``stop`` is set.

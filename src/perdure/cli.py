@@ -15,6 +15,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -23,6 +24,9 @@ from rich.table import Table
 from rich.text import Text
 
 from perdure import __version__
+from perdure._cli_keys import keys
+from perdure._identity import NodeIdentity
+from perdure._keys import KeyFolder, default_key_dir
 from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
@@ -44,7 +48,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", markup=True)
+    err.print(Text.assemble(("error:", "bold red"), " ", message))  # the message is not markup
     sys.exit(code)
 
 
@@ -66,29 +70,57 @@ def _load_app(spec: str) -> App:
 
 class _Ctx:
     def __init__(self, store: str | None, app_spec: str | None, key_dir: str | None,
-                 node_id: str | None) -> None:
+                 node_id: str | None, trust: str | None, passphrase: bytes | None) -> None:
         self.store_url = store
         self.app_spec = app_spec
         self.key_dir = key_dir
         self.node_id = node_id
+        self.trust = trust
+        self.passphrase = passphrase
         self._app: App | None = None
+        self._loaded: App | None = None
+
+    def loaded(self) -> App | None:
+        """The App that ``--app`` names, imported once (``None`` without ``--app``)."""
+        if self._loaded is None and self.app_spec:
+            self._loaded = _load_app(self.app_spec)
+        return self._loaded
 
     def app(self, *, need_agents: bool = False) -> App:
         if self._app is not None:
             return self._app
-        if self.app_spec:
-            app = _load_app(self.app_spec)
-            if self.store_url or self.key_dir or self.node_id:
+        base = self.loaded()
+        if base is not None:
+            app = base
+            if (self.store_url or self.key_dir or self.node_id or self.trust
+                    or self.passphrase):
                 app = app.with_settings(store=self.store_url, key_dir=self.key_dir,
-                                        node_id=self.node_id)
+                                        node_id=self.node_id, trust=self.trust,
+                                        key_passphrase=self.passphrase)
         elif need_agents:
             _fail("this command needs your agents: pass --app module:app or set PERDURE_APP")
         elif self.store_url:
-            app = App(store=self.store_url, key_dir=self.key_dir, node_id=self.node_id)
+            app = App(store=self.store_url, key_dir=self.key_dir, node_id=self.node_id,
+                      trust=self.trust, key_passphrase=self.passphrase)
         else:
             _fail("no store: pass --store URL (e.g. sqlite:///agents.db) or set PERDURE_STORE")
         self._app = app
         return app
+
+    def key_folder(self) -> KeyFolder:
+        """The key folder: ``--key-dir``, else the ``--app`` App's, else the default."""
+        return self.identity().folder
+
+    def identity(self) -> NodeIdentity:
+        """This node's identity as the options (and ``--app``) give it, without a store."""
+        base = self.loaded()
+        if base is not None and not self.key_dir:
+            folder = base.identity.folder.path
+        else:
+            folder = Path(self.key_dir) if self.key_dir else default_key_dir()
+        node_id = self.node_id or (base.identity.node_id_setting if base is not None else None)
+        trust = self.trust or (base.trust_setting if base is not None else None)
+        return NodeIdentity(folder, node_id=node_id, trust=trust, passphrase=self.passphrase)
 
 
 def _when(ts: float | None) -> str:
@@ -259,18 +291,33 @@ def _ls_lines(infos: Sequence[ObjectInfo], width: int) -> list[Text]:
               help="Folder of this node's Ed25519 key pair (default ~/.perdure/keys).")
 @click.option("--node-id", envvar="PERDURE_NODE_ID", show_envvar=True,
               help="This node's id (default hostname-keyfingerprint).")
+@click.option("--trust", envvar="PERDURE_TRUST", show_envvar=True,
+              help="Root public keys this node trusts: keys (64 hex digits), roots files or "
+                   "key folders, comma-separated (default: the key folder's roots file).")
+@click.option("--key-passphrase-file", envvar="PERDURE_KEY_PASSPHRASE_FILE",
+              show_envvar=True, type=click.Path(dir_okay=False),
+              help="File holding the passphrase of protected private keys (or set "
+                   "PERDURE_KEY_PASSPHRASE).")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.version_option(__version__, "--version", prog_name="perdure",
                       message="%(prog)s %(version)s", help="Print perdure's version and exit.")
 @click.pass_context
 def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: str | None,
-        node_id: str | None, verbose: int) -> None:
+        node_id: str | None, trust: str | None, key_passphrase_file: str | None,
+        verbose: int) -> None:
     """perdure: durable agents that survive crashes and resume on any node."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The PostgreSQL pool logs every failed reconnection; perdure says it once itself.
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL if verbose < 2 else logging.DEBUG)
-    ctx.obj = _Ctx(store, app_spec, key_dir, node_id)
+    passphrase = os.environ.get("PERDURE_KEY_PASSPHRASE")
+    secret: bytes | None = passphrase.encode() if passphrase else None
+    if key_passphrase_file:
+        try:
+            secret = Path(key_passphrase_file).read_bytes().rstrip(b"\r\n")
+        except OSError as exc:
+            _fail(f"--key-passphrase-file {key_passphrase_file}: {exc.strerror or exc}")
+    ctx.obj = _Ctx(store, app_spec, key_dir, node_id, trust, secret)
 
 
 @cli.command()
@@ -287,12 +334,8 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
            poll_interval: float | None, capabilities: tuple[str, ...]) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM."""
-    app = obj.app(need_agents=True)
-    app.capabilities = app.capabilities | frozenset(capabilities)
-    if lease_seconds is not None:
-        app.lease_seconds = lease_seconds
-    if poll_interval is not None:
-        app.poll_interval = poll_interval
+    app = obj.app(need_agents=True).with_settings(
+        lease_seconds=lease_seconds, poll_interval=poll_interval, capabilities=set(capabilities))
     logging.getLogger("perdure").setLevel(min(logging.getLogger().level, logging.INFO))
     serving = ", ".join(f"{a.name}@{a.version}" for a in app.agents.values()) or "no agents"
     caps = f", capabilities {', '.join(sorted(app.capabilities))}" if app.capabilities else ""
@@ -307,7 +350,10 @@ def _json_arg(text: str | None, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        _fail(f"{what} is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}")
+        _fail(f"{what} is not valid JSON ({exc.msg} at column {exc.colno}): {text[:200]!r}")
+    except RecursionError:
+        _fail(f"{what} is nested too deeply to be read (perdure keeps values of at most "
+              "128 levels)")
 
 
 @cli.command()
@@ -329,22 +375,15 @@ def start(obj: _Ctx, agent: str, args_json: str, kwargs_json: str, object_id: st
     if not isinstance(kwargs, dict):
         _fail("--kwargs must be a JSON object")
     app = obj.app(need_agents=True)
-    existed = object_id is not None and _exists(app, object_id)
     handle = app.start(agent, *args, object_id=object_id, deadline=deadline, **kwargs)
-    created = getattr(handle, "created", None)
-    if created is None:  # a Handle that does not say: the id was looked up before
-        created = not existed
-    differs = getattr(handle, "differs", None)
+    created = handle.created
+    differs = handle.differs
     if differs:
         err.print(Text(f"warning: {differs}"))
     elif not created:
         err.print(Text(f"note: object {handle.object_id} already exists "
                        f"({handle.info().status}); this is that object"))
     out.print(Text(handle.object_id))
-
-
-def _exists(app: App, object_id: str) -> bool:
-    return app.store.get(object_id) is not None
 
 
 @cli.command(name="ls")
@@ -549,23 +588,31 @@ _control("cancel", "Cancel an object; it terminates at its next command boundary
 @cli.command()
 @click.argument("object_ids", nargs=-1)
 @click.option("--all", "all_", is_flag=True, help="Verify every object in the store.")
+@click.option("--anchors", "anchors_file", type=click.Path(dir_okay=False),
+              help="Heads exported earlier with `perdure export-heads`: each object's "
+                   "memory must still reach its head there (catches a store rolled back).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of reports instead.")
 @click.pass_obj
-def verify(obj: _Ctx, object_ids: tuple[str, ...], all_: bool, as_json: bool) -> None:
+def verify(obj: _Ctx, object_ids: tuple[str, ...], all_: bool, anchors_file: str | None,
+           as_json: bool) -> None:
     """Verify hash chain and signatures; exit 1 naming the first bad record.
 
-    Every object is checked and reported, also after one that fails; a store that
-    cannot be read at all stops the command with one error line.
+    Every signature must verify under a key certified by a root this node trusts. Every
+    object is checked and reported, also after one that fails; a store that cannot be
+    read at all stops the command with one error line.
     """
     app = obj.app()
     ids = list(object_ids)
+    anchors = _read_anchors(anchors_file) if anchors_file else None
     if all_:
         ids += [info.object_id for info in app.list(limit=1_000_000)]
+    if anchors is not None and not ids:
+        ids = list(anchors)
     if not ids:
         _fail("name an object id, or pass --all")
     reports = []
     for object_id in ids:
-        report = _verify_one(app, object_id)
+        report = _verify_one(app, object_id, anchors)
         reports.append(report)
         if as_json:
             continue
@@ -581,16 +628,71 @@ def verify(obj: _Ctx, object_ids: tuple[str, ...], all_: bool, as_json: bool) ->
         sys.exit(1)
 
 
-def _verify_one(app: App, object_id: str) -> VerifyReport:
+def _read_anchors(path: str) -> dict[str, tuple[int, str]]:
+    """``export-heads`` output: one JSON object per line, ``{object_id, seq, hash}``."""
+    anchors: dict[str, tuple[int, str]] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        _fail(f"--anchors {path}: {exc.strerror or exc}")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            anchors[str(item["object_id"])] = (int(item["seq"]), str(item["hash"]))
+        except (ValueError, KeyError, TypeError):
+            _fail(f"--anchors {path}, line {number}: not a head written by "
+                  "`perdure export-heads`")
+    return anchors
+
+
+def _verify_one(app: App, object_id: str,
+                anchors: dict[str, tuple[int, str]] | None = None) -> VerifyReport:
     """``App.verify``, with an object whose memory cannot even be read reported as failed."""
     try:
-        return app.verify(object_id)
+        return app.verify(object_id, anchors=anchors)
     except StoreError:
         raise  # the store as a whole is down or damaged: not one object's fault
     except RecordDecodeError as exc:
         return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
     except PerdureError as exc:
         return VerifyReport(object_id, False, 0, getattr(exc, "seq", None), str(exc))
+
+
+@cli.command(name="export-heads")
+@click.argument("object_ids", nargs=-1)
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Write the heads here (default: standard output).")
+@click.pass_obj
+def export_heads(obj: _Ctx, object_ids: tuple[str, ...], out: str | None) -> None:
+    """Export the head of every object that verifies now (or of OBJECT_IDS), one JSON per
+    line, to keep outside the store; `perdure verify --anchors FILE` checks against it."""
+    heads = obj.app().export_heads(list(object_ids) or None)
+    text = "".join(json.dumps(head, sort_keys=True) + "\n" for head in heads)
+    if out:
+        Path(out).write_text(text)
+        err.print(f"{len(heads)} head(s) written to {out}")
+    else:
+        sys.stdout.write(text)
+
+
+@cli.command(name="forget-heads")
+@click.argument("object_ids", nargs=-1)
+@click.option("--all", "all_", is_flag=True, help="Forget every head this node saw.")
+@click.pass_obj
+def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
+    """Forget the heads this node saw (after restoring a store from a backup on purpose):
+    its workers then accept the store's shorter memory of OBJECT_IDS (or of all)."""
+    if not object_ids and not all_:
+        _fail("name object ids, or pass --all")
+    anchors = obj.identity().anchors()
+    count = anchors.forget(None if all_ else list(object_ids))
+    anchors.close()
+    out.print(f"forgot {count} head(s) in {obj.key_folder().heads_path}")
+
+
+cli.add_command(keys)
 
 
 @cli.command()

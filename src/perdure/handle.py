@@ -6,9 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from perdure.core.codec import decode
 from perdure.core.lifecycle import Status
-from perdure.core.records import Kind
 from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
@@ -125,7 +123,8 @@ class Handle:
             if row is None:
                 raise ObjectNotFoundError(f"no object {self.object_id!r} in {self.app.store.url}")
             if row.status == Status.COMPLETED:
-                return None if row.result is None else decode(row.result)
+                # From the signed terminal record, never from the row alone.
+                return self.app.outcome(self.object_id).get("result")
             if row.status in (Status.FAILED, Status.CANCELLED):
                 return self._raise_terminal(row.status)
             if row.parked:
@@ -145,9 +144,7 @@ class Handle:
             delay *= 2
 
     def _raise_terminal(self, status: str) -> Any:
-        records = self.app.store.records(self.object_id)
-        last = next((r for r in reversed(records) if r.kind == Kind.TERMINATED), None)
-        body = last.body if last is not None else {}
+        body = self.app.outcome(self.object_id)
         if status == Status.CANCELLED:
             raise AgentCancelledError(f"object {self.object_id!r} was cancelled")
         error = body.get("error") or {}

@@ -203,6 +203,9 @@ def expected_long_job(x: int) -> dict[str, int]:
     return {"a": a, "b": b, "c": b * 2 + 1}
 
 
+CAMPAIGN_POLICY = perdure.LocalPolicy(max_crashes=1_000_000)
+
+
 def build_app(
     store: str,
     key_dir: str | None,
@@ -211,8 +214,10 @@ def build_app(
     poll_interval: float = 0.01,
 ) -> perdure.App:
     """An App on ``store`` with the acceptance agents registered."""
+    # The campaigns SIGKILL workers on purpose, often several times at one point of an
+    # object: those deaths are not the step's fault, so they never park it as poisoned.
     new = perdure.App(store=store, key_dir=key_dir, lease_seconds=lease_seconds,
-                      poll_interval=poll_interval)
+                      poll_interval=poll_interval, policy=CAMPAIGN_POLICY)
     new.agent(name="pipeline")(pipeline)
     new.agent(name="sync_pipeline")(sync_pipeline)
     new.agent(name="long_job")(long_job)

@@ -152,8 +152,10 @@ def expected_gathers(k: int, rounds: int, width: int) -> list[list[int]]:
 def build_app(store: str, key_dir: str | None, *, version: str = "1",
               capabilities: frozenset[str] = frozenset()) -> perdure.App:
     """An App on ``store`` with these agents registered at code ``version``."""
+    # The campaigns SIGKILL workers on purpose: never parked as a poisoned step.
     new = perdure.App(store=store, key_dir=key_dir, lease_seconds=1.0, poll_interval=0.01,
-                      capabilities=capabilities)
+                      capabilities=capabilities,
+                      policy=perdure.LocalPolicy(max_crashes=1_000_000))
     new.agent(name="fan_child", version=version)(fan_child)
     new.agent(name="fan_out", version=version)(fan_out)
     new.agent(name="gatherer", version=version)(gatherer)

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import perdure
+from tests.cluster import one_root
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.integration.test_cli_composition"
@@ -117,6 +118,9 @@ def url(store_url: str) -> str:
 @pytest.fixture
 def viewer(url: str, tmp_path: Path) -> Iterator[perdure.App]:
     """An App on the store without agents: to read and send from the test itself."""
+    # The test's nodes, its CLI and this viewer: one cluster, one root.
+    one_root(tmp_path / "keys-root", *(tmp_path / f"keys-{name}" for name in (
+        "viewer", "cli", "worker", "plain", "gpu", "older", "newer")))
     reader = perdure.App(store=url, key_dir=tmp_path / "keys-viewer", node_id="viewer")
     yield reader
     reader.close()

@@ -27,6 +27,7 @@ import pytest
 
 import perdure
 from perdure.core.records import Kind
+from tests.cluster import one_root
 from tests.pg import BACKENDS, fresh_database
 
 pytestmark = pytest.mark.skipif("postgresql" not in BACKENDS,
@@ -129,6 +130,8 @@ def test_cli_on_postgresql_and_sigterm_releases_objects(tmp_path: Path, pg_url: 
     env = _env(tmp_path, pg_url)
     cli = _cli(env)
     (tmp_path / "effects.log").touch()
+    one_root(tmp_path / "keys-root", *(tmp_path / f"keys-{name}" for name in (
+        "cli", "observer", "node-a", "node-b")))
     observer = perdure.App(store=pg_url, key_dir=tmp_path / "keys-observer")
     worker_a = _worker(env, tmp_path, "node-a")
     worker_b: subprocess.Popen[bytes] | None = None

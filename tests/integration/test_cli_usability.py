@@ -30,6 +30,7 @@ import pytest
 
 import perdure
 from perdure.errors import ConfigurationError
+from tests.cluster import one_root
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = "tests.integration.test_cli_usability"
@@ -72,7 +73,10 @@ async def pair(run: perdure.Run, who: str) -> list[Any]:
 
 @pytest.fixture
 def local(store_url: str, tmp_path: Path) -> Iterator[perdure.App]:
-    """This module's agents on the test's store, to run objects in the test's process."""
+    """This module's agents on the test's store, to run objects in the test's process.
+
+    The runner and the CLI are two nodes of one cluster: one root certifies both."""
+    one_root(tmp_path / "keys-root", tmp_path / "keys-local", tmp_path / "keys-cli")
     runner = app.with_settings(store=store_url, key_dir=str(tmp_path / "keys-local"),
                                node_id="local")
     runner.poll_interval = 0.01
@@ -235,6 +239,7 @@ def test_ls_reads_the_failure_when_the_store_has_no_note(store_url: str, tmp_pat
 def test_verify_all_goes_on_past_damaged_memory(sqlite_url: str, tmp_path: Path) -> None:
     """One object's undecodable record is reported as ``FAIL`` and the others as ``ok``;
     exit 1. An unknown id among named ones is a ``FAIL`` line too."""
+    one_root(tmp_path / "keys-root", tmp_path / "keys-local", tmp_path / "keys-cli")
     runner = app.with_settings(store=sqlite_url, key_dir=str(tmp_path / "keys-local"))
     try:
         with runner.background_worker():

@@ -135,10 +135,14 @@ def test_replay_from_held_records_matches_a_cold_node(make_app: AppFactory) -> N
     assert cold.result_of(oid) == {"seen": [4, 4], "options": ["rounds"]}
 
 
-def test_held_records_that_no_longer_fit_are_dropped(make_app: AppFactory, backend: str,
-                                                      store_url: str) -> None:
-    """If the store's chain ends before the held head (say, restored from an earlier
-    backup), the node drops what it holds and reads the whole chain; nothing is parked."""
+def test_a_store_rewound_behind_what_the_node_saw_is_refused(make_app: AppFactory,
+                                                             backend: str,
+                                                             store_url: str) -> None:
+    """If the store's chain ends before the head this node saw (a rollback by whoever
+    controls the store, or a restore from an earlier backup), the node parks the object
+    without running it, naming the record it saw. Once an operator says the restore was
+    meant (``forget-heads``) and resumes it, the node reads the whole chain again and
+    carries on."""
     if backend != "sqlite":
         pytest.skip("rewinds the chain with SQL on the SQLite file")
     app = make_app()
@@ -154,8 +158,8 @@ def test_held_records_that_no_longer_fit_are_dropped(make_app: AppFactory, backe
             await until(_settled(app, oid, 4))
             held = worker.held.get(oid)
             assert held is not None
-            # Rewind the store to before the last record the node holds, as a restore
-            # from an earlier backup would.
+            saw = app.get(oid).records
+            # Rewind the store to before the last record the node holds.
             keep = held[-2]
             conn = sqlite3.connect(store_url.removeprefix("sqlite:///"))
             with conn:
@@ -165,8 +169,14 @@ def test_held_records_that_no_longer_fit_are_dropped(make_app: AppFactory, backe
                 conn.execute("UPDATE objects SET head_seq = ?, head_hash = ? "
                              "WHERE object_id = ?", (keep.seq, bytes.fromhex(keep.hash), oid))
             conn.close()
-            misses = worker.held.misses
             app.send(oid, "next", {"n": 3})
+            await until(lambda: app.get(oid).status is perdure.Status.PARKED)
+            note = str(app.get(oid).note)
+            assert "rolled back" in note and f"saw #{saw}" in note and "forget-heads" in note
+            assert app.get(oid).records == keep.seq
+            misses = worker.held.misses
+            assert worker.anchors.forget([oid]) == 1
+            app.resume(oid)
             await until(_settled(app, oid, keep.seq + 1))
             assert worker.held.misses == misses + 1
 

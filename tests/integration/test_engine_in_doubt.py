@@ -49,6 +49,8 @@ def test_step_killed_mid_way_is_in_doubt_on_resume(
         kill_process(proc)
 
     other_keys = tmp_path / "other-keys"
+    if resuming_node != "same":  # another node of the same cluster: one root certifies both
+        perdure.KeyFolder(key_dir).admit(perdure.KeyFolder(other_keys))
     resumer = make_app(key_dir=key_dir if resuming_node == "same" else other_keys)
     resumer.agent(name="charge_once")(charge_once)
     with resumer.background_worker():

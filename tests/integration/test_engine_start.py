@@ -88,7 +88,7 @@ def test_object_of_an_agent_this_node_lacks_is_left_alone(make_app: AppFactory) 
 
     settings = WorkerSettings(lease_seconds=2.0, poll_interval=0.01, unknown_agent_retry=0.3)
     worker = Worker(store=other.store, signer=other.signer, policy=other.policy,
-                    agents=other.agents, settings=settings)
+                    agents=other.agents, settings=settings, verifier=other.verifier)
 
     async def serve_briefly() -> None:
         stop = asyncio.Event()

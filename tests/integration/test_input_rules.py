@@ -427,9 +427,6 @@ def test_cli_applies_the_same_rules(store_url: str, tmp_path: Path,
     assert _first(reader, "c-1")["intent"]["args"] == ["ana"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="perdure start looks the id up in the store before "
-                   "App.start checks it, and the driver cannot encode a lone surrogate")
 def test_cli_refuses_a_lone_surrogate_in_an_id(store_url: str, tmp_path: Path) -> None:
     """An id holding a lone surrogate (an undecodable byte in the command line) is refused
     in one line like any other bad id, on every store."""

@@ -39,6 +39,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 import perdure
 from perdure import Kind, ObjectConflictError, ObjectTerminatedError, SyncRun
+from tests.cluster import one_root
 
 LEASE = 0.4  # seconds; short so that crashed objects come back quickly
 STALL = LEASE + 0.2  # a frozen node sleeps past its lease
@@ -104,6 +105,7 @@ class ObjectsMachine(RuleBasedStateMachine):
             )
             for node_id in ("node-a", "node-b")
         ]
+        one_root(self.tmp / "root", self.tmp / "node-a", self.tmp / "node-b")
         self.app = self.nodes[0]
         self.model: dict[str, Expected] = {}
         self.executions: list[tuple[str, str]] = []  # (object id, idempotency key) per run

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from perdure.core.chain import Signer
-from perdure.errors import LeaseLostError
+from perdure.errors import CancelRequestedError, LeaseLostError
 from perdure.stores import Store
 from perdure.stores._rows import record_params
 from perdure.stores.base import Append
@@ -59,7 +59,9 @@ def test_a_step_append_after_a_cancel_request_keeps_the_object_claimable(
     """A cancel asked for while the object runs makes the next step append set the ready
     time to now (the full update's rule), so the cancel is seen when the node lets go.
     Running appends carry the claim time as ready time, which is already past: the
-    cancel leaves it as it is, and only the cancel flag tells the two paths apart."""
+    cancel leaves it as it is, and only the cancel flag tells the two paths apart. The
+    append is written and its outcome reports the cancel, so the node stops before its
+    next step."""
     (chain,), (epoch,) = _claimed(store, signer, "cancel-me")
     claimed_at = NOW - 5
     assert store.apply([chain.append(epoch, chain.extend(1), ready_at=claimed_at)],
@@ -67,8 +69,9 @@ def test_a_step_append_after_a_cancel_request_keeps_the_object_claimable(
     assert store.control("cancel-me", NOW + 1, cancel=True)
     row = store.get("cancel-me")
     assert row is not None and row.ready_at == claimed_at
-    assert store.apply([chain.append(epoch, chain.extend(1), ready_at=claimed_at)],
-                       NOW + 2) == [None]
+    [outcome] = store.apply([chain.append(epoch, chain.extend(1), ready_at=claimed_at)],
+                            NOW + 2)
+    assert isinstance(outcome, CancelRequestedError)
     row = store.get("cancel-me")
     assert row is not None
     assert row.cancel_requested and row.ready_at == NOW + 2

@@ -32,6 +32,7 @@ from perdure.core.records import (
     needs_escape,
     parse_body,
 )
+from perdure.core.trust import KeyRing
 from perdure.errors import IntegrityError
 
 try:  # libsodium signs in less than half the time OpenSSL takes here
@@ -48,6 +49,7 @@ __all__ = [
     "VerifyReport",
     "chain_from_rows",
     "check_links",
+    "record_problem",
     "seal",
     "seal_commit",
     "seal_parts",
@@ -398,6 +400,7 @@ def verify_chain(
     head_seq: int | None = None,
     head_hash: str | None = None,
     seals: Mapping[bytes, CommitSeal] | None = None,
+    trust: KeyRing | None = None,
 ) -> VerifyReport:
     """Walk ``records`` and report the first bad one by sequence number and reason.
 
@@ -405,6 +408,9 @@ def verify_chain(
     with; a chain that stops short of it (a deleted tail) fails too. ``seals``
     holds the commit seals the records refer to (by digest); a sealed record whose
     seal is missing, altered, signed by another node or not covering its hash fails.
+    With ``trust``, a record counts only if its node's key is certified by one of the
+    ring's roots (and not revoked) when the record was written; without it, any key
+    registered in ``public_keys`` is taken at its word.
     """
     try:
         check_links(object_id, records)
@@ -413,28 +419,9 @@ def verify_chain(
     keys: dict[str, Ed25519PublicKey] = {}
     good_seals: set[bytes] = set()
     for rec in records:
-        key = keys.get(rec.node_id)
-        if key is None:
-            raw = public_keys.get(rec.node_id)
-            if raw is None:
-                return VerifyReport(
-                    object_id, False, len(records), rec.seq,
-                    f"origin node {rec.node_id!r} has no registered public key",
-                )
-            key = keys[rec.node_id] = Ed25519PublicKey.from_public_bytes(raw)
-        digest = sealed_by(rec)
-        if digest is not None:
-            problem = _seal_problem(rec, digest, (seals or {}).get(digest), key, good_seals)
-            if problem is not None:
-                return VerifyReport(object_id, False, len(records), rec.seq, problem)
-            continue
-        try:
-            key.verify(rec.signature, bytes.fromhex(rec.hash))
-        except InvalidSignature:
-            return VerifyReport(
-                object_id, False, len(records), rec.seq,
-                f"signature does not verify against node {rec.node_id!r}",
-            )
+        problem = record_problem(rec, public_keys, seals or {}, trust, keys, good_seals)
+        if problem is not None:
+            return VerifyReport(object_id, False, len(records), rec.seq, problem)
     last = records[-1] if records else None
     if head_seq is not None and (last is None or last.seq != head_seq):
         got = last.seq if last else 0
@@ -450,6 +437,44 @@ def verify_chain(
     if not records:
         return VerifyReport(object_id, False, 0, 1, "object has no records")
     return VerifyReport(object_id, True, len(records), head_hash=last.hash if last else None)
+
+
+def record_problem(rec: Record, public_keys: Mapping[str, bytes],
+                   seals: Mapping[bytes, CommitSeal], trust: KeyRing | None = None,
+                   keys: dict[str, Ed25519PublicKey] | None = None,
+                   good_seals: set[bytes] | None = None) -> str | None:
+    """Why ``rec``'s signature (or commit seal) does not vouch for its hash, or ``None``.
+
+    Checks the signature only, not the hash: callers check links and hashes first
+    (``check_links``). ``keys`` and ``good_seals`` are caches shared across calls.
+    """
+    keys = {} if keys is None else keys
+    key = keys.get(rec.node_id)
+    if key is None:
+        raw = public_keys.get(rec.node_id)
+        if raw is None:
+            return f"origin node {rec.node_id!r} has no registered public key"
+        if trust is not None:
+            why = trust.problem(raw, None)
+            if why is not None:
+                return f"signed by node {rec.node_id!r}, whose {why}"
+        try:
+            key = keys[rec.node_id] = Ed25519PublicKey.from_public_bytes(raw)
+        except ValueError:
+            return f"origin node {rec.node_id!r} has a malformed public key"
+    if trust is not None:
+        why = trust.problem(public_keys[rec.node_id], rec.ts_us)
+        if why is not None:
+            return f"signed by node {rec.node_id!r}, whose {why}"
+    digest = sealed_by(rec)
+    if digest is not None:
+        return _seal_problem(rec, digest, seals.get(digest), key,
+                             set() if good_seals is None else good_seals)
+    try:
+        key.verify(rec.signature, bytes.fromhex(rec.hash))
+    except (InvalidSignature, ValueError):
+        return f"signature does not verify against node {rec.node_id!r}"
+    return None
 
 
 def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: Ed25519PublicKey,

@@ -56,7 +56,8 @@ class LocalPolicy:
     max_failures: int = 20  # recorded step failures before the object is terminated
     max_records: int | None = None  # policy cutoff: memory budget per object
     trust_scopes: frozenset[str] | None = None  # None: serve every scope
-    cancel_children: bool = True  # a cancelled parent cancels its live children
+    cancel_children: bool = True  # a parent that terminates cancels its live children
+    max_crashes: int = 3  # workers dying in a row inside one step before it is parked
 
     @property
     def ref(self) -> str:
@@ -68,6 +69,7 @@ class LocalPolicy:
                 self.max_records,
                 sorted(self.trust_scopes) if self.trust_scopes is not None else None,
                 self.cancel_children,
+                self.max_crashes,
             ]
         )
         return f"{self.name}@{hashlib.sha256(body).hexdigest()[:12]}"
@@ -125,7 +127,10 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
         if kind == Kind.CHILD_FINISHED:
             finished.add(str(rec.body["child_id"]))
             continue
-        if kind == Kind.CAPABILITY_MISSING:
+        if kind == Kind.CAPABILITY_MISSING or kind == Kind.EVENT_REFUSED:
+            continue
+        if kind == Kind.PARKED:
+            parked = str(rec.body.get("reason", "needs a person"))
             continue
         if kind == Kind.TERMINATED:
             terminated = rec.body

@@ -59,6 +59,8 @@ class Kind(StrEnum):
     CAPABILITY_MISSING = "capability_missing"  # this node lacks what the next step needs
     PATCHED = "patched"  # run.patched(name): new code path taken
     PROGRESS = "progress"
+    EVENT_REFUSED = "event_refused"  # an inbox event whose seal did not verify
+    PARKED = "parked"  # the object waits for a person (e.g. its step kept killing workers)
     TERMINATED = "terminated"
 
 
@@ -271,15 +273,45 @@ _COLUMNS: tuple[tuple[str, type], ...] = (
 )
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value.encode("utf-8", "replace").decode() if isinstance(value, str) else str(value)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _checked(*values: Any) -> Record:
     """The slow path of ``record_from_columns``: say exactly what is wrong, or build it."""
     values = tuple(bytes(v) if isinstance(v, memoryview) else v for v in values)
-    for value, (column, kind) in zip(values, _COLUMNS, strict=True):
+    fixed = list(values)
+    for at, (value, (column, kind)) in enumerate(zip(values, _COLUMNS, strict=True)):
+        if kind is str and isinstance(value, bytes):  # a text column read as bytes
+            try:
+                fixed[at] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RecordDecodeError(
+                    _shown(values[0]), values[1] if isinstance(values[1], int) else -1,
+                    f"column {column} is not valid UTF-8 text",
+                ) from None
+            continue
+        if isinstance(value, str) and not _utf8(value):
+            raise RecordDecodeError(
+                _shown(values[0]), values[1] if isinstance(values[1], int) else -1,
+                f"column {column} is not valid UTF-8 text",
+            )
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise RecordDecodeError(
                 str(values[0]), values[1] if isinstance(values[1], int) else -1,
                 f"column {column} holds {type(value).__name__}, not {kind.__name__}",
             )
+    values = tuple(fixed)
     return decode_record(
         object_id=values[0], seq=values[1], trace_id=values[2], ts_us=values[3],
         node_id=values[4], policy_ref=values[5], kind=values[6], body_bytes=values[7],

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
 from perdure.core.records import Record, RecordDraft
-from perdure.errors import StoreError
+from perdure.errors import CancelRequestedError, StoreError
 from perdure.stores.base import Append, Signal, Store
 
 __all__ = ["Committer", "Journal", "StoreUnavailable"]
@@ -277,11 +277,16 @@ class Journal:
     committer: Committer
     clock: Callable[[], float]
     claimed_at: float
+    #: Told ``(seq, hash)`` of the new head after each commit (the node's seen heads).
+    anchor: Callable[[int, str], None] | None = None
 
     def __post_init__(self) -> None:
         self.buffer: list[RecordDraft] = []
         self.consumed: list[int] = []
         self.volatile = False
+        # When the object's cancel flag was last known (``time.monotonic``): at the claim,
+        # then at every commit, whose store reports a pending cancel back.
+        self.flags_at = time.monotonic()
 
     def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = ()) -> None:
         """Queue a record that may be lost in a crash (it will be re-derived on replay).
@@ -337,6 +342,7 @@ class Journal:
         waiting_event: str | None = None,
         release: bool = False,
         result: bytes | None = None,
+        unless_cancelled: bool = False,
         consume_event_ids: Sequence[int] = (),
         parked: bool = False,
         note: str | None = None,
@@ -353,6 +359,7 @@ class Journal:
         applies them in that order; if one is refused, the run stops.
         """
         records = self._seal([*self.buffer, *drafts])
+        before = self.head_seq, self.head_hash
         self.buffer.clear()
         self.volatile = False
         if self.consumed:
@@ -378,8 +385,21 @@ class Journal:
             requires=requires,
             avoid_node=avoid_node,
             clear_avoid=clear_avoid,
+            unless_cancelled=unless_cancelled,
         )
         try:
-            return await self.committer.submit(op)
+            stored = await self.committer.submit(op)
         except StoreError as exc:
             raise StoreUnavailable(exc) from exc
+        except CancelRequestedError:
+            # Written, with a cancel pending; a refused completion wrote nothing.
+            if unless_cancelled:
+                self.head_seq, self.head_hash = before
+            elif records and self.anchor is not None:
+                self.anchor(self.head_seq, self.head_hash)
+            self.flags_at = time.monotonic()
+            raise
+        if records and self.anchor is not None:
+            self.anchor(self.head_seq, self.head_hash)
+        self.flags_at = time.monotonic()
+        return stored

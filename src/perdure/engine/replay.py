@@ -24,7 +24,7 @@ from perdure.core.records import Record, RecordDraft
 from perdure.engine.context import StepInfo
 from perdure.engine.journal import Committer, Journal
 from perdure.engine.run import DeadlineExceeded, Park, Run, Suspend, SyncRun
-from perdure.errors import CancelRequestedError
+from perdure.errors import CancelRequestedError, NonDeterminismError
 from perdure.stores.base import Event
 
 __all__ = ["ReplayReport", "replay_check"]
@@ -110,6 +110,9 @@ async def replay_check(agents: Mapping[str, Any], records: Sequence[Record]) -> 
         run.check_finished()
     except Park as park:
         err = park.error
+        if not isinstance(err, NonDeterminismError):
+            return ReplayReport(oid, intent.agent, intent.version, "compatible",
+                                f"replays every recorded command; then it would park: {err}")
         return ReplayReport(oid, intent.agent, intent.version, "diverges",
                             f"at command #{err.position}: recorded {err.recorded}, "
                             f"code asks for {err.found}", err.position)

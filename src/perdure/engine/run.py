@@ -10,7 +10,6 @@ recorded parks the object with a non-determinism record.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import random as _random
 import time
@@ -25,7 +24,9 @@ from perdure.core.codec import decode, detached, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.records import Kind, Record, RecordDraft, step_done_bytes
 from perdure.engine.context import StepInfo
+from perdure.engine.failures import error_body, rebuild_error
 from perdure.engine.journal import Journal
+from perdure.engine.verifier import EventCheck
 from perdure.errors import (
     CancelRequestedError,
     CannotDo,
@@ -33,7 +34,6 @@ from perdure.errors import (
     LeaseLostError,
     NonDeterminismError,
     SerializationError,
-    StepFailedError,
     StepInDoubtError,
 )
 from perdure.stores.base import Event
@@ -45,8 +45,6 @@ __all__ = [
     "Run",
     "Suspend",
     "SyncRun",
-    "error_body",
-    "rebuild_error",
 ]
 
 CHILD_EVENT = "perdure:child"  # a child's terminal signal in its parent's inbox
@@ -70,7 +68,8 @@ def _top(position: int | str) -> int:
     return position if isinstance(position, int) else int(str(position).split(".", 1)[0])
 
 
-def child_finished_body(payload: bytes, event_id: int) -> dict[str, Any] | None:
+def child_finished_body(payload: bytes, event_id: int, digest: str | None = None
+                        ) -> dict[str, Any] | None:
     """The ``child_finished`` record body for a child's terminal signal, or ``None``."""
     try:
         body = decode(payload)
@@ -78,7 +77,10 @@ def child_finished_body(payload: bytes, event_id: int) -> dict[str, Any] | None:
         return None
     if not isinstance(body, dict) or "child_id" not in body:
         return None
-    return {**body, "event_id": event_id}
+    extra: dict[str, Any] = {"event_id": event_id}
+    if digest:
+        extra["event_hash"] = digest
+    return {**body, **extra}
 
 
 T = TypeVar("T")
@@ -115,47 +117,20 @@ class Suspend(BaseException):
 
 
 class Park(BaseException):
-    """Unwind the agent and park the object: its code no longer matches its memory."""
+    """Unwind the agent and park the object: a person must look at it.
 
-    def __init__(self, error: NonDeterminismError) -> None:
+    ``record`` is what memory says about why (a non-determinism record, or a park
+    record naming the step that kept killing its workers); ``error`` says it in words.
+    """
+
+    def __init__(self, error: Exception, record: RecordDraft | None = None) -> None:
         super().__init__(str(error))
         self.error = error
+        self.record = record
 
 
 class DeadlineExceeded(BaseException):
     """The intent's deadline passed while the agent ran."""
-
-
-def error_body(exc: BaseException) -> dict[str, Any]:
-    """Describe an exception for memory: type path, message and JSON-able args."""
-    cls = type(exc)
-    body: dict[str, Any] = {
-        "type": f"{cls.__module__}:{cls.__qualname__}",
-        "message": str(exc),
-    }
-    try:
-        encode(list(exc.args))
-        body["args"] = list(exc.args)
-    except SerializationError:
-        body["args"] = None
-    return body
-
-
-def rebuild_error(step: str, body: Mapping[str, Any]) -> BaseException:
-    """Rebuild a recorded exception; ``StepFailedError`` when its type cannot be rebuilt."""
-    type_path = str(body.get("type", "builtins:Exception"))
-    message = str(body.get("message", ""))
-    module_name, _, qualname = type_path.partition(":")
-    args = body.get("args")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        if isinstance(obj, type) and issubclass(obj, Exception) and args is not None:
-            return obj(*args)
-    except Exception:  # noqa: BLE001, S110 - any failure to rebuild falls back below
-        pass
-    return StepFailedError(step, type_path, message)
 
 
 _CHILD_FINISHED = Kind.CHILD_FINISHED.value
@@ -163,6 +138,9 @@ _CAPABILITY_MISSING = Kind.CAPABILITY_MISSING.value
 _INSTANTIATED = Kind.INSTANTIATED.value
 _STEP_DONE = Kind.STEP_DONE.value
 _SPECIAL_KINDS = frozenset((_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED))
+_RECEIPTS = frozenset((Kind.EVENT_RECEIVED.value, Kind.INTENT_REFINED.value,
+                       Kind.CHILD_FINISHED.value))
+FLAGS_FRESH = 0.005  # seconds: a step starts only on cancel/pause flags at most this old
 
 
 _SCALARS = (int, float, str, bool, type(None))  # what JSON gives back as it was given
@@ -195,8 +173,17 @@ class Run:
         clock: Callable[[], float] = time.time,
         spawn: Spawn | None = None,
         capabilities: frozenset[str] = frozenset(),
+        check_event: Callable[[Event], EventCheck] | None = None,
+        refresh_flags: Callable[[], Awaitable[None]] | None = None,
+        crashes: int = 0,
+        max_crashes: int | None = None,
     ) -> None:
         self._journal = journal
+        self._check_event = check_event
+        self._refresh_flags = refresh_flags
+        self._crashes = crashes
+        self._max_crashes = max_crashes
+        self._patches: dict[str, bool] = {}  # patch name -> the path this object takes
         self._intent = intent
         self._context = context
         self._load_events = load_events
@@ -253,6 +240,10 @@ class Run:
         self._started_here: set[int | str] = set()
         self._rerouted = rerouted
         self._consumed: set[int] = set()
+        self._digests: set[str] | None = None
+        self._records = records
+        #: Events refused on this claim: ``(event_id, name, reason)`` (the node logs them).
+        self.refused: list[tuple[int, str, str]] = []
         self.cancel_requested = False
         self.pause_requested = False
         self.release_requested = False
@@ -343,20 +334,49 @@ class Run:
     def patched(self, name: str) -> bool:
         """``True`` where code behind ``if run.patched(name):`` should run.
 
-        New executions take the patched path (and record that they did); an object
-        whose memory was written before the patch replays the old path, so adding a
-        patched block never breaks a running object.
+        Decided once per object, at the first call of ``name``: an object that reaches
+        it as new work takes the patched path (and records that it did); an object
+        whose memory was written before the patch (memory holds something else at that
+        point) keeps the old path, at that call and at every later call of the same
+        name. So adding a patched block never breaks a running object, and no object
+        mixes old and new paths. Retire a patch with ``deprecate_patch``.
+        """
+        key = self._key(consume=False)
+        recs = self._recorded(key)
+        marked = bool(recs) and recs[0].kind == Kind.PATCHED and recs[0].body.get("name") == name
+        decided = self._patches.get(name)
+        if marked:
+            self._key()
+            self._patches.setdefault(name, True)
+            return True  # memory says this call took the new path: replay it
+        if decided is not None:
+            if decided and not recs:
+                self._key()  # new work on the new path: recorded as every call before
+                self._journal.defer(RecordDraft(Kind.PATCHED, {"pos": key, "cmd": "patch",
+                                                               "name": name}))
+            return decided
+        if recs:
+            self._patches[name] = False  # memory from before the patch: the old path
+            return False
+        self._patches[name] = True
+        self._key()
+        self._journal.defer(RecordDraft(Kind.PATCHED, {"pos": key, "cmd": "patch", "name": name}))
+        return True
+
+    def deprecate_patch(self, name: str) -> None:
+        """Say that only the new path of patch ``name`` is left in the code.
+
+        Step 2 of retiring a patch (see ``patched``): once no object that began before
+        the patch is alive, replace ``if run.patched(name): new else: old`` with
+        ``run.deprecate_patch(name)`` followed by the new code. Objects whose memory
+        recorded the patch replay past its mark; new objects record nothing. Once no
+        object with the mark is alive either, remove the call.
         """
         key = self._key(consume=False)
         recs = self._recorded(key)
         if recs and recs[0].kind == Kind.PATCHED and recs[0].body.get("name") == name:
             self._key()
-            return True
-        if recs:
-            return False  # memory from before the patch: keep the old path
-        self._key()
-        self._journal.defer(RecordDraft(Kind.PATCHED, {"pos": key, "cmd": "patch", "name": name}))
-        return True
+        self._patches[name] = True
 
     def check_finished(self) -> None:
         """At the agent's end, memory must not hold commands the code no longer issues."""
@@ -450,7 +470,7 @@ class Run:
         key = f"{self.object_id}/{pos}/{step_name}"
         failures = [r for r in recs if r.kind == Kind.STEP_FAILED]
         if failures and failures[-1].body.get("final"):
-            raise rebuild_error(step_name, failures[-1].body["error"])
+            raise rebuild_error(step_name, failures[-1].body["error"]) from None
         if self._find(recs, Kind.STEP_IN_DOUBT) is not None:
             raise StepInDoubtError(step_name, key)
         self._boundary()
@@ -470,6 +490,10 @@ class Run:
             self._lacking(step_name, pos, needs)
         attempt = len(failures) + 1
         base = {"pos": pos, "cmd": "step", "name": step_name}
+        await self._fresh_flags()
+        self._boundary()  # no step starts once a cancel (or pause) is known
+        if self._max_crashes is not None and self._crashes >= self._max_crashes:
+            self._poisoned(step_name, pos)
         if not idempotent:
             self._started_here.add(pos)
             await self._journal.commit(
@@ -489,10 +513,14 @@ class Run:
             result_bytes = encode(result, what=f"result of step {step_name!r}")
         except CannotDo as exc:
             self._cannot_do(step_name, pos, exc.reason)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
             latency = time.perf_counter() - began
-            await self._record_failure(base, attempt, failures, policy, exc, latency, key)
-            raise
+            error = await self._record_failure(base, attempt, failures, policy, exc, latency,
+                                               key)
+            # The agent gets the exception as memory rebuilds it, on this first run as on
+            # every replay: the same type, message and attributes, or the same stand-in.
+            raise rebuild_error(step_name, error) from None
+        self._crashes = 0  # a step ran to its end on this claim: the worker survived it
         latency = round(time.perf_counter() - began, 6)
         # The agent sees the value as memory holds it (tuples as lists, keys as strings),
         # so the first run and every replay see exactly the same thing. A scalar comes
@@ -505,6 +533,23 @@ class Run:
             **self._routing_reset(),
         )
         return recorded
+
+    async def _fresh_flags(self) -> None:
+        """Know the object's cancel and pause flags as of now (within ``FLAGS_FRESH``):
+        a commit reports them back, so a step right after one needs no read."""
+        if (self._refresh_flags is not None
+                and time.monotonic() - self._journal.flags_at > FLAGS_FRESH):
+            await self._refresh_flags()
+            self._journal.flags_at = time.monotonic()
+
+    def _poisoned(self, step_name: str, pos: int | str) -> None:
+        """Workers died in a row at this point: park instead of dying once more."""
+        reason = (f"the worker died {self._crashes} times in a row inside step "
+                  f"{step_name!r} (position {pos}); fix the cause, then run "
+                  f"`perdure resume {self.object_id}`")
+        raise Park(RuntimeError(reason), RecordDraft(Kind.PARKED, {
+            "reason": reason, "code": "worker_died", "step": step_name, "step_pos": pos,
+            "crashes": self._crashes}))
 
     def _routing_reset(self) -> dict[str, Any]:
         """After a step that needed routing got done, any node may take the object again."""
@@ -552,7 +597,9 @@ class Run:
         exc: Exception,
         latency: float,
         key: str,
-    ) -> None:
+    ) -> dict[str, Any]:
+        """Record a failed attempt: a final failure (committed; its error body returned as
+        memory holds it) or a retry later (the object goes dormant: ``Suspend``)."""
         error_class = classify(exc)
         if isinstance(exc, SerializationError):
             error_class = ErrorClass.PERMANENT
@@ -579,8 +626,9 @@ class Run:
             "final": delay is None,
         }
         if delay is None:
+            body["error"] = decode(encode(body["error"], what="step failure"))
             await self._journal.commit([RecordDraft(Kind.STEP_FAILED, body)])
-            return
+            return dict(body["error"])
         retry_at = self._clock() + delay
         body["retry_at"] = retry_at
         raise Suspend(
@@ -640,17 +688,21 @@ class Run:
         self._boundary()
         for ev in await self._inbox(event):
             if ev.name == event and ev.event_id not in self._consumed:
+                self._consumed.add(ev.event_id)
+                digest = self._vouched(ev)
+                if digest is None:
+                    continue  # refused, with a record that says why
                 try:
                     payload = decode(ev.payload)
                 except ValueError:
                     payload = {"undecodable_payload": ev.payload.decode("utf-8", "replace")}
-                self._consumed.add(ev.event_id)
                 # Recorded with the next commit (usually the next step's), which marks
                 # the event consumed: until then it stays in the inbox, and a crash
                 # before that commit delivers it again on replay.
                 self._journal.defer(
                     RecordDraft(Kind.EVENT_RECEIVED, {"pos": pos, "cmd": "wait", "name": event,
                                                       "event_id": ev.event_id,
+                                                      "event_hash": digest,
                                                       "payload": payload}),
                     consume_event_ids=[ev.event_id],
                 )
@@ -671,6 +723,35 @@ class Run:
             return None
         raise Suspend(drafts, ready_at=deadline, waiting_event=event,
                       reason=f"waiting for event {event!r}")
+
+    def _vouched(self, ev: Event) -> str | None:
+        """The digest of ``ev`` if its seal verifies under a trusted key and memory has
+        not received it before; otherwise ``None``, with a refusal deferred to the next
+        commit (which consumes the event, so it never comes back)."""
+        if self._check_event is None:
+            return ""
+        digest, problem = self._check_event(ev)
+        if problem is None and digest is not None and digest in self._received():
+            problem = "memory already holds an event with this digest (a replayed copy)"
+        if problem is None:
+            assert digest is not None
+            self._received().add(digest)
+            return digest
+        self._journal.defer(
+            RecordDraft(Kind.EVENT_REFUSED, {"event_id": ev.event_id, "name": ev.name,
+                                             "event_hash": digest, "reason": problem}),
+            consume_event_ids=[ev.event_id],
+        )
+        self.refused.append((ev.event_id, ev.name, problem))
+        return None
+
+    def _received(self) -> set[str]:
+        """Digests of the events memory holds as received (read once, then kept)."""
+        if self._digests is None:
+            receipts = _RECEIPTS
+            self._digests = {str(rec.body["event_hash"]) for rec in self._records
+                             if rec.kind in receipts and rec.body.get("event_hash")}
+        return self._digests
 
     async def _inbox(self, name: str) -> Sequence[Event]:
         """The pending events, for a wait for ``name``: the inbox as the worker read it
@@ -768,8 +849,11 @@ class Run:
             for ev in await self._load_events():
                 if ev.name != CHILD_EVENT or ev.event_id in self._consumed:
                     continue
-                body = child_finished_body(ev.payload, ev.event_id)
                 self._consumed.add(ev.event_id)
+                digest = self._vouched(ev)
+                if digest is None:
+                    continue
+                body = child_finished_body(ev.payload, ev.event_id, digest)
                 consume.append(ev.event_id)
                 if body is not None and str(body["child_id"]) not in self._children:
                     self._children[str(body["child_id"])] = body
@@ -960,6 +1044,10 @@ class SyncRun:
     def patched(self, name: str) -> bool:
         """See ``Run.patched``."""
         return self._run.patched(name)
+
+    def deprecate_patch(self, name: str) -> None:
+        """See ``Run.deprecate_patch``."""
+        self._run.deprecate_patch(name)
 
     def refine(self, **changes: Any) -> Intent:
         """See ``Run.refine``."""

@@ -37,7 +37,10 @@ from perdure.core.cycle import (
 )
 from perdure.core.intent import Context, Intent
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.trust import seal_event
+from perdure.engine.anchors import HeadAnchors
 from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.failures import error_body
 from perdure.engine.instantiate import instantiate
 from perdure.engine.journal import Committer, Journal, StoreUnavailable
 from perdure.engine.run import (
@@ -48,12 +51,14 @@ from perdure.engine.run import (
     Suspend,
     SyncRun,
     child_finished_body,
-    error_body,
 )
+from perdure.engine.verifier import Verifier
 from perdure.errors import (
     CancelRequestedError,
     IntegrityError,
     LeaseLostError,
+    NonDeterminismError,
+    ObjectConflictError,
     ObjectNotFoundError,
     ObjectTerminatedError,
     RecordDecodeError,
@@ -169,10 +174,14 @@ class Worker:
         policy: LocalPolicy,
         agents: Mapping[str, AgentDef],
         settings: WorkerSettings,
+        verifier: Verifier,
+        anchors: HeadAnchors | None = None,
         clock: Callable[[], float] = time.time,
         capabilities: frozenset[str] = frozenset(),
     ) -> None:
         self.store = store
+        self.verifier = verifier
+        self.anchors = anchors if anchors is not None else HeadAnchors(None)
         self.signer = signer
         self.policy = policy
         self.policy_ref = policy.ref
@@ -444,8 +453,9 @@ class Worker:
 
     def _journal(self, claim: Claim, records: list[Record]) -> Journal:
         head = records[-1]
+        oid, genesis, note = claim.object_id, records[0].hash, self.anchors.note
         return Journal(
-            object_id=claim.object_id,
+            object_id=oid,
             epoch=claim.epoch,
             head_seq=head.seq,
             head_hash=head.hash,
@@ -455,6 +465,7 @@ class Worker:
             committer=self.committer,
             clock=self.clock,
             claimed_at=self.clock(),
+            anchor=lambda seq, digest: note(oid, genesis, seq, digest),
         )
 
     async def _release_plain(self, claim: Claim, *, ready_at: float | None, status: str,
@@ -471,14 +482,21 @@ class Worker:
         try:
             records, row = await self._checked_memory(oid)
         except (IntegrityError, RecordDecodeError) as exc:
-            log.error("parked %s: %s", oid, exc, extra={"action": "parked_damaged"})
-            await self._release_plain(claim, ready_at=None, status="parked", parked=True,
-                                      note=f"memory damaged: {exc}; run `perdure verify {oid}`")
+            # Never run code on memory that could not be vouched for, and never loop on it.
+            log.error("integrity failure: parked %s without running it: %s", oid, exc,
+                      extra={"action": "integrity_failure", "object_id": oid,
+                             "seq": getattr(exc, "seq", None)})
+            self.held.drop(oid)
+            hint = "" if "perdure verify" in str(exc) else f"; run `perdure verify {oid}`"
+            await self._release_plain(
+                claim, ready_at=None, status="parked", parked=True,
+                note=f"memory damaged or forged (node {self.signer.node_id} refused it): "
+                     f"{exc}{hint}")
             return
         while True:
             if row is None:  # the row read with the chain serves the first evaluation
                 row = await self._read(self.store.get, oid)
-            events: list[Event] = await self._read(self.store.pending_events, oid)
+            events: list[Event] = await self._read(self._events, oid)
             refinements = [e for e in events if e.name == REFINE_EVENT]
             child_results = [e for e in events if e.name == CHILD_EVENT]
             facts = read_memory(records)  # once per cycle: a long history costs ms to read
@@ -495,24 +513,31 @@ class Worker:
             decision = evaluate(view, self.policy, self.clock())
             log.debug("%s: %s (%s)", oid, decision.action, decision.reason,
                       extra={"action": "decided"})
-            if decision.action is Action.MUTATE:
-                records = records + await self._mutate(claim, records, refinements)
-                row = None
-                continue
-            if decision.action is Action.DELEGATE:
-                records = records + await self._fold_children(claim, records, child_results)
+            if decision.action in (Action.MUTATE, Action.DELEGATE):
+                fold = self._mutate if decision.action is Action.MUTATE else self._fold_children
+                journal = self._journal(claim, records)
+                try:
+                    records = records + await fold(
+                        journal, records,
+                        refinements if decision.action is Action.MUTATE else child_results)
+                except CancelRequestedError:  # written; the next evaluation sees the cancel
+                    records = records + await self._read(self.store.chain, oid,
+                                                         records[-1].seq, records[-1].hash)
                 row = None
                 continue
             await self._act(claim, records, decision, facts, events)
             return
 
     async def _checked_memory(self, oid: str) -> tuple[list[Record], ObjectRow | None]:
-        """The object's whole chain, links checked up to the head its row records, and
-        that row.
+        """The object's whole chain, vouched for, and its row.
 
-        Reads only the tail when this node holds the earlier records; falls back to
-        the full chain if the tail does not fit on. Raises ``IntegrityError`` or
-        ``RecordDecodeError`` when the stored chain itself is damaged.
+        Links and hashes are checked up to the head the row records; the newest record's
+        signature (or commit seal) must verify under a key certified by a root this node
+        trusts (it chains every record before it); and the chain must reach the highest
+        head this node saw of the object. Reads only the tail when this node holds the
+        earlier records; falls back to the full chain if the tail does not fit on.
+        Raises ``IntegrityError`` or ``RecordDecodeError`` when the stored chain cannot
+        be vouched for.
         """
         held = self.held.get(oid)
         if held is not None:
@@ -521,7 +546,7 @@ class Worker:
                 tail: list[Record] = await self._read(self.store.chain, oid, last.seq,
                                                       last.hash)
                 records: list[Record] = held + tail
-                row = await self._check_head(oid, records)
+                row = await self._read(self._vouch, oid, records, len(held))
             except (IntegrityError, RecordDecodeError) as exc:
                 log.info("%s: held records do not fit the store (%s); reading the whole chain",
                          oid, exc, extra={"action": "held_records_dropped"})
@@ -534,13 +559,37 @@ class Worker:
         records = await self._read(self.store.chain, oid)
         if not records:
             raise IntegrityError(oid, 1, "object has no records")
-        row = await self._check_head(oid, records)
+        row = await self._read(self._vouch, oid, records, 0)
         self.held.put(oid, records)
         return records, row
 
-    async def _check_head(self, oid: str, records: list[Record]) -> ObjectRow | None:
+    def _vouch(self, oid: str, records: list[Record], known: int) -> ObjectRow | None:
+        """On a read thread: the row must name the chain's head, the chain must reach
+        what this node saw, and its newest record must be signed by a trusted key
+        (unless this node already holds it: the first ``known`` records, or the head it
+        saw itself). Returns the row."""
+        row = self._head_of(oid, records)
+        last = records[-1]
+        rolled = self.anchors.check(oid, records)
+        if rolled is not None:
+            raise IntegrityError(oid, *rolled)
+        seen = self.anchors.get(oid, records[0].hash)
+        if len(records) > known and not (seen is not None and seen[1] == last.seq
+                                         and seen[2] == last.hash):
+            self.verifier.check_head(oid, records)
+            self.anchors.note(oid, records[0].hash, last.seq, last.hash)
+        return row
+
+    def _events(self, oid: str) -> list[Event]:
+        """On a read thread: the object's pending events, their senders looked up."""
+        events = self.store.pending_events(oid)
+        if events:
+            self.verifier.warm(events)
+        return events
+
+    def _head_of(self, oid: str, records: list[Record]) -> ObjectRow | None:
         """The chain must end where the object's row (returned) says its head is."""
-        head: ObjectRow | None = await self._read(self.store.get, oid)
+        head: ObjectRow | None = self.store.get(oid)
         last = records[-1]
         if head is not None and head.head_seq != last.seq:
             raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
@@ -561,17 +610,33 @@ class Worker:
         }[decision.action]
         await handler(claim, records, decision, facts)
 
-    async def _mutate(self, claim: Claim, records: list[Record], refinements: list[Event]
+    def _refusal(self, event: Event) -> tuple[str | None, RecordDraft | None]:
+        """The digest of ``event`` if its seal verifies, or a refusal record for it."""
+        digest, problem = self.verifier.check_event(event)
+        if problem is None:
+            return digest, None
+        log.error("refused event %r #%d for %s: %s", event.name, event.event_id,
+                  event.object_id, problem,
+                  extra={"action": "integrity_failure", "object_id": event.object_id})
+        return digest, RecordDraft(Kind.EVENT_REFUSED, {
+            "event_id": event.event_id, "name": event.name, "event_hash": digest,
+            "reason": problem})
+
+    async def _mutate(self, journal: Journal, records: list[Record], refinements: list[Event]
                       ) -> list[Record]:
-        journal = self._journal(claim, records)
         intent = read_memory(records).intent
         drafts: list[RecordDraft] = []
         for event in refinements:
+            digest, refused = self._refusal(event)
+            if refused is not None:
+                drafts.append(refused)
+                continue
             try:
                 changes = decode(event.payload)
                 intent = intent.refined(dict(changes))
                 drafts.append(RecordDraft(Kind.INTENT_REFINED, {
-                    "intent": intent.to_body(), "changes": changes, "event_id": event.event_id}))
+                    "intent": intent.to_body(), "changes": changes, "event_id": event.event_id,
+                    "event_hash": digest}))
             except (ValueError, TypeError) as exc:
                 drafts.append(RecordDraft(Kind.PROGRESS, {
                     "fields": {"refinement_rejected": str(exc), "event_id": event.event_id}}))
@@ -582,15 +647,18 @@ class Worker:
                                     consume_event_ids=[e.event_id for e in refinements],
                                     requires=tuple(intent.requires) if routed else None)
 
-    async def _fold_children(self, claim: Claim, records: list[Record], signals: list[Event]
-                             ) -> list[Record]:
+    async def _fold_children(self, journal: Journal, records: list[Record],
+                             signals: list[Event]) -> list[Record]:
         """Delegation phase: write finished children's results into memory, consuming their
         signals, without running the agent (it runs once, when all it awaits are done)."""
-        journal = self._journal(claim, records)
         known = {str(r.body.get("child_id")) for r in records if r.kind == Kind.CHILD_FINISHED}
         drafts: list[RecordDraft] = []
         for event in signals:
-            body = child_finished_body(event.payload, event.event_id)
+            digest, refused = self._refusal(event)
+            if refused is not None:
+                drafts.append(refused)
+                continue
+            body = child_finished_body(event.payload, event.event_id, digest)
             if body is not None and str(body["child_id"]) not in known:
                 known.add(str(body["child_id"]))
                 drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
@@ -610,11 +678,15 @@ class Worker:
             payload["result"] = body["result"]
         if "error" in body:
             payload["error"] = body["error"]
-        return Signal(context.parent_id, CHILD_EVENT, encode(payload),
-                      f"child:{context.object_id}")
+        data = encode(payload)
+        dedupe = f"child:{context.object_id}"
+        seal, _ = seal_event(self.signer.sign, self.signer.node_id, context.parent_id,
+                             CHILD_EVENT, data, dedupe, os.urandom(12).hex())
+        return Signal(context.parent_id, CHILD_EVENT, data, dedupe, seal)
 
     async def _cancel_children(self, records: list[Record]) -> None:
-        """A cancelled parent cancels its live children (unless the policy lets them finish)."""
+        """A parent that terminates, for any reason, cancels its live children (unless the
+        policy lets them finish): no orphan runs on after its parent's deadline."""
         if not self.policy.cancel_children:
             return
         finished = {str(r.body.get("child_id")) for r in records if r.kind == Kind.CHILD_FINISHED}
@@ -628,12 +700,28 @@ class Worker:
 
     async def _finish(self, journal: Journal, records: list[Record], body: dict[str, Any], *,
                       status: str, result: bytes | None = None) -> None:
-        """Write the terminal record, signalling the parent in the same transaction."""
-        if status == "cancelled":
-            await self._cancel_children(records)
-        await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
-                             phase="termination", ready_at=None, running=False, release=True,
-                             result=result, signal=self._parent_signal(records, body))
+        """Write the terminal record, signalling the parent in the same transaction.
+
+        A completion is written only if no cancel is pending: an object whose agent
+        returns while a cancel waits ends cancelled.
+        """
+        error = body.get("error")
+        note = None
+        if status == "failed" and isinstance(error, dict):
+            note = f"{_short_type(error.get('type'))}: {error.get('message', '')}"[:500]
+        try:
+            await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
+                                 phase="termination", ready_at=None, running=False,
+                                 release=True, result=result, note=note,
+                                 unless_cancelled=status == "completed",
+                                 signal=self._parent_signal(records, body))
+        except CancelRequestedError:
+            cancelled = {"outcome": "cancelled", "reason": "cancelled before the completion "
+                         "was recorded (the agent had returned)"}
+            await journal.commit([RecordDraft(Kind.TERMINATED, cancelled)], status="cancelled",
+                                 phase="termination", ready_at=None, running=False,
+                                 release=True, signal=self._parent_signal(records, cancelled))
+        await self._cancel_children(records)
         self.held.drop(journal.object_id)
         self.completed += 1
 
@@ -649,6 +737,21 @@ class Worker:
             body["error"] = {"type": "perdure:Terminated", "message": decision.reason}
         journal = self._journal(claim, records)
         await self._finish(journal, records, body, status=str(outcome))
+
+    async def _refresh_flags(self, run: Run, epoch: int) -> None:
+        """Read the object's cancel and pause flags now (before a step starts)."""
+        try:
+            flags = await self._read(self.store.control_flags, [run.object_id])
+        except StoreError as exc:
+            raise StoreUnavailable(exc) from exc
+        found = flags.get(run.object_id)
+        if found is None:
+            return
+        current, cancel, paused = found
+        if current != epoch:
+            run.lease_lost = True
+        run.cancel_requested = run.cancel_requested or cancel
+        run.pause_requested = paused
 
     async def _dormancy(self, claim: Claim, records: list[Record], decision: Decision,
                         facts: MemoryFacts) -> None:
@@ -708,18 +811,34 @@ class Worker:
             return
         journal = self._journal(claim, records)
         loop = asyncio.get_running_loop()
+        if claim.crashes > self.policy.max_crashes:
+            # Even replaying killed its workers (the agent's own code between steps):
+            # park without running anything.
+            reason = (f"the worker died {claim.crashes} times in a row while running this "
+                      f"object after record #{records[-1].seq}; fix the cause, then run "
+                      f"`perdure resume {oid}`")
+            await self._park(journal, RuntimeError(reason), RecordDraft(Kind.PARKED, {
+                "reason": reason, "code": "worker_died", "crashes": claim.crashes}))
+            return
 
         async def load_events() -> list[Event]:
             try:
-                return list(await self._read(self.store.pending_events, oid))
+                return list(await self._read(self._events, oid))
             except StoreError as exc:  # not the agent's failure: abandon the run, retry later
                 raise StoreUnavailable(exc) from exc
+
+        run: Run
+
+        async def refresh_flags() -> None:
+            await self._refresh_flags(run, claim.epoch)
 
         with gc_paused():  # it indexes every record: as many new lists on a long history
             run = Run(journal=journal, intent=intent, context=facts.context, records=records,
                       load_events=load_events, pending_events=events,
                       step_executor=self._run_step, clock=self.clock,
-                      spawn=self._spawn, capabilities=self.capabilities)
+                      spawn=self._spawn, capabilities=self.capabilities,
+                      check_event=self.verifier.check_event, refresh_flags=refresh_flags,
+                      crashes=claim.crashes, max_crashes=self.policy.max_crashes)
         run.cancel_requested = claim.cancel_requested
         active = self._active.get(oid)
         if active is not None:
@@ -749,14 +868,13 @@ class Worker:
                                  requires=sus.requires, avoid_node=sus.avoid_node)
         except Park as park:
             err = park.error
-            log.error("parked %s: %s", oid, err, extra={"action": "parked_nondeterminism"})
-            await journal.commit(
-                [RecordDraft(Kind.NONDETERMINISM, {
+            record = park.record
+            if record is None and isinstance(err, NonDeterminismError):
+                log.error("parked %s: %s", oid, err, extra={"action": "parked_nondeterminism"})
+                record = RecordDraft(Kind.NONDETERMINISM, {
                     "reason": str(err), "position": err.position, "recorded": err.recorded,
-                    "found": err.found, "agent_version": agent.version})],
-                status="parked", phase="evaluation", ready_at=None, running=False,
-                release=True, parked=True, note=str(err),
-            )
+                    "found": err.found, "agent_version": agent.version})
+            await self._park(journal, err, record)
         except CancelRequestedError:
             await self._finish(journal, records, {"outcome": "cancelled", "reason": "cancelled"},
                                status="cancelled")
@@ -769,6 +887,14 @@ class Worker:
             raise
         except Exception as exc:  # noqa: BLE001 - the agent's own failure ends the object
             await self._finish_failed(journal, records, exc)
+
+    async def _park(self, journal: Journal, err: Exception, record: RecordDraft | None) -> None:
+        """Park the object for a person, with ``record`` saying why in memory."""
+        if not isinstance(err, NonDeterminismError):
+            log.error("parked %s: %s", journal.object_id, err, extra={"action": "parked"})
+        await journal.commit([record] if record is not None else [], status="parked",
+                             phase="evaluation", ready_at=None, running=False, release=True,
+                             parked=True, note=str(err)[:500])
 
     async def _finish_failed(self, journal: Journal, records: list[Record],
                              exc: BaseException) -> None:
@@ -786,8 +912,26 @@ class Worker:
             )
         new = instantiate(definition, args, kwargs, object_id=child_id, signer=self.signer,
                           policy_ref=self.policy_ref, now=self.clock(), parent=parent)
-        await self._write(self.store.create, new, self.clock())
+        if not await self._write(self.store.create, new, self.clock()):
+            row = await self._read(self.store.get, child_id)
+            if row is not None and (row.agent != definition.name
+                                    or row.parent_id != parent.object_id):
+                # Not this parent's child (a replay re-creating its own child lands here
+                # too, and goes on): waiting on it would wait forever.
+                owner = (f"object {row.parent_id!r}" if row.parent_id is not None
+                         else "no parent (it was started on its own)")
+                raise ObjectConflictError(
+                    f"cannot delegate to {child_id!r}: that id belongs to an object of agent "
+                    f"{row.agent!r} whose parent is {owner}, not {parent.object_id!r}; give "
+                    "the child another object_id (or let perdure choose one)")
+            if row is not None:
+                return str(row.agent_version)
         return definition.version
+
+
+def _short_type(type_path: Any) -> str:
+    """``module:Qual.Name`` as ``Name`` (for a one-line note)."""
+    return str(type_path or "Error").rpartition(":")[2].rpartition(".")[2] or "Error"
 
 
 def _by_deadline(ready_at: float | None, deadline: float | None) -> float | None:

@@ -18,6 +18,7 @@ __all__ = [
     "checked_chain",
     "claim_from_row",
     "create_params",
+    "notices_cancel",
     "object_row",
     "record_from_row",
     "record_params",
@@ -55,9 +56,11 @@ def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[s
 
 
 def claim_from_row(row: Sequence[Any]) -> Claim:
-    """``(object_id, epoch, lease_expires, cancel_requested, paused)`` as a ``Claim``."""
+    """``(object_id, epoch, lease_expires, cancel_requested, paused, crashes)`` as a
+    ``Claim``."""
     return Claim(object_id=row[0], epoch=int(row[1]), lease_expires=float(row[2]),
-                 cancel_requested=bool(row[3]), paused=bool(row[4]))
+                 cancel_requested=bool(row[3]), paused=bool(row[4]),
+                 crashes=int(row[5] or 0) if len(row) > 5 else 0)
 
 
 def record_params(rec: Record) -> tuple[Any, ...]:
@@ -75,6 +78,12 @@ def seal_params(seal: CommitSeal) -> tuple[bytes, str, bytes, bytes]:
 def seal_from_row(row: Sequence[Any]) -> CommitSeal:
     """A ``seals`` row ``(digest, node_id, hashes, signature)`` as a ``CommitSeal``."""
     return CommitSeal(bytes(row[0]), str(row[1]), bytes(row[2]), bytes(row[3]))
+
+
+def notices_cancel(op: Append) -> bool:
+    """Whether a pending cancel is reported back for ``op`` once it is written: the node
+    keeps running the object after it (not a release, not a terminal status)."""
+    return not op.release and op.status not in ("completed", "failed", "cancelled")
 
 
 def record_from_row(row: Sequence[Any]) -> Record:
@@ -133,5 +142,6 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
         "object_id": op.object_id,
         "epoch": op.epoch,
         "expected_head": first.seq - 1 if first else None,
+        "unless_cancelled": op.unless_cancelled,
     }
 

@@ -99,6 +99,9 @@ class Claim:
     lease_expires: float
     cancel_requested: bool = False
     paused: bool = False
+    #: How many workers in a row held the object at its current head and let their lease
+    #: lapse instead of letting go (they died, or lost the store); 0 after a clean release.
+    crashes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +114,7 @@ class Event:
     payload: bytes
     dedupe_key: str | None
     sent_at: float
+    seal: bytes = b""  # who accepted the event and their signature (opaque to the store)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +129,7 @@ class Signal:
     name: str
     payload: bytes
     dedupe_key: str
+    seal: bytes = b""
 
 
 @dataclass(slots=True)
@@ -135,6 +140,12 @@ class Append:
     is the record just before ``records[0]``. ``ready_at``/``waiting_event``
     describe when the object is runnable next; when ``waiting_event`` already has
     an unconsumed event in the inbox, the store makes it runnable at once.
+
+    A cancel requested for the object is reported back as a ``CancelRequestedError``
+    in the append's outcome: for an append that keeps the object running (status
+    ``running``, not released) the records were written and the node must stop at
+    once; an append with ``unless_cancelled`` (a completion) is refused instead and
+    nothing was written.
 
     Treat it as a value: a store never changes one. It is not frozen because a node
     builds one per step (a frozen dataclass sets each of its 16 fields through
@@ -158,6 +169,7 @@ class Append:
     requires: tuple[str, ...] | None = None  # capabilities a node needs now; None: unchanged
     avoid_node: str | None = None  # a node that said it cannot do this object's next step
     clear_avoid: bool = False  # the step got done: every node may take the object again
+    unless_cancelled: bool = False  # refuse (write nothing) if a cancel is pending
 
 
 class Store(Protocol):
@@ -185,6 +197,13 @@ class Store(Protocol):
 
     def public_keys(self) -> dict[str, bytes]:
         """Every registered node id and its raw Ed25519 public key."""
+
+    def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
+        """Keep a trust item (a certificate or revocation: opaque bytes) under ``item_id``;
+        a second publication of the same id is a no-op."""
+
+    def trust_items(self) -> builtins.list[tuple[str, bytes]]:
+        """Every trust item as ``(kind, body)``, oldest first."""
 
     def create(self, new: NewObject, now: float) -> bool:
         """Insert an object and its first record; ``False`` if the id already exists."""
@@ -249,9 +268,11 @@ class Store(Protocol):
         """
 
     def send(
-        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float,
+        seal: bytes = b"",
     ) -> bool:
-        """Queue an event; ``False`` if ``dedupe_key`` was seen before for this object.
+        """Queue an event (with its ``seal``, kept as given); ``False`` if ``dedupe_key``
+        was seen before for this object.
 
         A released object waiting for ``name`` becomes runnable now; so does any released
         object for a control event (a name starting with ``perdure:``).

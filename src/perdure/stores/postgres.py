@@ -28,6 +28,7 @@ from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
+    CancelRequestedError,
     ConfigurationError,
     LeaseLostError,
     NodeIdentityError,
@@ -41,6 +42,7 @@ from perdure.stores._rows import (
     checked_chain,
     claim_from_row,
     create_params,
+    notices_cancel,
     object_row,
     record_from_row,
     record_params,
@@ -142,8 +144,10 @@ class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
 
 
 def _careful(op: Append) -> bool:
-    """Whether ``op`` needs a savepoint of its own: it consumes events or signals."""
-    return bool(op.consume_event_ids) or op.signal is not None
+    """Whether ``op`` needs a savepoint of its own: it consumes events or signals, or is
+    a completion refused while a cancel is pending (which then needs telling apart from
+    a lost lease)."""
+    return bool(op.consume_event_ids) or op.signal is not None or op.unless_cancelled
 
 
 def _json(value: Any) -> Any:
@@ -205,6 +209,14 @@ def _distinct_runs(ops: Sequence[Append]) -> builtins.list[builtins.list[tuple[i
         seen.add(op.object_id)
         runs[-1].append((index, op))
     return runs
+
+
+def _outcome(op: Append, cancel: bool) -> BaseException | None:
+    """The outcome of an append the store took: ``CancelRequestedError`` when a cancel is
+    pending and the node would keep running the object, else ``None``."""
+    if cancel and notices_cancel(op):
+        return CancelRequestedError(f"object {op.object_id!r}: a cancel was requested")
+    return None
 
 
 def _fenced_out(op: Append) -> LeaseLostError:
@@ -350,6 +362,16 @@ class PostgresStore:
                 f"node id {node_id!r} is registered in {self._where} with a different public "
                 "key; give this node another id or restore its key directory"
             )
+
+    def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
+        """Keep a trust item (certificate or revocation) under ``item_id``, once."""
+        with self._tx() as conn:
+            conn.execute(_Q["publish_trust"], (item_id, kind, body, now))
+
+    def trust_items(self) -> builtins.list[tuple[str, bytes]]:
+        """Every trust item as ``(kind, body)``, oldest first."""
+        with self._single() as conn:
+            return [(row[0], bytes(row[1])) for row in conn.execute(_Q["trust_items"])]
 
     def public_keys(self) -> dict[str, bytes]:
         """All registered node keys."""
@@ -513,7 +535,7 @@ class PostgresStore:
                 return [await self._consume_async(conn, ops[0], now, seals)]
             cur = await conn.execute(_Q["append"], _append_params(runs[0], now, seals),
                                      prepare=True)
-            done = {row[0] for row in await cur.fetchall()}
+            done = {row[0]: row[2] for row in await cur.fetchall()}
         except pg_errors.UniqueViolation:
             return None
         except psycopg.Error as exc:
@@ -523,7 +545,8 @@ class PostgresStore:
                     with contextlib.suppress(Exception):
                         await broken.close()
             raise _translate(exc, self._where) from exc
-        return [None if index in done else _fenced_out(op) for index, op in enumerate(ops)]
+        return [_outcome(op, done[index]) if index in done else _fenced_out(op)
+                for index, op in enumerate(ops)]
 
     async def _async_conn(self, loop: asyncio.AbstractEventLoop
                           ) -> psycopg.AsyncConnection[Any]:
@@ -577,7 +600,8 @@ class PostgresStore:
                     await cur.execute(_Q["consume_event"], (seq, event_id, op.object_id),
                                       prepare=True)
                 await pipeline.sync()
-                if not await appended.fetchall():
+                taken = await appended.fetchall()
+                if not taken:
                     raise _Refused(_fenced_out(op))
                 if any(cur.rowcount != 1 for cur in consumed):
                     raise _Refused(LeaseLostError(
@@ -585,7 +609,7 @@ class PostgresStore:
                         "another node"))
         except _Refused as refused:
             return refused.error
-        return None
+        return _outcome(op, bool(taken[0][2]))
 
     async def close_async(self) -> None:
         """Close the running loop's asynchronous connection (a worker does as it stops)."""
@@ -636,8 +660,9 @@ class PostgresStore:
                         prepare=True) for n, run in enumerate(runs)]
         except pg_errors.UniqueViolation as exc:
             raise _RetryWithSavepoints from exc
-        done = {row[0] for cur in cursors for row in cur.fetchall()}
-        return [None if index in done else _fenced_out(op) for index, op in enumerate(ops)]
+        done = {row[0]: row[2] for cur in cursors for row in cur.fetchall()}
+        return [_outcome(op, done[index]) if index in done else _fenced_out(op)
+                for index, op in enumerate(ops)]
 
     def _apply_alone(self, conn: psycopg.Connection[Any], op: Append, now: float
                      ) -> BaseException | None:
@@ -649,7 +674,14 @@ class PostgresStore:
         try:
             with conn.transaction():
                 cur = conn.execute(_Q["append"], _append_params([(0, op)], now), prepare=True)
-                if cur.fetchone() is None:
+                taken = cur.fetchone()
+                if taken is None:
+                    if op.unless_cancelled:
+                        state = conn.execute(_Q["cancel_state"], (op.object_id,)).fetchone()
+                        if state is not None and state[0] == op.epoch and state[1]:
+                            return CancelRequestedError(
+                                f"object {op.object_id!r}: a cancel was requested; the "
+                                "completion was not written")
                     return _fenced_out(op)
                 for event_id in op.consume_event_ids:
                     assert op.records, "consuming an event needs the record that receives it"
@@ -663,7 +695,8 @@ class PostgresStore:
                 if op.signal is not None:
                     sig = op.signal
                     conn.execute(_Q["insert_event"],
-                                 (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now))
+                                 (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now,
+                                  sig.seal))
                     conn.execute(_Q["wake_for_event"],
                                  {"now": now, "object_id": sig.object_id, "name": sig.name})
                     conn.execute(_Q["notify"], (sig.object_id,))
@@ -671,12 +704,13 @@ class PostgresStore:
             return LeaseLostError(f"object {op.object_id!r}: another node appended first")
         except LeaseLostError as exc:
             return exc
-        return None
+        return _outcome(op, bool(taken[2]))
 
     # -- inbox and control -----------------------------------------------------
 
     def send(
-        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float,
+        seal: bytes = b"",
     ) -> bool:
         """Queue an event, wake the object if it waits for that name, and notify nodes."""
         with self._tx() as conn:
@@ -687,7 +721,8 @@ class PostgresStore:
                 raise ObjectTerminatedError(
                     f"object {object_id!r} has {row[0]}; event {name!r} was not delivered"
                 )
-            cur = conn.execute(_Q["insert_event"], (object_id, name, payload, dedupe_key, now))
+            cur = conn.execute(_Q["insert_event"],
+                               (object_id, name, payload, dedupe_key, now, seal))
             if cur.rowcount == 0:
                 return False
             conn.execute(_Q["wake_for_event"], {"now": now, "object_id": object_id,
@@ -699,7 +734,8 @@ class PostgresStore:
         """Unconsumed events in arrival order."""
         with self._single() as conn:
             rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
-        return [Event(int(r[0]), r[1], r[2], bytes(r[3]), r[4], float(r[5])) for r in rows]
+        return [Event(int(r[0]), r[1], r[2], bytes(r[3]), r[4], float(r[5]), bytes(r[6]))
+                for r in rows]
 
     def control(
         self,

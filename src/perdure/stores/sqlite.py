@@ -12,6 +12,7 @@ import builtins
 import contextlib
 import functools
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -24,6 +25,7 @@ from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
+    CancelRequestedError,
     LeaseLostError,
     NodeIdentityError,
     ObjectNotFoundError,
@@ -36,6 +38,7 @@ from perdure.stores._rows import (
     checked_chain,
     claim_from_row,
     create_params,
+    notices_cancel,
     object_row,
     record_from_row,
     record_params,
@@ -47,14 +50,27 @@ from perdure.stores.base import Append, Claim, Event, NewObject, NodeInfo, Objec
 
 __all__ = ["SQLiteStore"]
 
+log = logging.getLogger("perdure.store")
+
 T = TypeVar("T")
 
 _Q = load_queries("sqlite")
 _TERMINAL = ("completed", "failed", "cancelled")
 
 
-def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+# What the driver raises: its own errors, and UnicodeDecodeError when SQLite reports an
+# error whose text (quoting a damaged schema) is not UTF-8.
+_DRIVER_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+
+
+def _translate(exc: sqlite3.Error | UnicodeDecodeError, path: str) -> StoreError:
     """Turn a driver error into a perdure error that says what to do."""
+    if isinstance(exc, UnicodeDecodeError):
+        return StoreCorruptError(
+            f"SQLite store {path} is damaged: text in its schema is not valid UTF-8 ({exc}); "
+            "nothing was resumed from it. Restore the file from a backup, or check it with "
+            "`sqlite3 FILE 'PRAGMA integrity_check'`"
+        )
     text = str(exc)
     low = text.lower()
     if "malformed" in low or "not a database" in low or "file is not a database" in low:
@@ -86,6 +102,30 @@ def _row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> ObjectRow:
                       json.loads)
 
 
+_TEXT_OF_OBJECTS = frozenset(("object_id", "agent", "agent_version", "status", "phase",
+                              "lease_owner", "waiting_event", "note", "parent_id", "requires",
+                              "avoid"))
+
+
+def _bad_text(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's refusal to read a TEXT value that is not UTF-8."""
+    cause = exc.__cause__ if isinstance(exc, StoreError) else exc
+    return (isinstance(cause, sqlite3.OperationalError)
+            and "could not decode to utf-8" in str(cause).lower())
+
+
+def _text(value: Any) -> Any:
+    """A TEXT value read as bytes, decoded with damage marked (U+FFFD)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _damaged_row(columns: Sequence[str], row: tuple[Any, ...]) -> ObjectRow:
+    """An object row whose text columns were read as bytes (one is not UTF-8)."""
+    data = {name: _text(value) if name in _TEXT_OF_OBJECTS else value
+            for name, value in zip(columns, row, strict=True)}
+    return object_row(data, json.loads)
+
+
 def _is_step_append(op: Append) -> bool:
     """Whether ``op`` only adds records while the node keeps running the object.
 
@@ -115,6 +155,50 @@ def _grouped(name: str, rows: int) -> str:
 def _chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for at in range(0, len(items), size):
         yield items[at:at + size]
+
+
+def _cancel_pending(op: Append) -> CancelRequestedError:
+    """The outcome of an append written while a cancel is pending for its object."""
+    return CancelRequestedError(f"object {op.object_id!r}: a cancel was requested")
+
+
+@functools.cache
+def _expected_columns() -> dict[str, tuple[str, ...]]:
+    """Each table's columns, in order, as applying every migration gives them."""
+    conn = sqlite3.connect(":memory:")
+    try:
+        for _version, _name, text in load_migrations("sqlite"):
+            for statement in text.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        return {table: tuple(row[1] for row in conn.execute(f"PRAGMA table_info('{table}')"))
+                for table in tables}
+    finally:
+        conn.close()
+
+
+def _ids(conn: sqlite3.Connection, params: dict[str, Any]) -> builtins.list[str]:
+    """The claim candidates' ids; an id that is not UTF-8 (damage) is left out."""
+    try:
+        return [row[0] for row in conn.execute(_Q["claim_candidates"], params)]
+    except sqlite3.OperationalError as exc:
+        if not _bad_text(exc):
+            raise
+    conn.text_factory = bytes
+    try:
+        raw = [row[0] for row in conn.execute(_Q["claim_candidates"], params)]
+    finally:
+        conn.text_factory = str
+    ids = []
+    for value in raw:
+        try:
+            ids.append(value.decode("utf-8") if isinstance(value, bytes) else value)
+        except UnicodeDecodeError:
+            log.error("an object id in %r is not UTF-8 (damaged store); it is left alone",
+                      conn, extra={"action": "damaged_id"})
+    return ids
 
 
 class _Busy(Exception):  # noqa: N818 - internal control flow
@@ -195,7 +279,7 @@ class SQLiteStore:
         while True:
             try:
                 return step()
-            except (sqlite3.Error, StoreError) as exc:
+            except (*_DRIVER_ERRORS, StoreError) as exc:
                 cause = exc.__cause__ if isinstance(exc, StoreError) else exc
                 transient = isinstance(cause, sqlite3.OperationalError) and any(
                     word in str(cause).lower() for word in ("locked", "busy"))
@@ -216,7 +300,7 @@ class SQLiteStore:
             conn = self._w if wait else self._w_now
             try:
                 conn.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
+            except _DRIVER_ERRORS as exc:
                 if not wait and isinstance(exc, sqlite3.OperationalError) and any(
                         word in str(exc).lower() for word in ("locked", "busy")):
                     raise _Busy from exc
@@ -227,7 +311,7 @@ class SQLiteStore:
             except BaseException as exc:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
+                if isinstance(exc, _DRIVER_ERRORS):
                     raise _translate(exc, self.path) from exc
                 raise
         finally:
@@ -238,7 +322,7 @@ class SQLiteStore:
         with self._rlock:
             try:
                 yield self._r
-            except sqlite3.Error as exc:
+            except _DRIVER_ERRORS as exc:
                 raise _translate(exc, self.path) from exc
 
     def _migrate(self) -> None:
@@ -246,6 +330,8 @@ class SQLiteStore:
         with self._read() as conn:
             current = conn.execute("PRAGMA user_version").fetchone()[0]
         if current >= migrations[-1][0]:
+            if current == migrations[-1][0]:
+                self._check_schema()
             return
         with self._write() as conn:
             current = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -256,6 +342,21 @@ class SQLiteStore:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={version}")
+
+    def _check_schema(self) -> None:
+        """Every table has the columns the migrations give it: a damaged schema (a byte
+        changed in a column's name, say) is ``StoreCorruptError`` now, not a puzzling
+        "no such column" later."""
+        with self._read() as conn:
+            for table, columns in _expected_columns().items():
+                found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info('{table}')"))
+                if found != columns:
+                    missing = [c for c in columns if c not in found] or ["(order)"]
+                    raise StoreCorruptError(
+                        f"SQLite store {self.path} is damaged: table {table!r} lacks "
+                        f"column(s) {', '.join(missing)} its schema must have; nothing was "
+                        "resumed from it. Restore the file from a backup, or check it with "
+                        "`sqlite3 FILE 'PRAGMA integrity_check'`")
 
     def close(self) -> None:
         """Close both connections."""
@@ -280,10 +381,32 @@ class SQLiteStore:
                 "give this node another id or restore its key directory"
             )
 
+    def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
+        """Keep a trust item (certificate or revocation) under ``item_id``, once."""
+        with self._write() as conn:
+            conn.execute(_Q["publish_trust"], (item_id, kind, body, now))
+
+    def trust_items(self) -> builtins.list[tuple[str, bytes]]:
+        """Every trust item as ``(kind, body)``, oldest first."""
+        rows = self._rows(_Q["trust_items"], (), text=(0,))
+        return [(row[0], bytes(row[1])) for row in rows]
+
     def public_keys(self) -> dict[str, bytes]:
-        """All registered node keys."""
-        with self._read() as conn:
-            return {row[0]: bytes(row[1]) for row in conn.execute(_Q["public_keys"])}
+        """All registered node keys (a node id that is not UTF-8 reads with U+FFFD)."""
+        return {row[0]: bytes(row[1]) for row in self._rows(_Q["public_keys"], (), text=(0,))}
+
+    def _rows(self, sql: str, params: Sequence[Any] | dict[str, Any], *,
+              text: tuple[int, ...]) -> builtins.list[tuple[Any, ...]]:
+        """All rows of a read; where a TEXT value is not UTF-8 (damage), the columns at
+        ``text`` are read with the damage marked (U+FFFD) instead of failing the read."""
+        try:
+            with self._read() as conn:
+                return conn.execute(sql, params).fetchall()
+        except StoreError as exc:
+            if not _bad_text(exc):
+                raise
+        _, rows = self._as_bytes(sql, params)
+        return [tuple(_text(v) if at in text else v for at, v in enumerate(row)) for row in rows]
 
     # -- objects and records ---------------------------------------------------
 
@@ -297,11 +420,29 @@ class SQLiteStore:
             return True
 
     def get(self, object_id: str) -> ObjectRow | None:
-        """The object's row, or ``None``."""
+        """The object's row, or ``None``. Text that is not UTF-8 (damage) reads as U+FFFD."""
+        try:
+            with self._read() as conn:
+                cur = conn.execute(_Q["get_object"], (object_id,))
+                row = cur.fetchone()
+                return None if row is None else _row(cur, row)
+        except StoreError as exc:
+            if not _bad_text(exc):
+                raise
+        columns, rows = self._as_bytes(_Q["get_object"], (object_id,))
+        return _damaged_row(columns, rows[0]) if rows else None
+
+    def _as_bytes(self, sql: str, params: Sequence[Any] | dict[str, Any]
+                  ) -> tuple[builtins.list[str], builtins.list[tuple[Any, ...]]]:
+        """Run a read with TEXT columns returned as bytes: the way to read rows holding
+        text that is not UTF-8 (damage) and say which."""
         with self._read() as conn:
-            cur = conn.execute(_Q["get_object"], (object_id,))
-            row = cur.fetchone()
-            return None if row is None else _row(cur, row)
+            conn.text_factory = bytes
+            try:
+                cur = conn.execute(sql, params)
+                return [col[0] for col in cur.description], cur.fetchall()
+            finally:
+                conn.text_factory = str
 
     def list(
         self,
@@ -322,14 +463,27 @@ class SQLiteStore:
                 params.append(value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         sql = f"SELECT * FROM objects {where} ORDER BY created_at DESC, object_id LIMIT ?"  # noqa: S608 - fixed column names, values bound
-        with self._read() as conn:
-            cur = conn.execute(sql, (*params, limit))
-            return [_row(cur, row) for row in cur.fetchall()]
+        try:
+            with self._read() as conn:
+                cur = conn.execute(sql, (*params, limit))
+                return [_row(cur, row) for row in cur.fetchall()]
+        except StoreError as exc:
+            if not _bad_text(exc):
+                raise
+        columns, rows = self._as_bytes(sql, (*params, limit))
+        return [_damaged_row(columns, row) for row in rows]
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""
-        with gc_paused(), self._read() as conn:  # a long history: many new containers
-            rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
+        with gc_paused():  # a long history: many new containers
+            try:
+                with self._read() as conn:
+                    rows = conn.execute(_Q["records_after"], (object_id, after_seq)).fetchall()
+            except StoreError as exc:
+                if not _bad_text(exc):
+                    raise
+                # Text that is not UTF-8: read it as bytes, and the decoder names the column.
+                _, rows = self._as_bytes(_Q["records_after"], (object_id, after_seq))
             return [record_from_row(row) for row in rows]
 
     def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
@@ -376,21 +530,14 @@ class SQLiteStore:
             "node": route.node_id,
         }
         with self._read() as conn:
-            candidates = [
-                row[0]
-                for row in conn.execute(_Q["claim_candidates"], params)
-            ]
+            candidates = _ids(conn, params)
         if not candidates:
             return []
         claims = []
         with self._write() as conn:
             # Choose again under the write lock: another node may have claimed the rows
             # read above, and this claim should still get a full batch of the others.
-            candidates = [
-                row[0]
-                for row in conn.execute(_Q["claim_candidates"], params)
-            ]
-            for object_id in candidates:
+            for object_id in _ids(conn, params):
                 row = conn.execute(
                     _Q["claim_one"],
                     {"owner": owner, "lease_until": lease_until, "now": now,
@@ -468,8 +615,8 @@ class SQLiteStore:
                 if guarded:
                     conn.execute("SAVEPOINT op")
                 try:
-                    self._apply_one(conn, op, now)
-                except (LeaseLostError, sqlite3.IntegrityError) as exc:
+                    cancel = self._apply_one(conn, op, now)
+                except (LeaseLostError, CancelRequestedError, sqlite3.IntegrityError) as exc:
                     if not guarded:
                         if isinstance(exc, sqlite3.IntegrityError):
                             raise _RetryWithSavepoints from exc
@@ -485,7 +632,7 @@ class SQLiteStore:
                     continue
                 if guarded:
                     conn.execute("RELEASE op")
-                results.append(None)
+                results.append(_cancel_pending(op) if cancel else None)
         return results
 
     def _apply_steps(self, conn: sqlite3.Connection, ops: Sequence[Append], now: float
@@ -530,7 +677,8 @@ class SQLiteStore:
         failures: dict[int, BaseException] = {}
         for op in left:  # not moved by append_steps: append_update decides, as for one op
             try:
-                self._apply_one(conn, op, now)
+                if self._apply_one(conn, op, now):
+                    failures[id(op)] = _cancel_pending(op)
             except LeaseLostError as exc:
                 failures[id(op)] = exc
             except sqlite3.IntegrityError as exc:
@@ -549,15 +697,28 @@ class SQLiteStore:
                 if heads.get(op.object_id) != (op.records[-1].seq,
                                                bytes.fromhex(op.records[-1].hash))]
 
-    def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> None:
+    def _apply_one(self, conn: sqlite3.Connection, op: Append, now: float) -> bool:
+        """Apply one append; whether a cancel is pending for its object (``True`` only
+        where ``notices_cancel``). Raises ``LeaseLostError`` (or ``CancelRequestedError``
+        for a refused completion) when it is refused."""
         last = op.records[-1] if op.records else None
         params = append_params(op, now, json.dumps)
-        moved = _is_step_append(op) and conn.execute(_Q["append_step"], params).rowcount == 1
-        if not moved and conn.execute(_Q["append_update"], params).rowcount != 1:
-            raise LeaseLostError(
-                f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease "
-                "(another node took it over); this node stops touching it"
-            )
+        cancel = False
+        # ``append_step`` only moves a row with no cancel pending.
+        if not (_is_step_append(op) and conn.execute(_Q["append_step"], params).rowcount == 1):
+            taken = conn.execute(_Q["append_update"], params).fetchall()
+            if len(taken) != 1:
+                if op.unless_cancelled:
+                    state = conn.execute(_Q["cancel_state"], (op.object_id,)).fetchone()
+                    if state is not None and state[0] == op.epoch and state[1]:
+                        raise CancelRequestedError(
+                            f"object {op.object_id!r}: a cancel was requested; the "
+                            "completion was not written")
+                raise LeaseLostError(
+                    f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease "
+                    "(another node took it over); this node stops touching it"
+                )
+            cancel = bool(taken[0][0]) and notices_cancel(op)
         conn.executemany(_Q["insert_record"], [record_params(rec) for rec in op.records])
         for event_id in op.consume_event_ids:
             assert last is not None, "consuming an event needs the record that receives it"
@@ -569,14 +730,16 @@ class SQLiteStore:
         if op.signal is not None:
             sig = op.signal
             conn.execute(_Q["insert_event"],
-                         (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now))
+                         (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now, sig.seal))
             conn.execute(_Q["wake_for_event"],
                          {"now": now, "object_id": sig.object_id, "name": sig.name})
+        return cancel
 
     # -- inbox and control -----------------------------------------------------
 
     def send(
-        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float,
+        seal: bytes = b"",
     ) -> bool:
         """Queue an event; wake the object if it waits for that name or it is ``perdure:…``."""
         with self._write() as conn:
@@ -587,7 +750,8 @@ class SQLiteStore:
                 raise ObjectTerminatedError(
                     f"object {object_id!r} has {row[0]}; event {name!r} was not delivered"
                 )
-            cur = conn.execute(_Q["insert_event"], (object_id, name, payload, dedupe_key, now))
+            cur = conn.execute(_Q["insert_event"],
+                               (object_id, name, payload, dedupe_key, now, seal))
             if cur.rowcount == 0:
                 return False
             conn.execute(_Q["wake_for_event"], {"now": now, "object_id": object_id, "name": name})
@@ -595,9 +759,17 @@ class SQLiteStore:
 
     def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""
-        with self._read() as conn:
-            rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
-        return [Event(r[0], r[1], r[2], bytes(r[3]), r[4], r[5]) for r in rows]
+        try:
+            with self._read() as conn:
+                rows = conn.execute(_Q["pending_events"], (object_id,)).fetchall()
+        except StoreError as exc:
+            if not _bad_text(exc):
+                raise
+            # A damaged name reads with U+FFFD: its seal no longer matches, so the node
+            # refuses the event with a record instead of delivering it.
+            _, rows = self._as_bytes(_Q["pending_events"], (object_id,))
+        return [Event(r[0], _text(r[1]), _text(r[2]), bytes(r[3]), _text(r[4]), r[5],
+                      bytes(r[6])) for r in rows]
 
     def control(
         self,
@@ -636,9 +808,9 @@ class SQLiteStore:
     def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
         """Live leases whose owner starts with ``owner_prefix``."""
         escaped = owner_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        with self._read() as conn:
-            rows = conn.execute(_Q["leases_held"], {"prefix": escaped + "%", "now": now})
-            return [(row[0], row[1], row[2]) for row in rows.fetchall()]
+        rows = self._rows(_Q["leases_held"], {"prefix": escaped + "%", "now": now},
+                          text=(0, 1))
+        return [(row[0], row[1], row[2]) for row in rows]
 
     def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
         """End a lease at once when its holder is known to be dead."""
@@ -674,7 +846,12 @@ class SQLiteStore:
 
     def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
         """Nodes seen since ``since``."""
-        with self._read() as conn:
-            rows = conn.execute(_Q["live_nodes"], {"since": since}).fetchall()
-        return [NodeInfo(r[0], tuple(json.loads(r[1])), tuple(json.loads(r[2])), float(r[3]))
-                for r in rows]
+        rows = self._rows(_Q["live_nodes"], {"since": since}, text=(0, 1, 2))
+        found = []
+        for r in rows:
+            try:
+                serves, caps = tuple(json.loads(r[1])), tuple(json.loads(r[2]))
+            except ValueError:
+                serves, caps = (), ()  # damaged: the node is shown serving nothing
+            found.append(NodeInfo(r[0], serves, caps, float(r[3])))
+        return found

@@ -12,6 +12,13 @@ SELECT public_key FROM nodes WHERE node_id = %s;
 -- name: public_keys
 SELECT node_id, public_key FROM nodes;
 
+-- name: publish_trust
+INSERT INTO trust (item_id, kind, body, created_at) VALUES (%s, %s, %s, %s)
+ON CONFLICT (item_id) DO NOTHING;
+
+-- name: trust_items
+SELECT kind, body FROM trust ORDER BY created_at, item_id;
+
 -- name: insert_object
 INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
                      head_seq, head_hash, parent_id, created_at, updated_at, requires)
@@ -69,16 +76,21 @@ candidates AS (
 )
 UPDATE objects o
 SET epoch = o.epoch + 1, lease_owner = %(owner)s, lease_expires = db.now + %(lease)s,
-    status = 'running', phase = 'evaluation', updated_at = %(now)s
+    status = 'running', phase = 'evaluation', updated_at = %(now)s,
+    -- A lease that lapsed instead of being let go: its worker died (or lost the store)
+    -- while it ran the object. Deaths at the same head count up; any other claim resets.
+    crashes = CASE WHEN o.lease_owner IS NULL THEN 0
+                   WHEN o.crash_seq = o.head_seq THEN o.crashes + 1 ELSE 1 END,
+    crash_seq = o.head_seq
 FROM candidates c, db
 WHERE o.object_id = c.object_id
-RETURNING o.object_id, o.epoch, o.lease_expires, o.cancel_requested, o.paused;
+RETURNING o.object_id, o.epoch, o.lease_expires, o.cancel_requested, o.paused, o.crashes;
 
 -- name: renew
 UPDATE objects
 SET lease_expires = extract(epoch FROM clock_timestamp())::double precision + %(lease)s
 WHERE object_id = %(object_id)s AND epoch = %(epoch)s AND lease_owner IS NOT NULL
-RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
+RETURNING object_id, epoch, lease_expires, cancel_requested, paused, crashes;
 
 -- name: append
 -- Fenced appends to distinct objects in one statement (a group commit is one of these,
@@ -127,10 +139,13 @@ WITH seal AS (
         i int, object_id text, epoch bigint, expected_head bigint, head_seq bigint,
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
-        note text, requires text[], avoid_node text, clear_avoid boolean)
+        note text, requires text[], avoid_node text, clear_avoid boolean,
+        unless_cancelled boolean)
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
-    RETURNING p.i, o.object_id, o.ready_at, p.release
+      -- A completion is refused while a cancel is pending: the node writes the cancel.
+      AND NOT (COALESCE(p.unless_cancelled, FALSE) AND o.cancel_requested)
+    RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested
 ), ins AS (
     INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
                          prev_hash, hash, signature)
@@ -143,8 +158,11 @@ WITH seal AS (
     JOIN upd ON upd.i = r.i
 )
 SELECT i, CASE WHEN release AND ready_at <= %(now)s
-               THEN pg_notify('perdure_wake', object_id) END
+               THEN pg_notify('perdure_wake', object_id) END, cancel_requested
 FROM upd;
+
+-- name: cancel_state
+SELECT epoch, cancel_requested FROM objects WHERE object_id = %s;
 
 -- name: consume_event
 UPDATE inbox SET consumed_seq = %s
@@ -154,7 +172,8 @@ WHERE event_id = %s AND object_id = %s AND consumed_seq IS NULL;
 SELECT status FROM objects WHERE object_id = %s FOR UPDATE;
 
 -- name: insert_event
-INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at) VALUES (%s, %s, %s, %s, %s)
+INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at, seal)
+VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (object_id, dedupe_key) DO NOTHING;
 
 -- name: wake_for_event
@@ -168,7 +187,7 @@ WHERE object_id = %(object_id)s AND lease_owner IS NULL
 SELECT pg_notify('perdure_wake', %s);
 
 -- name: pending_events
-SELECT event_id, object_id, name, payload, dedupe_key, sent_at FROM inbox
+SELECT event_id, object_id, name, payload, dedupe_key, sent_at, seal FROM inbox
 WHERE object_id = %s AND consumed_seq IS NULL ORDER BY event_id;
 
 -- name: set_paused
@@ -185,7 +204,7 @@ WHERE object_id = %(object_id)s;
 
 -- name: unpark
 UPDATE objects SET parked = FALSE, note = NULL, ready_at = %(now)s, status = 'ready',
-                   updated_at = %(now)s
+                   updated_at = %(now)s, crashes = 0
 WHERE object_id = %(object_id)s AND parked;
 
 -- name: next_ready_at

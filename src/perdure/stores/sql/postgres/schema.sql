@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 3
+-- version: 4
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -40,7 +40,9 @@ CREATE TABLE objects (
     created_at       DOUBLE PRECISION NOT NULL,
     updated_at       DOUBLE PRECISION NOT NULL,
     requires         TEXT[] NOT NULL DEFAULT '{}',
-    avoid            TEXT[] NOT NULL DEFAULT '{}'
+    avoid            TEXT[] NOT NULL DEFAULT '{}',
+    crashes          INTEGER NOT NULL DEFAULT 0,
+    crash_seq        BIGINT
 );
 
 CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
@@ -81,7 +83,17 @@ CREATE TABLE inbox (
     dedupe_key   TEXT,
     sent_at      DOUBLE PRECISION NOT NULL,
     consumed_seq BIGINT,
+    seal         BYTEA NOT NULL DEFAULT '\x'::bytea,
     UNIQUE (object_id, dedupe_key)
 );
 
 CREATE INDEX inbox_pending ON inbox (object_id, name) WHERE consumed_seq IS NULL;
+
+-- Node certificates and key revocations, each signed by a root key (opaque to the
+-- store: which roots to trust is every node's own configuration, never the store's).
+CREATE TABLE trust (
+    item_id    TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL,
+    body       BYTEA NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);

@@ -10,6 +10,13 @@ SELECT public_key FROM nodes WHERE node_id = ?;
 -- name: public_keys
 SELECT node_id, public_key FROM nodes;
 
+-- name: publish_trust
+INSERT INTO trust (item_id, kind, body, created_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (item_id) DO NOTHING;
+
+-- name: trust_items
+SELECT kind, body FROM trust ORDER BY created_at, item_id;
+
 -- name: insert_object
 INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
                      head_seq, head_hash, parent_id, created_at, updated_at, requires)
@@ -63,16 +70,21 @@ LIMIT :limit;
 -- name: claim_one
 UPDATE objects
 SET epoch = epoch + 1, lease_owner = :owner, lease_expires = :lease_until,
-    status = 'running', phase = 'evaluation', updated_at = :now
+    status = 'running', phase = 'evaluation', updated_at = :now,
+    -- A lease that lapsed instead of being let go: its worker died (or lost the store)
+    -- while it ran the object. Deaths at the same head count up; any other claim resets.
+    crashes = CASE WHEN lease_owner IS NULL THEN 0
+                   WHEN crash_seq = head_seq THEN crashes + 1 ELSE 1 END,
+    crash_seq = head_seq
 WHERE object_id = :object_id
   AND ready_at <= :now
   AND (lease_expires IS NULL OR lease_expires <= :now)
-RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
+RETURNING object_id, epoch, lease_expires, cancel_requested, paused, crashes;
 
 -- name: renew
 UPDATE objects SET lease_expires = :lease_until
 WHERE object_id = :object_id AND epoch = :epoch AND lease_owner IS NOT NULL
-RETURNING object_id, epoch, lease_expires, cancel_requested, paused;
+RETURNING object_id, epoch, lease_expires, cancel_requested, paused, crashes;
 
 -- name: append_update
 UPDATE objects
@@ -102,7 +114,10 @@ SET head_seq = COALESCE(:head_seq, head_seq),
                  ELSE avoid END,
     updated_at = :now
 WHERE object_id = :object_id AND epoch = :epoch
-  AND (:expected_head IS NULL OR head_seq = :expected_head);
+  AND (:expected_head IS NULL OR head_seq = :expected_head)
+  -- A completion is refused while a cancel is pending: the node writes the cancel instead.
+  AND (:unless_cancelled = 0 OR cancel_requested = 0)
+RETURNING cancel_requested;
 
 -- name: append_step
 -- The common append, a record added while the node runs the object: when the row
@@ -142,6 +157,9 @@ INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind,
                      prev_hash, hash, signature)
 VALUES {rows};
 
+-- name: cancel_state
+SELECT epoch, cancel_requested FROM objects WHERE object_id = ?;
+
 -- name: consume_event
 UPDATE inbox SET consumed_seq = ? WHERE event_id = ? AND object_id = ? AND consumed_seq IS NULL;
 
@@ -149,7 +167,8 @@ UPDATE inbox SET consumed_seq = ? WHERE event_id = ? AND object_id = ? AND consu
 SELECT status FROM objects WHERE object_id = ?;
 
 -- name: insert_event
-INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at) VALUES (?, ?, ?, ?, ?)
+INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at, seal)
+VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (object_id, dedupe_key) DO NOTHING;
 
 -- name: wake_for_event
@@ -160,7 +179,7 @@ WHERE object_id = :object_id AND lease_owner IS NULL
   AND (ready_at IS NULL OR ready_at > :now);
 
 -- name: pending_events
-SELECT event_id, object_id, name, payload, dedupe_key, sent_at FROM inbox
+SELECT event_id, object_id, name, payload, dedupe_key, sent_at, seal FROM inbox
 WHERE object_id = ? AND consumed_seq IS NULL ORDER BY event_id;
 
 -- name: set_paused
@@ -174,7 +193,8 @@ UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now)
 WHERE object_id = :object_id;
 
 -- name: unpark
-UPDATE objects SET parked = 0, note = NULL, ready_at = :now, status = 'ready', updated_at = :now
+UPDATE objects SET parked = 0, note = NULL, ready_at = :now, status = 'ready', updated_at = :now,
+                   crashes = 0
 WHERE object_id = :object_id AND parked = 1;
 
 -- name: next_ready_at

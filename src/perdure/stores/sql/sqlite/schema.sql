@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 4
+-- version: 5
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -33,7 +33,9 @@ CREATE TABLE objects (
     created_at       REAL NOT NULL,
     updated_at       REAL NOT NULL,
     requires TEXT NOT NULL DEFAULT '[]',
-    avoid TEXT NOT NULL DEFAULT '[]'
+    avoid TEXT NOT NULL DEFAULT '[]',
+    crashes INTEGER NOT NULL DEFAULT 0,
+    crash_seq INTEGER
 );
 
 CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
@@ -76,7 +78,17 @@ CREATE TABLE inbox (
     dedupe_key   TEXT,
     sent_at      REAL NOT NULL,
     consumed_seq INTEGER,
+    seal BLOB NOT NULL DEFAULT X'',
     UNIQUE (object_id, dedupe_key)
 );
 
 CREATE INDEX inbox_pending ON inbox (object_id, name) WHERE consumed_seq IS NULL;
+
+-- Node certificates and key revocations, each signed by a root key (opaque to the
+-- store: which roots to trust is every node's own configuration, never the store's).
+CREATE TABLE trust (
+    item_id    TEXT PRIMARY KEY,
+    kind       TEXT NOT NULL,
+    body       BLOB NOT NULL,
+    created_at REAL NOT NULL
+);

@@ -1,0 +1,288 @@
+"""``perdure keys ...``: roots, node certificates, revocation and rotation.
+
+Everything here works on the key folder (``--key-dir``) and, where a command
+publishes or lists, on the store (``--store``/``--app``). See
+``docs/howto/keys-and-trust.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from perdure._identity import publish
+from perdure._keys import KeyFolder, default_node_id
+from perdure.core.trust import Certificate, fingerprint, parse_public_key, public_key_bytes
+from perdure.errors import ConfigurationError
+
+__all__ = ["keys"]
+
+
+def _folder(obj: Any) -> KeyFolder:
+    folder: KeyFolder = obj.key_folder()
+    return folder
+
+
+def _echo(text: str) -> None:
+    click.echo(text)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "never"
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _time(text: str) -> float:
+    """``now``, seconds since the epoch, or an ISO date/time (local time if no zone)."""
+    if text == "now":
+        return time.time()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"--since {text!r} is not a time: use now, seconds since the epoch, or an ISO "
+            "date such as 2026-11-24T09:00") from exc
+
+
+@click.group()
+def keys() -> None:
+    """Manage trust: roots, node certificates, revocation and rotation."""
+
+
+@keys.command()
+@click.option("--root-only", is_flag=True,
+              help="Only create the root (for a folder kept off the worker machines).")
+@click.pass_obj
+def init(obj: Any, root_only: bool) -> None:
+    """Create a root key in the key folder, trust it, and certify this node's key."""
+    folder = _folder(obj)
+    root = folder.init_root()
+    pub = public_key_bytes(root)
+    _echo(f"root created in {folder.path}: ed25519:{pub.hex()}")
+    if not root_only:
+        key = folder.node_key()
+        cert = folder.certify_self(obj.node_id or default_node_id(key))
+        _echo(f"node key {cert.fingerprint[:16]} certified (node.cert)")
+    _echo("give the root's public key to every node that should trust it: "
+          f"`perdure keys trust ed25519:{pub.hex()}` or PERDURE_TRUST")
+
+
+@keys.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+def show(obj: Any, as_json: bool) -> None:
+    """Show this node's key, its certificate and the roots it trusts."""
+    folder = _folder(obj)
+    key = folder.node_key()
+    public = public_key_bytes(key)
+    ring = obj.identity().ring()
+    cert = folder.certificate() if (folder.path / "node.cert").exists() else None
+    status = "none (node.cert missing)"
+    if cert is not None:
+        if cert.public_key != public:
+            status = "for another key"
+        elif not ring.add(cert):
+            status = "not issued by a trusted root"
+        elif cert.expires_at is not None and cert.expires_at < time.time():
+            status = f"expired {_when(cert.expires_at)}"
+        else:
+            status = f"valid (expires {_when(cert.expires_at)})"
+    root = folder.root_key()
+    roots = [r.hex() for r in sorted(ring.roots)]
+    doc: dict[str, Any] = {
+        "key_dir": str(folder.path),
+        "node_id": obj.node_id or default_node_id(key),
+        "public_key": public.hex(),
+        "fingerprint": fingerprint(public),
+        "certificate": status,
+        "trusted_roots": roots,
+        "root_here": None if root is None else public_key_bytes(root).hex(),
+    }
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    _echo(f"key folder   {doc['key_dir']}")
+    _echo(f"node id      {doc['node_id']}")
+    _echo(f"public key   ed25519:{doc['public_key']}")
+    _echo(f"certificate  {status}")
+    for r in roots:
+        _echo(f"trusts root  ed25519:{r}")
+    if not roots:
+        _echo("trusts root  none")
+    if root is not None:
+        _echo(f"root here    ed25519:{doc['root_here']} (root.key: keep it safe)")
+
+
+@keys.command()
+@click.argument("public_key")
+@click.option("--name", required=True, help="Who the key belongs to (node id or host).")
+@click.option("--days", type=float, help="Valid for this many days (default: no expiry).")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the certificate here.")
+@click.option("--publish", "do_publish", is_flag=True,
+              help="Also put the certificate into the store (--store or --app).")
+@click.pass_obj
+def issue(obj: Any, public_key: str, name: str, days: float | None, out: str | None,
+          do_publish: bool) -> None:
+    """Certify a node's PUBLIC_KEY (64 hex digits) with the root in the key folder."""
+    try:
+        raw = parse_public_key(public_key)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    cert = _folder(obj).issue(raw, name=name, days=days)
+    text = cert.to_bytes().decode()
+    if out:
+        Path(out).write_text(text + "\n")
+        click.echo(f"certificate for {cert.fingerprint[:16]} ({name}) written to {out}",
+                   err=True)
+    else:
+        click.echo(text)
+    if do_publish:
+        publish(obj.app().store, cert)
+        click.echo(f"published in {obj.app().store_url}", err=True)
+
+
+@keys.command()
+@click.argument("cert_file")
+@click.option("--publish", "do_publish", is_flag=True,
+              help="Also put the certificate into the store (--store or --app).")
+@click.pass_obj
+def install(obj: Any, cert_file: str, do_publish: bool) -> None:
+    """Install CERT_FILE (``-`` for stdin) as this node's certificate."""
+    data = sys.stdin.read() if cert_file == "-" else Path(cert_file).read_text()
+    try:
+        cert = Certificate.from_bytes(data.strip())
+    except ValueError as exc:
+        raise ConfigurationError(f"{cert_file}: {exc}") from None
+    folder = _folder(obj)
+    folder.install_certificate(cert)
+    ring = obj.identity().ring()
+    trusted = cert.issuer in ring.roots and cert.intact()
+    _echo(f"installed certificate for key {cert.fingerprint[:16]} ({cert.name})")
+    if not trusted:
+        click.echo(f"warning: its issuer ed25519:{cert.issuer.hex()} is not among this node's "
+                   "trusted roots; add it with `perdure keys trust`", err=True)
+    if do_publish:
+        publish(obj.app().store, cert)
+
+
+@keys.command()
+@click.argument("root_public_key")
+@click.pass_obj
+def trust(obj: Any, root_public_key: str) -> None:
+    """Trust ROOT_PUBLIC_KEY (64 hex digits): add it to the key folder's roots file."""
+    try:
+        raw = parse_public_key(root_public_key)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    _folder(obj).trust(raw)
+    _echo(f"{_folder(obj).path / 'roots'} now trusts ed25519:{raw.hex()}")
+
+
+@keys.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.pass_obj
+def list_(obj: Any, as_json: bool) -> None:
+    """List the node keys the store registers and whether this node trusts each."""
+    app = obj.app()
+    verifier = app.verifier
+    verifier.refresh()
+    rows = []
+    for node_id, public in sorted(verifier.keys().items()):
+        why = verifier.ring.problem(public)
+        certs = verifier.ring.certificates(public)
+        expires = max((c.expires_at or float("inf") for c in certs), default=None)
+        rows.append({"node_id": node_id, "fingerprint": fingerprint(public),
+                     "trusted": why is None, "problem": why,
+                     "expires": None if expires in (None, float("inf")) else expires,
+                     "revoked_since": verifier.ring.revoked_since(public)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        state = "trusted" if row["trusted"] else f"NOT TRUSTED: {row['problem']}"
+        extra = f", expires {_when(row['expires'])}" if row["expires"] else ""
+        if row["revoked_since"] is not None:
+            extra += f", revoked from {_when(row['revoked_since'])}"
+        _echo(f"{row['node_id']}  {row['fingerprint'][:16]}  {state}{extra}")
+    if not rows:
+        _echo("no node keys registered")
+
+
+@keys.command()
+@click.argument("key")
+@click.option("--since", default="now", show_default=True,
+              help="Records signed from this time on no longer count (now, epoch seconds, "
+                   "or an ISO date).")
+@click.option("--reason", required=True, help="Why (kept in the revocation).")
+@click.option("--publish/--no-publish", "do_publish", default=True, show_default=True,
+              help="Also put the revocation into the store.")
+@click.pass_obj
+def revoke(obj: Any, key: str, since: str, reason: str, do_publish: bool) -> None:
+    """Revoke KEY (a public key, a fingerprint, or a node id the store registers)."""
+    folder = _folder(obj)
+    key_fp = _fingerprint_of(obj, key)
+    revocation = folder.revoke(key_fp, since=_time(since), reason=reason)
+    _echo(f"revoked key {key_fp[:16]} from {_when(revocation.since)}: {reason}")
+    if do_publish:
+        publish(obj.app().store, revocation)
+        _echo(f"published in {obj.app().store_url}; nodes that trust this root refuse "
+              "records it signs from then on")
+
+
+def _fingerprint_of(obj: Any, key: str) -> str:
+    try:
+        return fingerprint(parse_public_key(key))
+    except ValueError:
+        pass
+    if len(key) == 64 and all(c in "0123456789abcdef" for c in key.lower()):
+        return key.lower()
+    registered = obj.app().verifier.keys()
+    if key in registered:
+        return fingerprint(registered[key])
+    raise ConfigurationError(f"{key!r} is neither a public key, a key fingerprint nor a node "
+                             "id the store registers")
+
+
+@keys.command()
+@click.option("--days", type=float, help="Validity of the new key's certificate.")
+@click.pass_obj
+def rotate(obj: Any, days: float | None) -> None:
+    """Give this node a new key (the old one is kept as node.key.<fingerprint>.old)."""
+    folder = _folder(obj)
+    new = folder.rotate()
+    public = public_key_bytes(new)
+    node_id = default_node_id(new) if obj.node_id is None else obj.node_id
+    _echo(f"new node key ed25519:{public.hex()} (default node id {default_node_id(new)})")
+    if folder.root_key() is not None:
+        folder.certify_self(node_id, days=days)
+        _echo("certified with the root in this folder (node.cert)")
+    else:
+        _echo(f"certify it where the root is: perdure keys issue {public.hex()} "
+              f"--name {node_id} --publish")
+    if obj.node_id is not None:
+        _echo(f"note: a node id names one key for good; run this node under a new --node-id "
+              f"(records of {obj.node_id!r} keep verifying under the old key)")
+
+
+@keys.command()
+@click.pass_obj
+def protect(obj: Any) -> None:
+    """Encrypt the key folder's private keys with the passphrase in PERDURE_KEY_PASSPHRASE
+    (or the file PERDURE_KEY_PASSPHRASE_FILE names)."""
+    folder = _folder(obj)
+    if not folder.passphrase:
+        raise ConfigurationError("set PERDURE_KEY_PASSPHRASE or PERDURE_KEY_PASSPHRASE_FILE to "
+                                 "the passphrase to protect the keys with")
+    done = folder.protect()
+    _echo(f"protected {', '.join(done)} in {folder.path} with the passphrase")

@@ -1,0 +1,194 @@
+"""A node's identity and trust, as an ``App`` holds them: key, certificate, roots.
+
+Which roots a node trusts comes from its configuration (``App(trust=...)``,
+``--trust``/``PERDURE_TRUST``) or, by default, from its key folder's ``roots`` file;
+never from the store. The store only carries certificates and revocations, which
+count when a trusted root signed them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from perdure._keys import KeyFolder, default_node_id, read_roots
+from perdure.core.chain import Signer
+from perdure.core.trust import Certificate, KeyRing, parse_public_key, public_key_bytes
+from perdure.engine.anchors import HeadAnchors
+from perdure.engine.verifier import Verifier
+from perdure.errors import ConfigurationError
+from perdure.stores.base import Store
+
+__all__ = ["NodeIdentity", "TrustSpec", "parse_trust"]
+
+TrustSpec = str | os.PathLike[str] | bytes | Sequence[str | os.PathLike[str] | bytes]
+
+
+def parse_trust(spec: TrustSpec) -> list[bytes]:
+    """Root public keys from a trust setting.
+
+    Accepts a key (64 hex digits, optionally ``ed25519:``-prefixed, or 32 raw bytes), a
+    roots file (one key per line), a key folder (its ``roots`` file), or a list of
+    those; a string may hold several, separated by commas.
+    """
+    items: list[str | os.PathLike[str] | bytes]
+    items = [spec] if isinstance(spec, bytes | str | os.PathLike) else list(spec)
+    roots: list[bytes] = []
+    for item in items:
+        if isinstance(item, bytes):
+            if len(item) != 32:
+                raise ConfigurationError("a trusted root given as bytes must be 32 raw bytes")
+            roots.append(item)
+            continue
+        parts = [p.strip() for p in str(item).split(",")] if isinstance(item, str) else [item]
+        for part in parts:
+            if part == "":
+                continue
+            roots.extend(_one_root(part))
+    if not roots:
+        raise ConfigurationError(f"trust setting {spec!r} names no root key")
+    return roots
+
+
+def _one_root(part: str | os.PathLike[str]) -> list[bytes]:
+    text = str(part)
+    if isinstance(part, str):
+        try:
+            return [parse_public_key(text)]
+        except ValueError:
+            pass
+    path = Path(text)
+    if path.is_dir():
+        path = path / "roots"
+    try:
+        content = path.read_text()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"trusted root {text!r} is neither a public key (64 hex digits) nor a readable "
+            f"roots file or key folder ({exc.strerror or exc})") from exc
+    return read_roots(content, str(path))
+
+
+class NodeIdentity:
+    """This node's key folder, signer, trusted roots and certificate."""
+
+    def __init__(self, key_dir: Path, *, node_id: str | None, trust: TrustSpec | None,
+                 passphrase: bytes | None) -> None:
+        self.folder = KeyFolder(key_dir, passphrase)
+        self._node_id = node_id
+        self._trust = trust
+        self._roots: list[bytes] | None = None if trust is None else parse_trust(trust)
+        self._lock = threading.RLock()
+        self._signer: Signer | None = None
+        self._cert: Certificate | None = None
+
+    @property
+    def node_id_setting(self) -> str | None:
+        """The node id given in the configuration (``None``: derived from the key)."""
+        return self._node_id
+
+    @property
+    def explicit_trust(self) -> bool:
+        """Whether the roots come from the configuration rather than the key folder."""
+        return self._roots is not None
+
+    def signer(self) -> Signer:
+        """This node's id and signing key (the key created on first use)."""
+        with self._lock:
+            if self._signer is None:
+                key: Ed25519PrivateKey = self.folder.node_key()
+                self._signer = Signer(self._node_id or default_node_id(key), key)
+            return self._signer
+
+    def roots(self) -> list[bytes]:
+        """The root public keys this node trusts."""
+        if self._roots is not None:
+            return list(self._roots)
+        return self.folder.roots()
+
+    def ring(self) -> KeyRing:
+        """A fresh ``KeyRing`` of the trusted roots, with this folder's certificate and
+        revocations."""
+        return self.folder.ring(self._roots)
+
+    def certified(self, store: Store) -> Certificate:
+        """This node's certificate, found or made, and published in ``store``.
+
+        On one machine with nothing configured, the first use creates a root in the key
+        folder and certifies this node's key with it. Otherwise the certificate comes
+        from ``node.cert``, from the store, or from the root key kept in the folder;
+        with none of them, ``ConfigurationError`` says what to run.
+        """
+        with self._lock:
+            if self._cert is not None:
+                return self._cert
+            signer = self.signer()
+            if self._roots is None:
+                self.folder.ensure_trust(signer.node_id)
+            ring = self.ring()
+            public = public_key_bytes(signer.private_key)
+            cert = self._find(ring, public, store)
+            if cert is None:
+                root = self.folder.root_key()
+                if root is not None and public_key_bytes(root) in ring.roots:
+                    cert = self.folder.certify_self(signer.node_id)
+            if cert is None:
+                raise ConfigurationError(
+                    f"this node's key {public.hex()} (folder {self.folder.path}) is not "
+                    f"certified by a root it trusts ({ring.roots_text()}); where the root "
+                    f"key is, run `perdure keys issue {public.hex()} --name {signer.node_id}"
+                    " --publish` (or install the certificate here with `perdure keys "
+                    "install FILE`)")
+            if cert.expires_at is not None and cert.expires_at < time.time():
+                raise ConfigurationError(
+                    f"this node's certificate (key {cert.fingerprint[:16]}) expired at "
+                    f"{time.ctime(cert.expires_at)}; issue a new one with `perdure keys issue`")
+            store.publish_trust(_item_id("certificate", cert.to_bytes()), "certificate",
+                                cert.to_bytes(), time.time())
+            self._cert = cert
+            return cert
+
+    def _find(self, ring: KeyRing, public: bytes, store: Store) -> Certificate | None:
+        local = self.folder.certificate() if (self.folder.path / "node.cert").exists() else None
+        if local is not None and local.public_key == public and ring.add(local):
+            return local
+        ring.offer(store.trust_items())
+        found = [c for c in ring.certificates(public)
+                 if c.expires_at is None or c.expires_at >= time.time()]
+        if not found:
+            return None
+        best = max(found, key=lambda c: c.issued_at)
+        self.folder.install_certificate(best)
+        return best
+
+    def verifier(self, store: Store) -> Verifier:
+        """A ``Verifier`` over ``store`` with this node's roots."""
+        return Verifier(store, self.ring())
+
+    def anchors(self) -> HeadAnchors:
+        """The heads this node saw, kept in its key folder."""
+        path = self.folder.heads_path if self.folder.exists() else None
+        return HeadAnchors(path)
+
+
+def _item_id(kind: str, body: bytes) -> str:
+    return f"{kind}:{hashlib.sha256(body).hexdigest()[:32]}"
+
+
+def publish(store: Store, item: Certificate | object, now: float | None = None) -> None:
+    """Put a certificate or revocation into ``store`` (once)."""
+    from perdure.core.trust import Revocation
+
+    if isinstance(item, Certificate):
+        kind, body = "certificate", item.to_bytes()
+    elif isinstance(item, Revocation):
+        kind, body = "revocation", item.to_bytes()
+    else:
+        raise TypeError(f"cannot publish {item!r}")
+    store.publish_trust(_item_id(kind, body), kind, body, time.time() if now is None else now)

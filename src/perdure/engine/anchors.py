@@ -1,0 +1,205 @@
+"""Heads a node has seen, kept outside the store, so a store moved backwards is caught.
+
+Each node remembers, per object it ran, the highest ``(seq, hash)`` it wrote or checked,
+keyed by the object's id and the hash of its first record (a store made anew with an
+object of the same id is another object). Whoever controls the store can delete a tail
+of records and set the row's head back: links and signatures still check, since every
+prefix of a signed chain is signed too. A node that saw a later head refuses such a
+store, naming the record it saw.
+
+The heads live in memory while the node works and in a small SQLite file in the node's
+key folder (``heads.db``), written in the background and when the node stops; at most
+``limit`` objects are kept, the least recently seen dropped first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+from perdure.core.records import Record
+
+__all__ = ["HeadAnchors", "rollback_problem"]
+
+log = logging.getLogger("perdure.worker")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS heads (
+    object_id TEXT NOT NULL,
+    genesis   TEXT NOT NULL,
+    seq       INTEGER NOT NULL,
+    hash      TEXT NOT NULL,
+    seen_at   REAL NOT NULL,
+    PRIMARY KEY (object_id, genesis)
+)
+"""
+
+_UPSERT = """
+INSERT INTO heads (object_id, genesis, seq, hash, seen_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (object_id, genesis) DO UPDATE
+SET seq = excluded.seq, hash = excluded.hash, seen_at = excluded.seen_at
+WHERE excluded.seq > heads.seq
+"""
+
+Head = tuple[str, int, str]  # (genesis hash, seq, hash)
+
+
+def rollback_problem(head: Head | None, records: Sequence[Record]) -> tuple[int, str] | None:
+    """``(seq, reason)`` when ``records`` (a checked chain) does not reach or does not
+    contain the ``head`` a node saw, else ``None``."""
+    if head is None or not records or records[0].hash != head[0]:
+        return None
+    _, seq, digest = head
+    if len(records) < seq:
+        return seq, (f"the store holds records up to #{len(records)}, but this node saw "
+                     f"#{seq} (hash {digest[:16]}…): the store was rolled back (if it was "
+                     "restored from a backup on purpose, run `perdure forget-heads "
+                     f"{records[0].object_id}` where this node runs, then resume it)")
+    if records[seq - 1].hash != digest:
+        return seq, (f"record #{seq} differs from the one this node saw (hash "
+                     f"{digest[:16]}…): the history was rewritten")
+    return None
+
+
+class HeadAnchors:
+    """The highest head this node wrote or checked, per object (bounded)."""
+
+    def __init__(self, path: Path | None, *, limit: int = 100_000) -> None:
+        self.path = path
+        self.limit = limit
+        self._mem: OrderedDict[str, Head] = OrderedDict()
+        self._dirty: dict[str, Head] = {}
+        self._lock = threading.Lock()  # the in-memory heads (held only briefly)
+        self._db_lock = threading.Lock()  # the file
+        self._db: sqlite3.Connection | None = None
+        self._failed = False
+        self._flushed_at = time.monotonic()
+
+    def _conn(self) -> sqlite3.Connection | None:
+        if self._db is not None or self._failed or self.path is None:
+            return self._db
+        try:
+            conn = sqlite3.connect(self.path, timeout=5.0, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(_SCHEMA)
+            with contextlib.suppress(OSError):
+                self.path.chmod(0o600)
+        except (sqlite3.Error, OSError) as exc:
+            self._failed = True
+            log.warning("cannot keep seen heads in %s (%s): a rollback of the store is "
+                        "caught only while this process runs", self.path, exc,
+                        extra={"action": "heads_unavailable"})
+            return None
+        self._db = conn
+        return conn
+
+    def get(self, object_id: str, genesis: str) -> Head | None:
+        """The head seen for ``object_id`` (whose first record has hash ``genesis``)."""
+        with self._lock:
+            head = self._mem.get(object_id)
+            if head is not None and head[0] == genesis:
+                self._mem.move_to_end(object_id)
+                return head
+        with self._db_lock:
+            conn = self._conn()
+            if conn is None:
+                return None
+            try:
+                row = conn.execute("SELECT seq, hash FROM heads WHERE object_id = ? AND "
+                                   "genesis = ?", (object_id, genesis)).fetchone()
+            except sqlite3.Error:
+                return None
+        if row is None:
+            return None
+        found = (genesis, int(row[0]), str(row[1]))
+        self.note(object_id, *found, dirty=False)
+        return found
+
+    def note(self, object_id: str, genesis: str, seq: int, digest: str, *,
+             dirty: bool = True) -> None:
+        """This node wrote or checked ``object_id`` up to record ``seq`` with ``digest``."""
+        head = (genesis, seq, digest)
+        with self._lock:
+            mem = self._mem
+            old = mem.get(object_id)
+            if old is not None and old[0] == genesis and old[1] >= seq:
+                return
+            mem[object_id] = head
+            if dirty:
+                self._dirty[object_id] = head
+            if len(mem) > self.limit:
+                mem.popitem(last=False)
+
+    def check(self, object_id: str, records: Sequence[Record]) -> tuple[int, str] | None:
+        """``(seq, reason)`` if ``records`` moved backwards from what this node saw."""
+        if not records:
+            return None
+        return rollback_problem(self.get(object_id, records[0].hash), records)
+
+    def flush(self) -> None:
+        """Write the heads noted since the last flush to ``heads.db``."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, {}
+        with self._db_lock:
+            conn = self._conn()
+            if conn is None or not dirty:
+                return
+            now = time.time()
+            try:
+                conn.execute("BEGIN")
+                conn.executemany(_UPSERT, [(oid, g, s, h, now)
+                                           for oid, (g, s, h) in dirty.items()])
+                conn.execute("COMMIT")
+                if time.monotonic() - self._flushed_at > 60:
+                    self._flushed_at = time.monotonic()
+                    conn.execute("DELETE FROM heads WHERE rowid NOT IN (SELECT rowid FROM "
+                                 "heads ORDER BY seen_at DESC LIMIT ?)", (self.limit,))
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                log.warning("cannot write seen heads to %s: %s", self.path, exc,
+                            extra={"action": "heads_unavailable"})
+
+    def forget(self, object_ids: Sequence[str] | None = None) -> int:
+        """Forget the heads of ``object_ids`` (all when ``None``): after a store was
+        restored from a backup on purpose. Returns how many were forgotten."""
+        with self._lock:
+            if object_ids is None:
+                count = len(self._mem)
+                self._mem.clear()
+                self._dirty.clear()
+            else:
+                count = 0
+                for oid in object_ids:
+                    count += self._mem.pop(oid, None) is not None
+                    self._dirty.pop(oid, None)
+        with self._db_lock:
+            conn = self._conn()
+            if conn is None:
+                return count
+            try:
+                if object_ids is None:
+                    return max(count, conn.execute("DELETE FROM heads").rowcount)
+                stored = 0
+                for oid in object_ids:
+                    stored += conn.execute("DELETE FROM heads WHERE object_id = ?",
+                                           (oid,)).rowcount
+                return max(count, stored)
+            except sqlite3.Error:
+                return count
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self.flush()
+        with self._db_lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None

@@ -1,0 +1,118 @@
+"""What a node believes of the store: records and events vouched for by trusted keys.
+
+A ``Verifier`` joins the node's ``KeyRing`` (its own roots, from its configuration)
+with what the store offers (node ids and public keys, certificates, revocations),
+caching both. The store is read again when a record or event names a node it does not
+know yet, at most every ``refresh_seconds`` per node; nothing the store says is taken
+without a trusted root's signature over it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+
+from perdure.core.chain import record_problem, sealed_by
+from perdure.core.records import Record
+from perdure.core.trust import KeyRing, check_event_seal
+from perdure.errors import IntegrityError
+from perdure.stores.base import Event, Store
+
+__all__ = ["EventCheck", "Verifier"]
+
+EventCheck = tuple[str | None, str | None]  # (event digest hex, why it is refused)
+
+
+class Verifier:
+    """A node's trust in records and events, backed by its ``KeyRing`` and the store."""
+
+    def __init__(self, store: Store, ring: KeyRing, *, refresh_seconds: float = 1.0) -> None:
+        self.store = store
+        self.ring = ring
+        self.refresh_seconds = refresh_seconds
+        self._keys: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._loaded = False
+        self._asked: dict[str, float] = {}  # node id -> when the store was last asked
+
+    # -- what the store offers --------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read node keys and trust items from the store again."""
+        keys = self.store.public_keys()
+        items = self.store.trust_items()
+        with self._lock:
+            self.ring.offer(items)
+            self._keys = keys
+            self._loaded = True
+
+    def _known(self, node_ids: Iterable[str]) -> None:
+        """Make sure ``node_ids`` are looked up (reading the store if one is new or not
+        yet certified, at most every ``refresh_seconds`` per node)."""
+        now = time.monotonic()
+        stale = False
+        for node_id in node_ids:
+            key = self._keys.get(node_id)
+            if key is not None and self.ring.problem(key) is None:
+                continue
+            if not self._loaded or now - self._asked.get(node_id, -1e9) >= self.refresh_seconds:
+                self._asked[node_id] = now
+                stale = True
+        if stale or not self._loaded:
+            self.refresh()
+
+    def keys(self) -> dict[str, bytes]:
+        """Every node id the store registers and its key (read on first use)."""
+        if not self._loaded:
+            self.refresh()
+        return dict(self._keys)
+
+    # -- records ----------------------------------------------------------------------
+
+    def record_problem(self, rec: Record) -> str | None:
+        """Why ``rec``'s signature or commit seal does not vouch for it under a trusted
+        key, or ``None``. Reads the seal (and, for a new node, its key) from the store."""
+        self._known([rec.node_id])
+        digest = sealed_by(rec)
+        seals = self.store.seals([digest]) if digest is not None else {}
+        return record_problem(rec, self._keys, seals, self.ring)
+
+    def check_head(self, object_id: str, records: Sequence[Record]) -> None:
+        """Vouch for a chain whose links and hashes were checked: its newest record must
+        be signed by a trusted key (its hash chains every record before it).
+        ``IntegrityError`` naming the record and the key otherwise."""
+        last = records[-1]
+        problem = self.record_problem(last)
+        if problem is not None:
+            raise IntegrityError(object_id, last.seq, problem)
+
+    # -- events -----------------------------------------------------------------------
+
+    def warm(self, events: Sequence[Event]) -> None:
+        """Look up the senders of ``events`` now (reading the store if needed), so that
+        ``check_event`` does no I/O."""
+        senders = []
+        for event in events:
+            sender = _sender(event.seal)
+            if sender is not None:
+                senders.append(sender)
+        if senders:
+            self._known(senders)
+
+    def check_event(self, event: Event) -> EventCheck:
+        """``(digest hex, None)`` for an event whose seal verifies under a trusted key;
+        ``(digest hex or None, why)`` for one to refuse. No I/O (see ``warm``)."""
+        digest, problem = check_event_seal(
+            event.seal, event.object_id, event.name, event.payload, event.dedupe_key,
+            self._keys, self.ring)
+        return (digest.hex() if digest is not None else None), problem
+
+
+def _sender(seal: bytes) -> str | None:
+    from perdure.core.trust import EventSeal
+
+    try:
+        return EventSeal.from_bytes(seal).sender
+    except ValueError:
+        return None
