@@ -48,9 +48,10 @@ from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo
 
-__all__ = ["LIVE_NODE_SECONDS", "App", "step"]
+__all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
 
 LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
+CORRUPT_RETRY_SECONDS = 30.0  # a worker on a damaged store checks it again this often
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -578,20 +579,30 @@ class App:
                       verifier=self._identity.verifier(self.store),
                       anchors=self._identity.anchors())
 
-    async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16) -> None:
+    async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
+                    corrupt_retry: float = CORRUPT_RETRY_SECONDS) -> None:
         """Run a worker on the current event loop until ``stop`` is set.
 
         If the store cannot be reached when the node starts, it says so once and
-        keeps trying (backing off up to 5 s) instead of exiting; a damaged store or
-        a wrong setting still fails at once.
+        keeps trying (backing off up to 5 s) instead of exiting. A damaged store
+        (``StoreCorruptError``) is said once too, with what to do, and checked again
+        every ``corrupt_retry`` seconds (say, after a restore from a backup): a
+        supervised worker does not crash-loop on it. A wrong setting fails at once.
         """
         stop = stop or asyncio.Event()
-        delay, said = 0.25, False
+        delay, said, damaged = 0.25, False, ""
         while not stop.is_set():
             try:
                 worker = await asyncio.to_thread(self.worker, concurrency=concurrency)
-            except StoreCorruptError:
-                raise
+            except StoreCorruptError as exc:
+                if str(exc) != damaged:
+                    log.error("%s; this node waits, checking the store again every %.0f s",
+                              exc, corrupt_retry, extra={"action": "store_corrupt"})
+                    damaged = str(exc)
+                self.close()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=corrupt_retry)
+                continue
             except StoreError as exc:
                 if not said:
                     log.error("store unavailable at start, retrying: %s", exc,
@@ -601,7 +612,7 @@ class App:
                     await asyncio.wait_for(stop.wait(), timeout=delay)
                 delay = min(delay * 2, 5.0)
                 continue
-            if said:
+            if said or damaged:
                 log.warning("store reachable; node starting", extra={"action": "store_up"})
             await worker.run(stop)
             return
