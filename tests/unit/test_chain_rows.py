@@ -106,30 +106,31 @@ def test_slow_path_names_what_is_wrong() -> None:
 
 
 @pytest.mark.parametrize("unusual", ['he said "hi"', "tab\there", 2**70, -(2**66)])
-def test_unusual_but_intact_values_take_the_slow_path_to_the_same_records(unusual: Any
-                                                                          ) -> None:
+def test_unusual_but_intact_values_read_exactly(unusual: Any) -> None:
     """A result the fast parser would read differently (an integer beyond 64 bits) is
-    declined by the one-pass read and accepted by the full one; strings that need
-    escaping in a body are parsed as they are."""
+    parsed again exactly by the one-pass read, which gives what the full read gives;
+    strings that need escaping in a body are parsed as they are."""
     records = chain([(Kind.STEP_DONE, {"pos": 0, "cmd": "step", "name": str(unusual),
                                        "result": unusual})], sig=SIG)
     rows = [_row(r) for r in records]
-    if isinstance(unusual, int):
-        assert chain_from_rows(OBJECT_ID, rows) is None
     got = _checked(rows, lambda: records)
     assert got == records and got[1].body["result"] == unusual
+    assert type(got[1].body["result"]) is type(unusual)
 
 
 @pytest.mark.parametrize("at", [0, 3, 7])
-def test_a_long_integer_anywhere_in_the_chain_declines_the_pass(at: int) -> None:
-    """The 19-digit look covers every body of the chain, not only the last; 18 digits
-    in every body are read by the fast parser as they are."""
+def test_a_long_integer_anywhere_in_the_chain_is_read_exactly(at: int) -> None:
+    """The 19-digit look covers every body of the chain, not only the last: the body
+    holding one is parsed again exactly (an int, not a float); 18 digits in every body
+    are read by the fast parser as they are."""
     near = 10**17 + 1  # 18 digits
     steps = [(Kind.STEP_DONE, {"pos": i, "cmd": "step", "name": "s",
                                "result": 2**70 if i == at else near}) for i in range(8)]
     records = chain(steps, sig=SIG)
     rows = [_row(r) for r in records]
-    assert chain_from_rows(OBJECT_ID, rows) is None
+    got = chain_from_rows(OBJECT_ID, rows)
+    assert got == records and got is not None and got[at + 1].body["result"] == 2**70
+    assert type(got[at + 1].body["result"]) is int
     assert _checked(rows, lambda: records) == records
     plain = chain([(kind, {**body, "result": near}) for kind, body in steps], sig=SIG)
     got = chain_from_rows(OBJECT_ID, [_row(r) for r in plain])
@@ -177,3 +178,12 @@ def test_any_result_decodes_as_the_records_do(result: Any) -> None:
     got = chain_from_rows(OBJECT_ID, rows)
     assert got is None or got == records
     assert _checked(rows, lambda: records) == records
+
+
+def test_digits_inside_a_string_keep_the_one_pass_read() -> None:
+    """A hex trace id (or any string) with a run of 19 decimal digits is no reason to
+    leave the one-pass read: the body is parsed again exactly and the pass goes on."""
+    draft = RecordDraft(Kind.INSTANTIATED, {"context": {"trace_id": "a" + "7" * 25}})
+    records = chain([(Kind.PROGRESS, {"n": 1})], sig=SIG, first=draft)
+    got = chain_from_rows(OBJECT_ID, [_row(r) for r in records])
+    assert got == records

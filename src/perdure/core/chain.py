@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from perdure.core.codec import encode
+from perdure.core.codec import decode, encode
 from perdure.core.records import (
     FORMAT_VERSION,
     GENESIS_HASH,
@@ -351,7 +351,17 @@ def chain_from_rows(object_id: str, rows: Iterable[Sequence[Any]], *,
     # One look for a run of 19 digits over every body (a newline between two bodies
     # ends any run): cheaper than a look per body.
     if has_long_digits(b"\n".join(kept)):
-        return None
+        # A run of 19 digits (an integer past 64 bits, or only digits inside a string
+        # such as a hex trace id): those bodies alone are parsed again, exactly.
+        for at, rec in enumerate(out):
+            if has_long_digits(rec.body_bytes):
+                try:
+                    exact = decode(rec.body_bytes)
+                except (ValueError, UnicodeDecodeError):
+                    return None
+                if type(exact) is not dict:
+                    return None
+                out[at] = new(Record, (*rec[:11], exact))
     return out
 
 
