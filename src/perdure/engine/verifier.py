@@ -3,8 +3,10 @@
 A ``Verifier`` joins the node's ``KeyRing`` (its own roots, from its configuration)
 with what the store offers (node ids and public keys, certificates, revocations),
 caching both. The store is read again when a record or event names a node it does not
-know yet, at most every ``refresh_seconds`` per node; nothing the store says is taken
-without a trusted root's signature over it.
+know yet (at most every ``refresh_seconds`` per node), and at least every
+``max_age_seconds`` otherwise, so that a revocation published in the store reaches
+every node within that time; nothing the store says is taken without a trusted root's
+signature over it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ EventCheck = tuple[str | None, str | None]  # (event digest hex, why it is refus
 class Verifier:
     """A node's trust in records and events, backed by its ``KeyRing`` and the store."""
 
-    def __init__(self, store: Store, ring: KeyRing, *, refresh_seconds: float = 1.0) -> None:
+    def __init__(self, store: Store, ring: KeyRing, *, refresh_seconds: float = 1.0,
+                 max_age_seconds: float = 30.0) -> None:
         self.store = store
         self.ring = ring
         self.refresh_seconds = refresh_seconds
+        self.max_age_seconds = max_age_seconds
+        self._refreshed_at = -1e9
         self._keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._loaded = False
@@ -46,12 +51,13 @@ class Verifier:
             self.ring.offer(items)
             self._keys = keys
             self._loaded = True
+            self._refreshed_at = time.monotonic()
 
     def _known(self, node_ids: Iterable[str]) -> None:
         """Make sure ``node_ids`` are looked up (reading the store if one is new or not
         yet certified, at most every ``refresh_seconds`` per node)."""
         now = time.monotonic()
-        stale = False
+        stale = now - self._refreshed_at >= self.max_age_seconds
         for node_id in node_ids:
             key = self._keys.get(node_id)
             if key is not None and self.ring.problem(key) is None:
