@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
@@ -32,7 +31,7 @@ from perdure.core.records import (
     needs_escape,
     parse_body,
 )
-from perdure.core.trust import KeyRing
+from perdure.core.trust import KeyRing, verify_signature
 from perdure.errors import IntegrityError
 
 try:  # libsodium signs in less than half the time OpenSSL takes here
@@ -426,7 +425,7 @@ def verify_chain(
         check_links(object_id, records)
     except IntegrityError as exc:
         return VerifyReport(object_id, False, len(records), exc.seq, exc.reason)
-    keys: dict[str, Ed25519PublicKey] = {}
+    keys: dict[str, bytes] = {}
     good_seals: set[bytes] = set()
     for rec in records:
         problem = record_problem(rec, public_keys, seals or {}, trust, keys, good_seals)
@@ -451,7 +450,7 @@ def verify_chain(
 
 def record_problem(rec: Record, public_keys: Mapping[str, bytes],
                    seals: Mapping[bytes, CommitSeal], trust: KeyRing | None = None,
-                   keys: dict[str, Ed25519PublicKey] | None = None,
+                   keys: dict[str, bytes] | None = None,
                    good_seals: set[bytes] | None = None) -> str | None:
     """Why ``rec``'s signature (or commit seal) does not vouch for its hash, or ``None``.
 
@@ -469,9 +468,10 @@ def record_problem(rec: Record, public_keys: Mapping[str, bytes],
             if why is not None:
                 return f"signed by node {rec.node_id!r}, whose {why}"
         try:
-            key = keys[rec.node_id] = Ed25519PublicKey.from_public_bytes(raw)
+            Ed25519PublicKey.from_public_bytes(raw)
         except ValueError:
             return f"origin node {rec.node_id!r} has a malformed public key"
+        key = keys[rec.node_id] = raw
     if trust is not None:
         why = trust.problem(public_keys[rec.node_id], rec.ts_us)
         if why is not None:
@@ -481,13 +481,15 @@ def record_problem(rec: Record, public_keys: Mapping[str, bytes],
         return _seal_problem(rec, digest, seals.get(digest), key,
                              set() if good_seals is None else good_seals)
     try:
-        key.verify(rec.signature, bytes.fromhex(rec.hash))
-    except (InvalidSignature, ValueError):
+        digest_bytes = bytes.fromhex(rec.hash)
+    except ValueError:
+        return "its hash is not hex"
+    if not verify_signature(key, rec.signature, digest_bytes):
         return f"signature does not verify against node {rec.node_id!r}"
     return None
 
 
-def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: Ed25519PublicKey,
+def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: bytes,
                   good: set[bytes]) -> str | None:
     """Why the commit seal ``rec`` refers to does not vouch for it, or ``None``."""
     if found is None:
@@ -499,9 +501,7 @@ def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: Ed2
     if not found.covers(bytes.fromhex(rec.hash)):
         return f"its commit seal {digest.hex()[:16]}… does not cover this record's hash"
     if digest not in good:
-        try:
-            key.verify(found.signature, digest)
-        except InvalidSignature:
+        if not verify_signature(key, found.signature, digest):
             return (f"its commit seal's signature does not verify against node "
                     f"{rec.node_id!r}")
         good.add(digest)

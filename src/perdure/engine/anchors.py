@@ -101,6 +101,11 @@ class HeadAnchors:
         self._db = conn
         return conn
 
+    def open(self) -> None:
+        """Open the file now (a worker does as it starts, not at its first claim)."""
+        with self._db_lock:
+            self._conn()
+
     def get(self, object_id: str, genesis: str) -> Head | None:
         """The head seen for ``object_id`` (whose first record has hash ``genesis``)."""
         with self._lock:

@@ -17,11 +17,13 @@ import uuid as _uuid
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from time import monotonic
 from typing import Any, TypeVar, overload
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
 from perdure.core.codec import decode, detached, encode
 from perdure.core.intent import Context, Intent
+from perdure.core.names import check_name, check_object_id
 from perdure.core.records import Kind, Record, RecordDraft, step_done_bytes
 from perdure.engine.context import StepInfo
 from perdure.engine.failures import error_body, rebuild_error
@@ -138,8 +140,8 @@ _CAPABILITY_MISSING = Kind.CAPABILITY_MISSING.value
 _INSTANTIATED = Kind.INSTANTIATED.value
 _STEP_DONE = Kind.STEP_DONE.value
 _SPECIAL_KINDS = frozenset((_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED))
-_RECEIPTS = frozenset((Kind.EVENT_RECEIVED.value, Kind.INTENT_REFINED.value,
-                       Kind.CHILD_FINISHED.value))
+_EVENT_RECEIVED = Kind.EVENT_RECEIVED.value
+_INTENT_REFINED = Kind.INTENT_REFINED.value
 FLAGS_FRESH = 0.005  # seconds: a step starts only on cancel/pause flags at most this old
 
 
@@ -207,6 +209,8 @@ class Run:
         done = self._done
         top = -1
         rerouted = False
+        refined: list[str] = []
+        self._refined = refined
         special = _SPECIAL_KINDS
         step_done = _STEP_DONE
         for rec in records:
@@ -226,6 +230,8 @@ class Run:
             elif type(pos) is str:
                 top = max(top, _top(pos))
             else:
+                if kind == _INTENT_REFINED and body.get("event_hash"):  # from outside
+                    refined.append(str(body["event_hash"]))
                 continue
             recs = history.get(pos)
             if recs is not None:
@@ -241,7 +247,6 @@ class Run:
         self._rerouted = rerouted
         self._consumed: set[int] = set()
         self._digests: set[str] | None = None
-        self._records = records
         #: Events refused on this claim: ``(event_id, name, reason)`` (the node logs them).
         self.refused: list[tuple[int, str, str]] = []
         self.cancel_requested = False
@@ -490,7 +495,8 @@ class Run:
             self._lacking(step_name, pos, needs)
         attempt = len(failures) + 1
         base = {"pos": pos, "cmd": "step", "name": step_name}
-        await self._fresh_flags()
+        if monotonic() - self._journal.flags_at > FLAGS_FRESH:  # else the last commit's
+            await self._fresh_flags()
         self._boundary()  # no step starts once a cancel (or pause) is known
         if self._max_crashes is not None and self._crashes >= self._max_crashes:
             self._poisoned(step_name, pos)
@@ -679,6 +685,7 @@ class Run:
         """
         if timeout is not None and hasattr(timeout, "total_seconds"):
             timeout = timeout.total_seconds()
+        check_name(event, "event name")
         pos, recs = self._take("wait", event)
         got = self._find(recs, Kind.EVENT_RECEIVED)
         if got is not None:
@@ -748,9 +755,13 @@ class Run:
     def _received(self) -> set[str]:
         """Digests of the events memory holds as received (read once, then kept)."""
         if self._digests is None:
-            receipts = _RECEIPTS
-            self._digests = {str(rec.body["event_hash"]) for rec in self._records
-                             if rec.kind in receipts and rec.body.get("event_hash")}
+            found = {str(rec.body["event_hash"]) for recs in self._history.values()
+                     for rec in recs if rec.kind == _EVENT_RECEIVED}
+            found.update(str(body["event_hash"]) for body in self._children.values()
+                         if body.get("event_hash"))
+            found.update(self._refined)
+            found.discard("None")
+            self._digests = found
         return self._digests
 
     async def _inbox(self, name: str) -> Sequence[Event]:
@@ -820,6 +831,8 @@ class Run:
         """
         name = agent if isinstance(agent, str) else str(
             getattr(agent, "__perdure_agent__", None) or _qualname(agent))
+        if object_id is not None:
+            check_object_id(object_id, "child object id")
         key, recs = self._take("delegate", name)
         rec = self._find(recs, Kind.DELEGATED)
         if rec is not None:

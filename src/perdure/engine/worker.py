@@ -251,8 +251,12 @@ class Worker:
                 await self._write(self.recover_dead_leases)
                 await self._write(self.heartbeat)
 
+            async def warm() -> None:  # what the first claim would otherwise wait for
+                await self._read(self.verifier.refresh)
+                await self._read(self.anchors.open)
+
             # The loop's own connection opens while the write thread does the above.
-            await asyncio.gather(register(), self.store.open_async())
+            await asyncio.gather(register(), warm(), self.store.open_async())
         except StoreError as exc:
             self._store_failed(exc)
         try:
