@@ -18,7 +18,13 @@ import click
 
 from perdure._identity import publish
 from perdure._keys import KeyFolder, default_node_id
-from perdure.core.trust import Certificate, fingerprint, parse_public_key, public_key_bytes
+from perdure.core.trust import (
+    Certificate,
+    fingerprint,
+    key_text,
+    parse_public_key,
+    public_key_bytes,
+)
 from perdure.errors import ConfigurationError
 
 __all__ = ["keys"]
@@ -73,7 +79,7 @@ def init(obj: Any, root_only: bool) -> None:
     if not root_only:
         key = folder.node_key()
         cert = folder.certify_self(obj.node_id or default_node_id(key))
-        _echo(f"node key {cert.fingerprint[:16]} certified (node.cert)")
+        _echo(f"node key {key_text(cert.public_key)} certified (node.cert)")
     _echo("give the root's public key to every node that should trust it: "
           f"`perdure keys trust ed25519:{pub.hex()}` or PERDURE_TRUST")
 
@@ -115,6 +121,7 @@ def show(obj: Any, as_json: bool) -> None:
     _echo(f"key folder   {doc['key_dir']}")
     _echo(f"node id      {doc['node_id']}")
     _echo(f"public key   ed25519:{doc['public_key']}")
+    _echo(f"fingerprint  sha256:{doc['fingerprint']}")
     _echo(f"certificate  {status}")
     for r in roots:
         _echo(f"trusts root  ed25519:{r}")
@@ -143,7 +150,7 @@ def issue(obj: Any, public_key: str, name: str, days: float | None, out: str | N
     text = cert.to_bytes().decode()
     if out:
         Path(out).write_text(text + "\n")
-        click.echo(f"certificate for {cert.fingerprint[:16]} ({name}) written to {out}",
+        click.echo(f"certificate for {key_text(cert.public_key)} ({name}) written to {out}",
                    err=True)
     else:
         click.echo(text)
@@ -158,7 +165,7 @@ def issue(obj: Any, public_key: str, name: str, days: float | None, out: str | N
               help="Also put the certificate into the store (--store or --app).")
 @click.pass_obj
 def install(obj: Any, cert_file: str, do_publish: bool) -> None:
-    """Install CERT_FILE (``-`` for stdin) as this node's certificate."""
+    """Install CERT_FILE (- for stdin) as this node's certificate."""
     data = sys.stdin.read() if cert_file == "-" else Path(cert_file).read_text()
     try:
         cert = Certificate.from_bytes(data.strip())
@@ -168,7 +175,7 @@ def install(obj: Any, cert_file: str, do_publish: bool) -> None:
     folder.install_certificate(cert)
     ring = obj.identity().ring()
     trusted = cert.issuer in ring.roots and cert.intact()
-    _echo(f"installed certificate for key {cert.fingerprint[:16]} ({cert.name})")
+    _echo(f"installed certificate for key {key_text(cert.public_key)} ({cert.name})")
     if not trusted:
         click.echo(f"warning: its issuer ed25519:{cert.issuer.hex()} is not among this node's "
                    "trusted roots; add it with `perdure keys trust`", err=True)
@@ -202,7 +209,8 @@ def list_(obj: Any, as_json: bool) -> None:
         why = verifier.ring.problem(public)
         certs = verifier.ring.certificates(public)
         expires = max((c.expires_at or float("inf") for c in certs), default=None)
-        rows.append({"node_id": node_id, "fingerprint": fingerprint(public),
+        rows.append({"node_id": node_id, "public_key": public.hex(),
+                     "fingerprint": fingerprint(public),
                      "trusted": why is None, "problem": why,
                      "expires": None if expires in (None, float("inf")) else expires,
                      "revoked_since": verifier.ring.revoked_since(public)})
@@ -214,7 +222,7 @@ def list_(obj: Any, as_json: bool) -> None:
         extra = f", expires {_when(row['expires'])}" if row["expires"] else ""
         if row["revoked_since"] is not None:
             extra += f", revoked from {_when(row['revoked_since'])}"
-        _echo(f"{row['node_id']}  {row['fingerprint'][:16]}  {state}{extra}")
+        _echo(f"{row['node_id']}  {key_text(bytes.fromhex(row['public_key']))}  {state}{extra}")
     if not rows:
         _echo("no node keys registered")
 
@@ -231,27 +239,36 @@ def list_(obj: Any, as_json: bool) -> None:
 def revoke(obj: Any, key: str, since: str, reason: str, do_publish: bool) -> None:
     """Revoke KEY (a public key, a fingerprint, or a node id the store registers)."""
     folder = _folder(obj)
-    key_fp = _fingerprint_of(obj, key)
+    key_fp, shown = _fingerprint_of(obj, key)
     revocation = folder.revoke(key_fp, since=_time(since), reason=reason)
-    _echo(f"revoked key {key_fp[:16]} from {_when(revocation.since)}: {reason}")
+    _echo(f"revoked key {shown} from {_when(revocation.since)}: {reason}")
     if do_publish:
         publish(obj.app().store, revocation)
         _echo(f"published in {obj.app().store_url}; nodes that trust this root refuse "
               "records it signs from then on")
 
 
-def _fingerprint_of(obj: Any, key: str) -> str:
-    try:
-        return fingerprint(parse_public_key(key))
-    except ValueError:
-        pass
-    if len(key) == 64 and all(c in "0123456789abcdef" for c in key.lower()):
-        return key.lower()
+def _fingerprint_of(obj: Any, key: str) -> tuple[str, str]:
+    """The fingerprint of the key ``key`` names (a node id the store registers, a public
+    key, ``ed25519:KEY`` or ``sha256:FINGERPRINT``), and how to show that key."""
     registered = obj.app().verifier.keys()
     if key in registered:
-        return fingerprint(registered[key])
-    raise ConfigurationError(f"{key!r} is neither a public key, a key fingerprint nor a node "
-                             "id the store registers")
+        return fingerprint(registered[key]), key_text(registered[key])
+    lowered = key.strip().lower()
+    if lowered.startswith("sha256:"):
+        lowered = lowered[7:]
+        if len(lowered) == 64 and all(c in "0123456789abcdef" for c in lowered):
+            return lowered, f"with fingerprint sha256:{lowered[:16]}…"
+    for public in registered.values():
+        if fingerprint(public) == lowered:
+            return lowered, key_text(public)
+    try:
+        raw = parse_public_key(key)
+    except ValueError:
+        raise ConfigurationError(
+            f"{key!r} is neither a node id the store registers, a public key (ed25519:HEX) "
+            "nor a key fingerprint (sha256:HEX)") from None
+    return fingerprint(raw), key_text(raw)
 
 
 @keys.command()
@@ -268,8 +285,9 @@ def rotate(obj: Any, days: float | None) -> None:
         folder.certify_self(node_id, days=days)
         _echo("certified with the root in this folder (node.cert)")
     else:
+        name = "NEW_NODE_ID" if obj.node_id is not None else node_id
         _echo(f"certify it where the root is: perdure keys issue {public.hex()} "
-              f"--name {node_id} --publish")
+              f"--name {name} --publish")
     if obj.node_id is not None:
         _echo(f"note: a node id names one key for good; run this node under a new --node-id "
               f"(records of {obj.node_id!r} keep verifying under the old key)")

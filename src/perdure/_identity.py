@@ -19,7 +19,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from perdure._keys import KeyFolder, default_node_id, read_roots
 from perdure.core.chain import Signer
-from perdure.core.trust import Certificate, KeyRing, parse_public_key, public_key_bytes
+from perdure.core.trust import (
+    Certificate,
+    KeyRing,
+    key_text,
+    parse_public_key,
+    public_key_bytes,
+    when,
+)
 from perdure.engine.anchors import HeadAnchors
 from perdure.engine.verifier import Verifier
 from perdure.errors import ConfigurationError
@@ -122,49 +129,74 @@ class NodeIdentity:
 
         On one machine with nothing configured, the first use creates a root in the key
         folder and certifies this node's key with it. Otherwise the certificate comes
-        from ``node.cert``, from the store, or from the root key kept in the folder;
-        with none of them, ``ConfigurationError`` says what to run.
+        from ``node.cert`` or from the store (the newest one still valid), or from the
+        root key kept in the folder. ``ConfigurationError`` says what to run when there
+        is none, when it expired, when the key was revoked, or when the installed
+        certificate comes from a root this node does not trust.
         """
         with self._lock:
             if self._cert is not None:
                 return self._cert
             signer = self.signer()
-            if self._roots is None:
+            if self._roots is None and not self.folder.certificate_installed():
                 self.folder.ensure_trust(signer.node_id)
             ring = self.ring()
+            ring.offer(store.trust_items())
             public = public_key_bytes(signer.private_key)
-            cert = self._find(ring, public, store)
+            name = signer.node_id
+            cert = self._find(ring, public)
             if cert is None:
                 root = self.folder.root_key()
                 if root is not None and public_key_bytes(root) in ring.roots:
-                    cert = self.folder.certify_self(signer.node_id)
-            if cert is None:
+                    cert = self.folder.certify_self(name)
+            revoked = ring.revoked_since(public)
+            if revoked is not None and revoked <= time.time():
                 raise ConfigurationError(
-                    f"this node's key {public.hex()} (folder {self.folder.path}) is not "
-                    f"certified by a root it trusts ({ring.roots_text()}); where the root "
-                    f"key is, run `perdure keys issue {public.hex()} --name {signer.node_id}"
-                    " --publish` (or install the certificate here with `perdure keys "
-                    "install FILE`)")
+                    f"this node's key {key_text(public)} was revoked (from {when(revoked)}); "
+                    "records it signs do not count: give the node a new key with `perdure "
+                    "keys rotate` and have it certified")
+            if cert is None:
+                raise ConfigurationError(self._uncertified(ring, public, name))
             if cert.expires_at is not None and cert.expires_at < time.time():
                 raise ConfigurationError(
-                    f"this node's certificate (key {cert.fingerprint[:16]}) expired at "
-                    f"{time.ctime(cert.expires_at)}; issue a new one with `perdure keys issue`")
+                    f"this node's certificate (key {key_text(public)}) expired at "
+                    f"{when(cert.expires_at)}; where the root key is, run `perdure keys issue "
+                    f"{public.hex()} --name {name} --publish` (or `--out FILE`, then "
+                    "`perdure keys install FILE` here)")
             store.publish_trust(_item_id("certificate", cert.to_bytes()), "certificate",
                                 cert.to_bytes(), time.time())
             self._cert = cert
             return cert
 
-    def _find(self, ring: KeyRing, public: bytes, store: Store) -> Certificate | None:
-        local = self.folder.certificate() if (self.folder.path / "node.cert").exists() else None
-        if local is not None and local.public_key == public and ring.add(local):
-            return local
-        ring.offer(store.trust_items())
-        found = [c for c in ring.certificates(public)
-                 if c.expires_at is None or c.expires_at >= time.time()]
+    def _uncertified(self, ring: KeyRing, public: bytes, name: str) -> str:
+        """What to tell a node whose key no trusted root certified."""
+        installed = self.folder.certificate() if self.folder.certificate_installed() else None
+        if installed is not None and installed.public_key == public and (
+                installed.issuer not in ring.roots):
+            return (f"this node's certificate ({self.folder.path / 'node.cert'}) was issued "
+                    f"by root ed25519:{installed.issuer.hex()}, which this node does not "
+                    f"trust; run `perdure keys trust ed25519:{installed.issuer.hex()}` (or "
+                    "set --trust / PERDURE_TRUST)")
+        return (f"this node's key ed25519:{public.hex()} (folder {self.folder.path}) is not "
+                f"certified by a root it trusts ({ring.roots_text()}); where the root key is, "
+                f"run `perdure keys issue {public.hex()} --name {name} --publish` (or "
+                "`--out FILE`, then `perdure keys install FILE` here)")
+
+    def _find(self, ring: KeyRing, public: bytes) -> Certificate | None:
+        """The newest certificate of ``public`` the ring accepts (from ``node.cert`` or the
+        store), preferring one still valid; kept in ``node.cert`` if it came from the
+        store."""
+        local = self.folder.certificate() if self.folder.certificate_installed() else None
+        if local is not None and local.public_key == public:
+            ring.add(local)
+        found = ring.certificates(public)
         if not found:
             return None
-        best = max(found, key=lambda c: c.issued_at)
-        self.folder.install_certificate(best)
+        now = time.time()
+        valid = [c for c in found if c.expires_at is None or c.expires_at >= now]
+        best = max(valid or found, key=lambda c: c.issued_at)
+        if best != local:
+            self.folder.install_certificate(best)
         return best
 
     def verifier(self, store: Store) -> Verifier:

@@ -209,8 +209,9 @@ class KeyFolder:
         encrypted = b"ENCRYPTED" in data.split(b"\n", 1)[0]
         if encrypted and not self.passphrase:
             raise ConfigurationError(
-                f"{path} is protected by a passphrase: set PERDURE_KEY_PASSPHRASE (or "
-                "PERDURE_KEY_PASSPHRASE_FILE), or pass key_passphrase= to App"
+                f"{path} is protected by a passphrase: set PERDURE_KEY_PASSPHRASE, or pass "
+                "--key-passphrase-file FILE (PERDURE_KEY_PASSPHRASE_FILE), or "
+                "key_passphrase= to App"
             )
         try:
             loaded = serialization.load_pem_private_key(
@@ -262,8 +263,20 @@ class KeyFolder:
     # -- trust -----------------------------------------------------------------------
 
     def roots(self) -> list[bytes]:
-        """The root public keys this folder trusts (its ``roots`` file)."""
+        """The root public keys this folder trusts (its ``roots`` file). ``ConfigurationError``
+        when the folder or the file may be written by others (they could add a root)."""
         path = self._file(ROOTS)
+        self.check_folder()
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise ConfigurationError(f"{path} cannot be read: {exc}") from exc
+        if mode & 0o022:
+            raise ConfigurationError(
+                f"{path} is writable by {_who(mode, 0o020, 0o002)}, who could add a root of "
+                f"their own; run `chmod 644 {path}`")
         try:
             text = path.read_text()
         except FileNotFoundError:
@@ -280,6 +293,10 @@ class KeyFolder:
             line = f"ed25519:{root.hex()}" + (f"  # {note}" if note else "") + "\n"
             old = self._file(ROOTS).read_bytes() if self._file(ROOTS).exists() else b""
             self._replace(ROOTS, old + line.encode(), 0o644)
+
+    def certificate_installed(self) -> bool:
+        """Whether ``node.cert`` exists."""
+        return self._file(NODE_CERT).exists()
 
     def certificate(self) -> Certificate | None:
         """The certificate in ``node.cert``, if any (not checked here)."""
@@ -325,10 +342,11 @@ class KeyFolder:
         """One machine, first use: with no roots configured and no root here, create a
         root, trust it, and certify this node's key with it.
 
-        A folder that trusts roots but holds no certificate for its key is left alone:
-        ``certify_self`` or an operator's ``perdure keys issue`` certifies it.
+        A folder that trusts roots, or holds an installed certificate (an operator's
+        ``perdure keys install``), is left alone: it belongs to a cluster with a root
+        elsewhere.
         """
-        if self.roots():
+        if self.roots() or self.certificate_installed():
             return
         with self._locked():  # a root.key without roots: another process is setting up
             if self.roots() or self._file(ROOT_KEY).exists():

@@ -28,7 +28,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
 from perdure.core.trust import seal_event
-from perdure.engine.anchors import rollback_problem
+from perdure.engine.anchors import HeadAnchors, rollback_problem
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
@@ -111,6 +111,7 @@ class App:
         self._identity = NodeIdentity(self._key_dir, node_id=node_id, trust=trust,
                                       passphrase=self._passphrase)
         self._verifier: Verifier | None = None
+        self._anchors: HeadAnchors | None = None
         self.policy = policy or LocalPolicy()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
@@ -151,6 +152,15 @@ class App:
     def identity(self) -> NodeIdentity:
         """This node's key folder, trusted roots and certificate."""
         return self._identity
+
+    @property
+    def anchors(self) -> HeadAnchors:
+        """The heads this node saw (its key folder's ``heads.db``), shared by its worker
+        and ``verify``."""
+        with self._lock:
+            if self._anchors is None:
+                self._anchors = self._identity.anchors()
+            return self._anchors
 
     @property
     def verifier(self) -> Verifier:
@@ -204,7 +214,9 @@ class App:
         return clone
 
     def close(self) -> None:
-        """Close the store if this App opened it."""
+        """Close the store if this App opened it, and the seen-heads file."""
+        if self._anchors is not None:
+            self._anchors.close()
         if self._store is not None and isinstance(self._store_arg, str):
             self._store.close()
             self._store = None
@@ -465,14 +477,13 @@ class App:
                               seals=self.store.seals(digests), trust=verifier.ring)
         if not report.ok or not records:
             return report
-        seen = [self._identity.anchors().get(object_id, records[0].hash)]
-        if anchors is not None and object_id in anchors:
+        problem = self.anchors.check(object_id, records)
+        if problem is None and anchors is not None and object_id in anchors:
             seq, digest = anchors[object_id]
-            seen.append((records[0].hash, int(seq), str(digest)))
-        for head in seen:
-            problem = rollback_problem(head, records)
-            if problem is not None:
-                return VerifyReport(object_id, False, len(records), problem[0], problem[1])
+            problem = rollback_problem((records[0].hash, int(seq), str(digest)), records,
+                                       seen=False)
+        if problem is not None:
+            return VerifyReport(object_id, False, len(records), problem[0], problem[1])
         return report
 
     def export_heads(self, object_ids: Sequence[str] | None = None
@@ -577,7 +588,7 @@ class App:
         return Worker(store=self.store, signer=signer, policy=self.policy,
                       agents=self._agents, settings=settings, capabilities=self.capabilities,
                       verifier=self._identity.verifier(self.store),
-                      anchors=self._identity.anchors())
+                      anchors=self.anchors)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
                     corrupt_retry: float = CORRUPT_RETRY_SECONDS) -> None:

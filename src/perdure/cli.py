@@ -33,6 +33,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
 from perdure.errors import (
     AgentFailedError,
+    ConfigurationError,
     PerdureError,
     RecordDecodeError,
     StoreError,
@@ -652,8 +653,8 @@ def _verify_one(app: App, object_id: str,
     """``App.verify``, with an object whose memory cannot even be read reported as failed."""
     try:
         return app.verify(object_id, anchors=anchors)
-    except StoreError:
-        raise  # the store as a whole is down or damaged: not one object's fault
+    except (StoreError, ConfigurationError):
+        raise  # the store or this node's settings: not one object's fault
     except RecordDecodeError as exc:
         return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
     except PerdureError as exc:

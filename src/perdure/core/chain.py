@@ -463,10 +463,6 @@ def record_problem(rec: Record, public_keys: Mapping[str, bytes],
         raw = public_keys.get(rec.node_id)
         if raw is None:
             return f"origin node {rec.node_id!r} has no registered public key"
-        if trust is not None:
-            why = trust.problem(raw, None)
-            if why is not None:
-                return f"signed by node {rec.node_id!r}, whose {why}"
         try:
             Ed25519PublicKey.from_public_bytes(raw)
         except ValueError:

@@ -18,6 +18,7 @@ question: may a record stamped at time T, signed by this public key, count?
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,10 +49,12 @@ __all__ = [
     "fingerprint",
     "issue_certificate",
     "issue_revocation",
+    "key_text",
     "parse_public_key",
     "public_key_bytes",
     "seal_event",
     "verify_signature",
+    "when",
 ]
 
 _CERT_DOMAIN = b"perdure node certificate v1\n"
@@ -63,6 +66,17 @@ def public_key_bytes(key: Ed25519PrivateKey | Ed25519PublicKey) -> bytes:
     """The raw 32-byte public key of ``key``."""
     public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
     return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_text(public_key: bytes) -> str:
+    """A public key as messages show it: ``ed25519:`` and its first 16 hex digits (the
+    form ``perdure keys show`` prints in full)."""
+    return f"ed25519:{public_key.hex()[:16]}…"
+
+
+def when(ts: float) -> str:
+    """A time in seconds since the epoch, as UTC for messages."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
 def fingerprint(public_key: bytes) -> str:
@@ -316,15 +330,18 @@ class KeyRing:
         if public_key in self.roots:
             return None  # a root may sign records itself (a one-machine setup never does)
         certs = self._certs.get(public_key)
-        short = fingerprint(public_key)[:16]
+        short = key_text(public_key)
         if not certs:
             if not self.roots:
                 return (f"key {short} cannot be checked: this node trusts no root key "
-                        "(configure one with App(trust=...), --trust or PERDURE_TRUST)")
-            return f"key {short} is not certified by a root this node trusts"
+                        "(add one with `perdure keys trust ROOT_PUBLIC_KEY`, or configure "
+                        "App(trust=...), --trust or PERDURE_TRUST)")
+            return (f"key {short} is not certified by a root this node trusts "
+                    f"({self.roots_text()})")
         revoked = self._revoked.get(fingerprint(public_key))
         if revoked is not None and (ts_us is None or ts_us >= revoked * 1_000_000):
-            return f"key {short} was revoked (records from {revoked:.0f} on do not count)"
+            return (f"key {short} was revoked (records stamped from {when(revoked)} on "
+                    "do not count)")
         if ts_us is None:
             return None
         if any(c.expires_at is None or ts_us <= c.expires_at * 1_000_000 for c in certs):
@@ -332,8 +349,8 @@ class KeyRing:
         return f"key {short}'s certificate had expired when the record was written"
 
     def roots_text(self) -> str:
-        """The trusted roots' short fingerprints, for messages."""
-        return ", ".join(sorted(fingerprint(r)[:16] for r in self.roots)) or "none"
+        """The trusted roots, shortened, for messages."""
+        return ", ".join(sorted(key_text(r) for r in self.roots)) or "none"
 
 
 @dataclass(frozen=True, slots=True)

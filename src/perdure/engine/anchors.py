@@ -37,6 +37,10 @@ CREATE TABLE IF NOT EXISTS heads (
     hash      TEXT NOT NULL,
     seen_at   REAL NOT NULL,
     PRIMARY KEY (object_id, genesis)
+);
+CREATE TABLE IF NOT EXISTS forgotten (
+    object_id TEXT PRIMARY KEY,  -- '*' for every object
+    at        REAL NOT NULL
 )
 """
 
@@ -50,20 +54,26 @@ WHERE excluded.seq > heads.seq
 Head = tuple[str, int, str]  # (genesis hash, seq, hash)
 
 
-def rollback_problem(head: Head | None, records: Sequence[Record]) -> tuple[int, str] | None:
+def rollback_problem(head: Head | None, records: Sequence[Record], *, seen: bool = True
+                     ) -> tuple[int, str] | None:
     """``(seq, reason)`` when ``records`` (a checked chain) does not reach or does not
-    contain the ``head`` a node saw, else ``None``."""
+    contain the ``head`` a node saw (``seen``) or an exported heads file holds, else
+    ``None``."""
     if head is None or not records or records[0].hash != head[0]:
         return None
     _, seq, digest = head
+    who = "this node saw" if seen else "the exported heads hold"
+    if seen:
+        hint = (" (if it was restored from a backup on purpose, run `perdure forget-heads "
+                f"{records[0].object_id}` where this node runs, then resume it)")
+    else:
+        hint = " (or the heads file is from another store)"
     if len(records) < seq:
-        return seq, (f"the store holds records up to #{len(records)}, but this node saw "
-                     f"#{seq} (hash {digest[:16]}…): the store was rolled back (if it was "
-                     "restored from a backup on purpose, run `perdure forget-heads "
-                     f"{records[0].object_id}` where this node runs, then resume it)")
+        return seq, (f"the store holds records up to #{len(records)}, but {who} "
+                     f"#{seq} (hash {digest[:16]}…): the store was rolled back{hint}")
     if records[seq - 1].hash != digest:
-        return seq, (f"record #{seq} differs from the one this node saw (hash "
-                     f"{digest[:16]}…): the history was rewritten")
+        return seq, (f"record #{seq} differs from the one {who} (hash {digest[:16]}…): "
+                     f"the history was rewritten{hint}")
     return None
 
 
@@ -74,6 +84,7 @@ class HeadAnchors:
         self.path = path
         self.limit = limit
         self._mem: OrderedDict[str, Head] = OrderedDict()
+        self._noted_at: dict[str, float] = {}  # when each head in memory was noted
         self._dirty: dict[str, Head] = {}
         self._lock = threading.Lock()  # the in-memory heads (held only briefly)
         self._db_lock = threading.Lock()  # the file
@@ -89,7 +100,7 @@ class HeadAnchors:
                                    check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(_SCHEMA)
+            conn.executescript(_SCHEMA)
             with contextlib.suppress(OSError):
                 self.path.chmod(0o600)
         except (sqlite3.Error, OSError) as exc:
@@ -138,16 +149,42 @@ class HeadAnchors:
             if old is not None and old[0] == genesis and old[1] >= seq:
                 return
             mem[object_id] = head
+            self._noted_at[object_id] = time.time()
             if dirty:
                 self._dirty[object_id] = head
             if len(mem) > self.limit:
-                mem.popitem(last=False)
+                dropped, _ = mem.popitem(last=False)
+                self._noted_at.pop(dropped, None)
 
     def check(self, object_id: str, records: Sequence[Record]) -> tuple[int, str] | None:
-        """``(seq, reason)`` if ``records`` moved backwards from what this node saw."""
+        """``(seq, reason)`` if ``records`` moved backwards from what this node saw.
+
+        A head an operator told the node to forget since (``forget``, from any process
+        of this node: ``perdure forget-heads``) no longer counts.
+        """
         if not records:
             return None
-        return rollback_problem(self.get(object_id, records[0].hash), records)
+        problem = rollback_problem(self.get(object_id, records[0].hash), records)
+        if problem is not None and self._forgotten_since_noted(object_id):
+            with self._lock:
+                self._mem.pop(object_id, None)
+                self._dirty.pop(object_id, None)
+                self._noted_at.pop(object_id, None)
+            problem = rollback_problem(self.get(object_id, records[0].hash), records)
+        return problem
+
+    def _forgotten_since_noted(self, object_id: str) -> bool:
+        noted = self._noted_at.get(object_id, 0.0)
+        with self._db_lock:
+            conn = self._conn()
+            if conn is None:
+                return False
+            try:
+                row = conn.execute("SELECT max(at) FROM forgotten WHERE object_id IN (?, '*')",
+                                   (object_id,)).fetchone()
+            except sqlite3.Error:
+                return False
+        return row is not None and row[0] is not None and float(row[0]) >= noted
 
     def flush(self) -> None:
         """Write the heads noted since the last flush to ``heads.db``."""
@@ -181,20 +218,27 @@ class HeadAnchors:
                 count = len(self._mem)
                 self._mem.clear()
                 self._dirty.clear()
+                self._noted_at.clear()
             else:
                 count = 0
                 for oid in object_ids:
                     count += self._mem.pop(oid, None) is not None
                     self._dirty.pop(oid, None)
+                    self._noted_at.pop(oid, None)
         with self._db_lock:
             conn = self._conn()
             if conn is None:
                 return count
+            now = time.time()
             try:
+                # The marker tells running workers of this node, which hold heads in
+                # memory, to drop theirs too.
                 if object_ids is None:
+                    conn.execute("INSERT OR REPLACE INTO forgotten VALUES ('*', ?)", (now,))
                     return max(count, conn.execute("DELETE FROM heads").rowcount)
                 stored = 0
                 for oid in object_ids:
+                    conn.execute("INSERT OR REPLACE INTO forgotten VALUES (?, ?)", (oid, now))
                     stored += conn.execute("DELETE FROM heads WHERE object_id = ?",
                                            (oid,)).rowcount
                 return max(count, stored)

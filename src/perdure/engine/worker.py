@@ -310,6 +310,8 @@ class Worker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            with contextlib.suppress(Exception):
+                await self._read(self.anchors.close)
             self._write_pool.shutdown(wait=True)
             self._read_pool.shutdown(wait=True)
             self._code_pool.shutdown(wait=False, cancel_futures=True)
@@ -376,6 +378,8 @@ class Worker:
                 await self._write(self.heartbeat)
             except StoreError as exc:
                 self._store_failed(exc)
+            # The heads this node saw reach its key folder (a restarted node keeps them).
+            await self._read(self.anchors.flush)
             for object_id, active in list(self._active.items()):
                 until = self.clock() + self.settings.lease_seconds
                 try:
