@@ -46,7 +46,7 @@ from perdure.errors import (
 )
 from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.stores import Store, open_store, redact_url
-from perdure.stores.base import NodeInfo
+from perdure.stores.base import NodeInfo, ObjectRow
 
 __all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
 
@@ -484,6 +484,9 @@ class App:
                                        seen=False)
         if problem is not None:
             return VerifyReport(object_id, False, len(records), problem[0], problem[1])
+        why = _row_against_memory(row, records[-1])
+        if why is not None:
+            return VerifyReport(object_id, False, len(records), records[-1].seq, why)
         return report
 
     def export_heads(self, object_ids: Sequence[str] | None = None
@@ -547,25 +550,14 @@ class App:
                                  f"the object's row says {row.status} but its memory holds no "
                                  f"terminal record at #{row.head_seq}")
         rec = last[-1]
-        try:
-            check_links(object_id, [rec], start_hash=rec.prev_hash, start_seq=rec.seq)
-        except IntegrityError:
-            raise
+        check_links(object_id, [rec], start_hash=rec.prev_hash, start_seq=rec.seq)
         if rec.hash != row.head_hash:
             raise IntegrityError(object_id, rec.seq, "the terminal record's hash differs from "
                                  "the object's recorded head")
-        problem = self.verifier.record_problem(rec)
+        problem = self.verifier.record_problem(rec) or _row_against_memory(row, rec)
         if problem is not None:
             raise IntegrityError(object_id, rec.seq, problem)
         body = dict(rec.body)
-        outcome = body.get("outcome")
-        if outcome != row.status:
-            raise IntegrityError(object_id, rec.seq, f"the object's row says {row.status} but "
-                                 f"its terminal record says {outcome}")
-        if outcome == "completed" and (row.result is None
-                                       or row.result != encode(body.get("result"))):
-            raise IntegrityError(object_id, rec.seq, "the stored result differs from the "
-                                 "result in the object's signed terminal record")
         return body
 
     # -- running a node -------------------------------------------------------------
@@ -677,3 +669,18 @@ class App:
             stopped.set()
             thread.join(timeout=30)
 
+
+def _row_against_memory(row: ObjectRow, last: Record) -> str | None:
+    """Why the object's row (an index) says otherwise than its verified last record about
+    how the object ended, or ``None``."""
+    terminal = row.status in ("completed", "failed", "cancelled")
+    if last.kind != Kind.TERMINATED:
+        return (f"the object's row says {row.status} but its memory holds no terminal record"
+                if terminal else None)
+    outcome = last.body.get("outcome")
+    if row.status != outcome:
+        return f"the object's row says {row.status} but its terminal record says {outcome}"
+    if outcome == "completed" and (row.result is None
+                                   or row.result != encode(last.body.get("result"))):
+        return "the stored result differs from the result in the signed terminal record"
+    return None

@@ -62,24 +62,6 @@ TERMINAL = ("completed", "failed", "cancelled")
 DORMANT_LOG = ["enter:1", "step:a", "step:b"]
 DORMANT_RECORDS = 4  # instantiated, step a, step b, dormant
 
-FORGET_THEN_FLUSH_BUG = (
-    "forget-heads does not forget a head a running worker noted but has not written to "
-    "heads.db yet: the worker's next flush (periodic, every lease/3, or when it stops) "
-    "writes it back after the forget marker, and HeadAnchors.get, reloading it, stamps "
-    "it noted now (note(dirty=False) sets _noted_at), so it counts again and the "
-    "resumed object is parked as rolled back once more")
-SCHEMA_UTF8_BUG = (
-    "schema text that is not UTF-8 but still parses: sqlite3 raises OperationalError "
-    "'Could not decode to UTF-8 column ...' reading PRAGMA table_info, which the SQLite "
-    "store reports as a plain StoreError ('SQLite store FILE: Could not decode ...', not "
-    "'is damaged', no advice) and a worker takes for an outage ('store unavailable at "
-    "start, retrying' every few seconds) instead of store_corrupt")
-LOST_WAKEUP_BUG = (
-    "PostgreSQL: an event sent while a node lets go of the object is lost until the wait's "
-    "timeout: App.send's wake_for_event skips a leased row, and the release's append "
-    "decides ready_at with EXISTS(pending event) under a snapshot taken before the send "
-    "committed (it waited for the send's row lock), so the object stays dormant")
-
 app = perdure.App(store="sqlite:///forgery-never-opened.db", lease_seconds=2.0,
                   poll_interval=0.01)
 
@@ -629,7 +611,6 @@ def test_forget_heads_and_resume_while_the_node_runs(cluster: Cluster) -> None:
     assert lines(log) == [*DORMANT_LOG, "enter:1", "step:b", "step:after:now"]
 
 
-@pytest.mark.xfail(strict=True, reason=FORGET_THEN_FLUSH_BUG)
 def test_forget_heads_before_the_node_wrote_the_head(cluster: Cluster) -> None:
     """``perdure forget-heads ID`` while node A runs and has not yet written the head it
     saw to its key folder (its leases are 30 s long, so it writes them every 10 s or when
@@ -762,7 +743,6 @@ def test_forged_event_is_refused_and_consumed(cluster: Cluster, forgery: str,
     assert c.a.verify(OID).ok
 
 
-@pytest.mark.xfail(strict=True, reason=LOST_WAKEUP_BUG)
 def test_event_sent_while_a_node_lets_go_is_not_lost(cluster: Cluster, backend: str) -> None:
     """An event sent while the node that holds the object is letting it go wakes the
     object: ``App.send`` locks the object's row, queues the event and (the object being
@@ -861,8 +841,8 @@ def check_damage_line(args: Sequence[str], done: subprocess.CompletedProcess[str
 
 @pytest.mark.parametrize("damage", [
     "indexed-column",
-    pytest.param("column", marks=pytest.mark.xfail(strict=True, reason=SCHEMA_UTF8_BUG)),
-    pytest.param("padding", marks=pytest.mark.xfail(strict=True, reason=SCHEMA_UTF8_BUG)),
+    "column",
+    "padding",
 ])
 def test_damaged_schema_byte(sqlite_only: None, cluster: Cluster, damage: str) -> None:
     """One byte of the ``CREATE TABLE objects`` text in the SQLite file overwritten with

@@ -18,6 +18,7 @@ from perdure.core.trust import (
     fingerprint,
     issue_certificate,
     issue_revocation,
+    key_text,
     parse_public_key,
     public_key_bytes,
     seal_event,
@@ -44,7 +45,9 @@ def test_a_certificate_from_a_trusted_root_makes_its_key_count() -> None:
     node does not trust, it does not, and the reason says which."""
     ring = _ring(ROOT)
     assert ring.problem(NODE_PUB, 1) == (
-        f"key {fingerprint(NODE_PUB)[:16]} is not certified by a root this node trusts")
+        f"key {key_text(NODE_PUB)} is not certified by a root this node trusts "
+        f"({key_text(public_key_bytes(ROOT))})")
+    assert key_text(NODE_PUB) == f"ed25519:{NODE_PUB.hex()[:16]}…"
     foreign = issue_certificate(OTHER_ROOT, NODE_PUB, name="n", now=T0)
     assert ring.add(foreign) is False
     assert ring.problem(NODE_PUB, 1) is not None

@@ -129,19 +129,20 @@ class HeadAnchors:
             if conn is None:
                 return None
             try:
-                row = conn.execute("SELECT seq, hash FROM heads WHERE object_id = ? AND "
-                                   "genesis = ?", (object_id, genesis)).fetchone()
+                row = conn.execute("SELECT seq, hash, seen_at FROM heads WHERE object_id = ? "
+                                   "AND genesis = ?", (object_id, genesis)).fetchone()
             except sqlite3.Error:
                 return None
         if row is None:
             return None
         found = (genesis, int(row[0]), str(row[1]))
-        self.note(object_id, *found, dirty=False)
+        self.note(object_id, *found, dirty=False, at=float(row[2]))
         return found
 
     def note(self, object_id: str, genesis: str, seq: int, digest: str, *,
-             dirty: bool = True) -> None:
-        """This node wrote or checked ``object_id`` up to record ``seq`` with ``digest``."""
+             dirty: bool = True, at: float | None = None) -> None:
+        """This node wrote or checked ``object_id`` up to record ``seq`` with ``digest``
+        (``at``: when, if not now)."""
         head = (genesis, seq, digest)
         with self._lock:
             mem = self._mem
@@ -149,7 +150,7 @@ class HeadAnchors:
             if old is not None and old[0] == genesis and old[1] >= seq:
                 return
             mem[object_id] = head
-            self._noted_at[object_id] = time.time()
+            self._noted_at[object_id] = time.time() if at is None else at
             if dirty:
                 self._dirty[object_id] = head
             if len(mem) > self.limit:
@@ -190,15 +191,21 @@ class HeadAnchors:
         """Write the heads noted since the last flush to ``heads.db``."""
         with self._lock:
             dirty, self._dirty = self._dirty, {}
+            noted = {oid: self._noted_at.get(oid, 0.0) for oid in dirty}
         with self._db_lock:
             conn = self._conn()
             if conn is None or not dirty:
                 return
-            now = time.time()
             try:
                 conn.execute("BEGIN")
-                conn.executemany(_UPSERT, [(oid, g, s, h, now)
-                                           for oid, (g, s, h) in dirty.items()])
+                # A head noted before an operator said to forget it (`perdure forget-heads`
+                # from another process) is not written back.
+                forgotten = dict(conn.execute("SELECT object_id, at FROM forgotten"))
+                every = forgotten.get("*", -1.0)
+                keep = {oid: head for oid, head in dirty.items()
+                        if noted[oid] > max(every, forgotten.get(oid, -1.0))}
+                conn.executemany(_UPSERT, [(oid, g, s, h, noted[oid])
+                                           for oid, (g, s, h) in keep.items()])
                 conn.execute("COMMIT")
                 if time.monotonic() - self._flushed_at > 60:
                     self._flushed_at = time.monotonic()

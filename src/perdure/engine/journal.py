@@ -10,11 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
-from perdure.core.records import Record, RecordDraft
+from perdure.core.records import Kind, Record, RecordDraft
 from perdure.errors import CancelRequestedError, StoreError
 from perdure.stores.base import Append, Signal, Store
 
 __all__ = ["Committer", "Journal", "StoreUnavailable"]
+
+DELEGATED = Kind.DELEGATED.value
 
 
 class StoreUnavailable(BaseException):
@@ -287,6 +289,8 @@ class Journal:
         # When the object's cancel flag was last known (``time.monotonic``): at the claim,
         # then at every commit, whose store reports a pending cancel back.
         self.flags_at = time.monotonic()
+        self.cancel_seen = False  # a commit reported a pending cancel: no step starts now
+        self.delegated: list[str] = []  # children this journal recorded (``delegated``)
 
     def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = ()) -> None:
         """Queue a record that may be lost in a crash (it will be re-derived on replay).
@@ -347,6 +351,7 @@ class Journal:
         parked: bool = False,
         note: str | None = None,
         signal: Signal | None = None,
+        cancel_objects: tuple[str, ...] = (),
         requires: tuple[str, ...] | None = None,
         avoid_node: str | None = None,
         clear_avoid: bool = False,
@@ -386,6 +391,7 @@ class Journal:
             avoid_node=avoid_node,
             clear_avoid=clear_avoid,
             unless_cancelled=unless_cancelled,
+            cancel_objects=cancel_objects,
         )
         try:
             stored = await self.committer.submit(op)
@@ -393,6 +399,7 @@ class Journal:
             raise StoreUnavailable(exc) from exc
         except CancelRequestedError:
             # Written, with a cancel pending; a refused completion wrote nothing.
+            self.cancel_seen = True
             if unless_cancelled:
                 self.head_seq, self.head_hash = before
             elif records and self.anchor is not None:
@@ -402,4 +409,7 @@ class Journal:
         if records and self.anchor is not None:
             self.anchor(self.head_seq, self.head_hash)
         self.flags_at = time.monotonic()
+        for draft in drafts:
+            if draft.kind == DELEGATED:
+                self.delegated.append(str(draft.body["child_id"]))
         return stored

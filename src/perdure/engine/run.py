@@ -286,7 +286,7 @@ class Run:
     def _boundary(self) -> None:
         if self.lease_lost:
             raise LeaseLostError(f"object {self.object_id!r}: lease lost")
-        if self.cancel_requested:
+        if self.cancel_requested or self._journal.cancel_seen:
             raise CancelRequestedError(f"object {self.object_id!r} was cancelled")
         deadline = self._intent.deadline
         if deadline is not None and self._clock() >= deadline:

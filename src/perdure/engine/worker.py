@@ -59,8 +59,6 @@ from perdure.errors import (
     LeaseLostError,
     NonDeterminismError,
     ObjectConflictError,
-    ObjectNotFoundError,
-    ObjectTerminatedError,
     RecordDecodeError,
     SerializationError,
     StoreError,
@@ -73,6 +71,7 @@ __all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"
 log = logging.getLogger("perdure.worker")
 
 REFINE_EVENT = "perdure:refine"
+_TERMINAL = frozenset(("completed", "failed", "cancelled"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -692,19 +691,25 @@ class Worker:
                              CHILD_EVENT, data, dedupe, os.urandom(12).hex())
         return Signal(context.parent_id, CHILD_EVENT, data, dedupe, seal)
 
-    async def _cancel_children(self, records: list[Record]) -> None:
-        """A parent that terminates, for any reason, cancels its live children (unless the
-        policy lets them finish): no orphan runs on after its parent's deadline."""
+    async def _live_children(self, records: list[Record], journal: Journal
+                             ) -> tuple[str, ...]:
+        """The children a terminating parent asks to cancel (unless the policy lets them
+        finish): every child it delegated (also in this run), and every object whose row
+        names it as parent (a child created just before a crash, whose delegation record
+        was never written), not known to have finished. Asked in the terminal record's
+        own transaction, so the request is never lost."""
         if not self.policy.cancel_children:
-            return
+            return ()
         finished = {str(r.body.get("child_id")) for r in records if r.kind == Kind.CHILD_FINISHED}
-        now = self.clock()
-        for rec in records:
-            child = str(rec.body.get("child_id"))
-            if rec.kind != Kind.DELEGATED or child in finished:
-                continue
-            with contextlib.suppress(ObjectTerminatedError, ObjectNotFoundError):
-                await self._write(functools.partial(self.store.control, child, now, cancel=True))
+        children = [str(r.body.get("child_id")) for r in records if r.kind == Kind.DELEGATED]
+        try:
+            rows = await self._read(functools.partial(self.store.list, parent=journal.object_id,
+                                                      limit=100_000))
+        except StoreError as exc:
+            raise StoreUnavailable(exc) from exc
+        listed = [row.object_id for row in rows if row.status not in _TERMINAL]
+        return tuple(dict.fromkeys(c for c in (*children, *journal.delegated, *listed)
+                                   if c not in finished))
 
     async def _finish(self, journal: Journal, records: list[Record], body: dict[str, Any], *,
                       status: str, result: bytes | None = None) -> None:
@@ -717,19 +722,21 @@ class Worker:
         note = None
         if status == "failed" and isinstance(error, dict):
             note = f"{_short_type(error.get('type'))}: {error.get('message', '')}"[:500]
+        children = await self._live_children(records, journal)
         try:
             await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
                                  phase="termination", ready_at=None, running=False,
                                  release=True, result=result, note=note,
                                  unless_cancelled=status == "completed",
-                                 signal=self._parent_signal(records, body))
+                                 signal=self._parent_signal(records, body),
+                                 cancel_objects=children)
         except CancelRequestedError:
             cancelled = {"outcome": "cancelled", "reason": "cancelled before the completion "
                          "was recorded (the agent had returned)"}
             await journal.commit([RecordDraft(Kind.TERMINATED, cancelled)], status="cancelled",
                                  phase="termination", ready_at=None, running=False,
-                                 release=True, signal=self._parent_signal(records, cancelled))
-        await self._cancel_children(records)
+                                 release=True, signal=self._parent_signal(records, cancelled),
+                                 cancel_objects=children)
         self.held.drop(journal.object_id)
         self.completed += 1
 

@@ -147,7 +147,8 @@ def _careful(op: Append) -> bool:
     """Whether ``op`` needs a savepoint of its own: it consumes events or signals, or is
     a completion refused while a cancel is pending (which then needs telling apart from
     a lost lease)."""
-    return bool(op.consume_event_ids) or op.signal is not None or op.unless_cancelled
+    return (bool(op.consume_event_ids) or op.signal is not None or op.unless_cancelled
+            or bool(op.cancel_objects))
 
 
 def _json(value: Any) -> Any:
@@ -209,6 +210,11 @@ def _distinct_runs(ops: Sequence[Append]) -> builtins.list[builtins.list[tuple[i
         seen.add(op.object_id)
         runs[-1].append((index, op))
     return runs
+
+
+def _waits(ops: Sequence[Append]) -> builtins.list[str]:
+    """The objects ``ops`` let go of while they wait for an event (see ``rewake``)."""
+    return [op.object_id for op in ops if op.release and op.waiting_event is not None]
 
 
 def _outcome(op: Append, cancel: bool) -> BaseException | None:
@@ -533,8 +539,16 @@ class PostgresStore:
             conn = await self._async_conn(loop)
             if consuming:
                 return [await self._consume_async(conn, ops[0], now, seals)]
-            cur = await conn.execute(_Q["append"], _append_params(runs[0], now, seals),
-                                     prepare=True)
+            params = _append_params(runs[0], now, seals)
+            if waits := _waits(ops):
+                # One implicit transaction (a pipeline up to its sync): the release and the
+                # look for an event sent while it waited for the row are seen together.
+                async with conn.pipeline():
+                    cur = await conn.execute(_Q["append"], params, prepare=True)
+                    await conn.execute(_Q["rewake"], {"ids": waits, "now": now},
+                                       prepare=True)
+            else:
+                cur = await conn.execute(_Q["append"], params, prepare=True)
             done = {row[0]: row[2] for row in await cur.fetchall()}
         except pg_errors.UniqueViolation:
             return None
@@ -599,6 +613,9 @@ class PostgresStore:
                 for cur, event_id in zip(consumed, op.consume_event_ids, strict=True):
                     await cur.execute(_Q["consume_event"], (seq, event_id, op.object_id),
                                       prepare=True)
+                if op.release and op.waiting_event is not None:
+                    await conn.execute(_Q["rewake"], {"ids": [op.object_id], "now": now},
+                                       prepare=True)
                 await pipeline.sync()
                 taken = await appended.fetchall()
                 if not taken:
@@ -649,15 +666,20 @@ class PostgresStore:
         running it, and the pool hands the write thread each of its connections in turn.
         """
         runs = _distinct_runs(ops)
+        waits = _waits(ops)
         try:
-            if len(runs) == 1:
+            if len(runs) == 1 and not waits:
                 cursors = [conn.execute(_Q["append"], _append_params(runs[0], now, seals),
                                         prepare=True)]
             else:
+                # One implicit transaction up to the pipeline's sync; ``rewake`` last, so
+                # that it sees an event sent while a release waited for its row.
                 with conn.pipeline():
                     cursors = [conn.cursor().execute(
                         _Q["append"], _append_params(run, now, seals if n == 0 else ()),
                         prepare=True) for n, run in enumerate(runs)]
+                    if waits:
+                        conn.execute(_Q["rewake"], {"ids": waits, "now": now}, prepare=True)
         except pg_errors.UniqueViolation as exc:
             raise _RetryWithSavepoints from exc
         done = {row[0]: row[2] for cur in cursors for row in cur.fetchall()}
@@ -704,6 +726,10 @@ class PostgresStore:
             return LeaseLostError(f"object {op.object_id!r}: another node appended first")
         except LeaseLostError as exc:
             return exc
+        if op.release and op.waiting_event is not None:
+            conn.execute(_Q["rewake"], {"ids": [op.object_id], "now": now}, prepare=True)
+        if op.cancel_objects:
+            conn.execute(_Q["cancel_children"], {"ids": list(op.cancel_objects), "now": now})
         return _outcome(op, bool(taken[2]))
 
     # -- inbox and control -----------------------------------------------------

@@ -138,7 +138,7 @@ def _is_step_append(op: Append) -> bool:
     return (bool(op.records) and op.status == "running" and not op.release
             and op.waiting_event is None and op.result is None and not op.consume_event_ids
             and not op.parked and op.note is None and op.signal is None and op.requires is None
-            and op.avoid_node is None and not op.clear_avoid)
+            and op.avoid_node is None and not op.clear_avoid and not op.cancel_objects)
 
 
 _ROWS_PER_STATEMENT = 200  # rows of one grouped statement (8 or 11 parameters each)
@@ -349,7 +349,17 @@ class SQLiteStore:
         "no such column" later."""
         with self._read() as conn:
             for table, columns in _expected_columns().items():
-                found = tuple(row[1] for row in conn.execute(f"PRAGMA table_info('{table}')"))
+                try:
+                    found = tuple(row[1] for row in conn.execute(
+                        f"PRAGMA table_info('{table}')"))
+                except sqlite3.OperationalError as exc:
+                    if not _bad_text(exc):
+                        raise
+                    raise StoreCorruptError(
+                        f"SQLite store {self.path} is damaged: the schema of table {table!r} "
+                        "holds text that is not UTF-8; nothing was resumed from it. Restore "
+                        "the file from a backup, or check it with `sqlite3 FILE 'PRAGMA "
+                        "integrity_check'`") from exc
                 if found != columns:
                     missing = [c for c in columns if c not in found] or ["(order)"]
                     raise StoreCorruptError(
@@ -611,7 +621,8 @@ class SQLiteStore:
             if grouped is not None:
                 return grouped
             for op in ops:
-                guarded = savepoints or bool(op.consume_event_ids) or op.signal is not None
+                guarded = (savepoints or bool(op.consume_event_ids) or op.signal is not None
+                           or bool(op.cancel_objects))
                 if guarded:
                     conn.execute("SAVEPOINT op")
                 try:
@@ -733,6 +744,8 @@ class SQLiteStore:
                          (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now, sig.seal))
             conn.execute(_Q["wake_for_event"],
                          {"now": now, "object_id": sig.object_id, "name": sig.name})
+        for child in op.cancel_objects:
+            conn.execute(_Q["cancel_child"], {"now": now, "object_id": child})
         return cancel
 
     # -- inbox and control -----------------------------------------------------

@@ -164,6 +164,20 @@ FROM upd;
 -- name: cancel_state
 SELECT epoch, cancel_requested FROM objects WHERE object_id = %s;
 
+-- name: rewake
+-- After appends that let go of objects waiting for an event: wakes those whose awaited
+-- event is in the inbox now. An event sent while the release waited for the row's lock
+-- (App.send holds it) is invisible to the release's own statement, whose snapshot was
+-- taken before the send committed; this later statement sees it (READ COMMITTED: a new
+-- statement, a new snapshot), and the send's own wake-up skipped the row while it was
+-- leased. Idempotent: it only wakes what an event waits for.
+UPDATE objects o SET ready_at = %(now)s
+WHERE o.object_id = ANY(%(ids)s) AND o.lease_owner IS NULL
+  AND o.waiting_event IS NOT NULL AND (o.ready_at IS NULL OR o.ready_at > %(now)s)
+  AND EXISTS (SELECT 1 FROM inbox i WHERE i.object_id = o.object_id
+              AND i.name = o.waiting_event AND i.consumed_seq IS NULL)
+RETURNING pg_notify('perdure_wake', o.object_id);
+
 -- name: consume_event
 UPDATE inbox SET consumed_seq = %s
 WHERE event_id = %s AND object_id = %s AND consumed_seq IS NULL;
@@ -201,6 +215,14 @@ UPDATE objects SET cancel_requested = TRUE,
                    ready_at = LEAST(COALESCE(ready_at, %(now)s), %(now)s),
                    updated_at = %(now)s
 WHERE object_id = %(object_id)s;
+
+-- name: cancel_children
+-- A parent that terminates asks its live children to cancel, in the same transaction.
+UPDATE objects SET cancel_requested = TRUE,
+                   ready_at = LEAST(COALESCE(ready_at, %(now)s), %(now)s),
+                   updated_at = %(now)s
+WHERE object_id = ANY(%(ids)s) AND status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING pg_notify('perdure_wake', object_id);
 
 -- name: unpark
 UPDATE objects SET parked = FALSE, note = NULL, ready_at = %(now)s, status = 'ready',

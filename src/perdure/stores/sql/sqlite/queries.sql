@@ -192,6 +192,12 @@ UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now)
                    updated_at = :now
 WHERE object_id = :object_id;
 
+-- name: cancel_child
+-- A parent that terminates asks its live children to cancel, in the same transaction.
+UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now), :now),
+                   updated_at = :now
+WHERE object_id = :object_id AND status NOT IN ('completed', 'failed', 'cancelled');
+
 -- name: unpark
 UPDATE objects SET parked = 0, note = NULL, ready_at = :now, status = 'ready', updated_at = :now,
                    crashes = 0
