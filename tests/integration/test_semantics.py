@@ -107,9 +107,9 @@ class _FaultyStore:
 
     - ``delegation``: the commit that would record a delegation, as if the node lost the
       store (or died) after creating the child and before recording that it did;
-    - ``child_cancel``: a request to cancel an object, as a terminating parent's node
-      makes for each live child, as if the store hiccuped right after the parent's
-      terminal record was written.
+    - ``child_cancel``: the store call a terminating parent's node makes to reach its
+      children (a request to cancel one, or a listing of the objects whose parent it
+      is), as if the store hiccuped as the parent ended.
 
     Everything else goes to ``inner``; ``failed`` counts the failures injected.
     """
@@ -147,6 +147,12 @@ class _FaultyStore:
             self.failed += 1
             raise StoreError(f"injected: the store hiccuped as {object_id} was cancelled")
         return self._inner.control(object_id, now, **flags)
+
+    def list(self, **filters: Any) -> Any:
+        if self._child_cancel and not self.failed and filters.get("parent") is not None:
+            self.failed += 1
+            raise StoreError("injected: the store hiccuped as the children were listed")
+        return self._inner.list(**filters)
 
 
 # == rule 1: a step's exception reaches the agent as itself, first run and replay ===========
@@ -860,15 +866,6 @@ def _cancel_at_random_moments(make_app: AppFactory, objects: int, *, seed: int) 
     print(f"steps started after cancel() returned, per object: {late_starts}")
 
 
-_BUG_REPORTED_CANCEL = (
-    "Journal.commit refreshes flags_at when the store reports a pending cancel "
-    "(CancelRequestedError) but nothing sets Run.cancel_requested; a step issued within "
-    "FLAGS_FRESH (5 ms) of that commit (a sibling gather branch, an agent's finally) skips "
-    "the flag read, passes _boundary() and starts although the node knows of the cancel "
-    "(run.py Run.step/_fresh_flags, journal.py Journal.commit)")
-
-
-@pytest.mark.xfail(strict=True, reason=_BUG_REPORTED_CANCEL)
 @pytest.mark.parametrize("shape", ["gather", "finally"])
 def test_once_a_commit_reported_the_cancel_no_step_starts(
     make_app: AppFactory, shape: str,
@@ -971,13 +968,6 @@ def _register_family(app: perdure.App, gates: dict[str, threading.Event],
         return await child  # "deadline" and "cancel": the parent is dormant here
 
 
-_BUG_STALE_RECORDS = (
-    "Worker._finish cancels the children named by the DELEGATED records in `records`, the "
-    "memory read when the object was claimed; a child delegated in the same cycle as the "
-    "end is not in that list, so it is never cancelled and runs on (worker.py "
-    "_execute/_finish/_cancel_children)")
-
-
 @pytest.mark.parametrize("how", ["deadline", "cancel", "failure", "completion",
                                  "deadline-in-step", "cancel-in-step"])
 def test_live_children_are_cancelled_when_their_parent_ends(
@@ -991,14 +981,8 @@ def test_live_children_are_cancelled_when_their_parent_ends(
     _check_children_follow(make_app, how, gap=True)
 
 
-@pytest.mark.parametrize("how", [
-    pytest.param("failure", marks=pytest.mark.xfail(strict=True, reason=_BUG_STALE_RECORDS)),
-    pytest.param("completion", marks=pytest.mark.xfail(strict=True, reason=_BUG_STALE_RECORDS)),
-    pytest.param("deadline-in-step",
-                 marks=pytest.mark.xfail(strict=True, reason=_BUG_STALE_RECORDS)),
-    pytest.param("cancel-in-step",
-                 marks=pytest.mark.xfail(strict=True, reason=_BUG_STALE_RECORDS)),
-])
+@pytest.mark.parametrize("how", ["failure", "completion", "deadline-in-step",
+                                 "cancel-in-step"])
 def test_live_children_are_cancelled_when_their_parent_ends_in_the_cycle_it_delegated(
     make_app: AppFactory, how: str,
 ) -> None:
@@ -1131,27 +1115,18 @@ def test_a_cancel_reaches_grandchildren(make_app: AppFactory) -> None:
         perdure.Status.CANCELLED] * 3
 
 
-_BUG_CANCEL_AFTER_TERMINAL = (
-    "Worker._finish writes the terminal record, then cancels the children outside that "
-    "transaction; a StoreError from store.control there escapes _finish: on the failure "
-    "path _handle swallows it and the child is never cancelled (nothing retries it: the "
-    "parent is terminal); on the completion path _execute's `except Exception` takes it "
-    "for the agent's failure and _finish_failed appends a second terminal record "
-    "(worker.py _finish/_cancel_children/_execute)")
-
-
-@pytest.mark.xfail(strict=True, reason=_BUG_CANCEL_AFTER_TERMINAL)
 @pytest.mark.parametrize("how", ["failure", "completion"])
 def test_a_store_hiccup_after_the_parents_end_neither_loses_the_child_cancel_nor_rewrites_the_end(
     make_app: AppFactory, store_url: str, how: str,
 ) -> None:
-    """The store fails once as the ended parent's node cancels its child. The parent's end
-    stands as written (one terminal record, the agent's own outcome) and the child is
-    cancelled all the same: a parent's end is never half-applied."""
+    """The store fails once as the ending parent's node reaches for its child (to list or
+    to cancel it). The parent's end is written once, with the agent's own outcome (a
+    completion never becomes a failure), and the child is cancelled all the same: a
+    parent's end is never half-applied."""
     inner = open_store(store_url)
     store = _FaultyStore(inner, child_cancel=True)
     try:
-        app = make_app(store=store)
+        app = make_app(store=store, lease_seconds=1.0)
         gates: dict[str, threading.Event] = {}
         entered: dict[str, threading.Event] = {}
         _register_family(app, gates, entered)
@@ -1170,12 +1145,6 @@ def test_a_store_hiccup_after_the_parents_end_neither_loses_the_child_cancel_nor
         inner.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "_cancel_children finds children only through the parent's DELEGATED records; a child "
-    "that _spawn created but whose DELEGATED record was never written (the node lost the "
-    "store, or died, between store.create and the commit) is invisible to it, although "
-    "the child's row names the parent (store.list(parent=...)); the parent's cancel leaves "
-    "it running (worker.py _cancel_children, run.py Run.delegate)"))
 def test_a_child_whose_delegation_was_never_recorded_is_cancelled_with_its_parent(
     make_app: AppFactory, store_url: str,
 ) -> None:
