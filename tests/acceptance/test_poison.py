@@ -254,13 +254,6 @@ def test_agent_code_that_kills_its_worker_on_replay_is_parked_without_running_ag
     assert worker.proc.wait(timeout=15) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Run.progress skips its note only while replaying (pos <= max recorded); a note right "
-    "after the last recorded command is written again on every claim, and the step after "
-    "it commits it first (journal volatile): the head moves before each death, so the "
-    "store's claim resets crashes to 1 (crash_seq != head_seq) and the object is never "
-    "parked: every worker that takes it dies (run.py Run.progress/Run.step, the claim_one "
-    "crash count in stores/sql/*/queries.sql)"))
 def test_a_progress_note_before_the_fatal_step_does_not_hide_the_crash_loop(
     cluster: Cluster, tmp_path: Path,
 ) -> None:

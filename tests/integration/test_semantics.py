@@ -1440,3 +1440,29 @@ def test_patched_is_decided_once_per_object_and_deprecate_patch_replays_past_its
         assert len(records_of(code_c, oid, perdure.Kind.PATCHED)) == 2, "no new marks"
         assert not records_of(code_c, oid, perdure.Kind.NONDETERMINISM)
     assert log.count("new:new2") == 1 and log.count("early:new1") == 1, "replays ran nothing"
+
+
+def test_one_parent_delegating_twice_to_one_id_gets_a_conflict(make_app: AppFactory) -> None:
+    """A parent that delegates to the ``object_id`` it already delegated to at an earlier
+    command gets ``ObjectConflictError`` for the second one (one child per id), not the
+    first child's handle passed off as a second child; a replay sees the same."""
+    app = make_app()
+
+    @app.agent(name="twice_child")
+    async def twice_child(run: perdure.Run) -> str:
+        return "child done"
+
+    @app.agent(name="twice_parent")
+    async def twice_parent(run: perdure.Run) -> str:
+        first = await run.delegate("twice_child", object_id="only-child")
+        try:
+            await run.delegate("twice_child", object_id="only-child")
+        except perdure.ObjectConflictError as exc:
+            second = f"conflict: {'already at command #0' in str(exc)}"
+        return f"{await first} / {second}"
+
+    with running(app):
+        assert app.start("twice_parent", object_id="twice").result(timeout=20) == (
+            "child done / conflict: True")
+    assert [r.body["child_id"] for r in records_of(app, "twice", perdure.Kind.DELEGATED)] == [
+        "only-child"]

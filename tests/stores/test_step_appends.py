@@ -214,3 +214,18 @@ def test_a_batch_whose_heads_all_move_takes_two_statements(store: Store, signer:
     assert words == ["BEGIN IMMEDIATE", "WITH v", "INSERT INTO", "COMMIT"], ran
     for chain in chains:
         assert store.records(chain.object_id) == chain.records
+
+
+def test_nothing_is_appended_after_the_terminal_record(store: Store, signer: Signer) -> None:
+    """Once an append has made the object terminal, a later append with records is
+    refused (nothing written), even under the same epoch and head; a row-only update
+    (no records) still goes through."""
+    (chain,), (epoch,) = _claimed(store, signer, "ended")
+    done = chain.extend(1)
+    assert store.apply([chain.append(epoch, done, status="completed", phase="termination",
+                                     ready_at=None, release=True)], NOW + 1) == [None]
+    [refused] = store.apply([chain.append(epoch, chain.peek(1))], NOW + 2)
+    assert isinstance(refused, LeaseLostError)
+    assert store.records("ended") == chain.records
+    assert store.apply([chain.append(epoch, [], status="completed", phase="termination",
+                                     ready_at=None, release=True)], NOW + 3) == [None]

@@ -292,7 +292,8 @@ class Journal:
         self.cancel_seen = False  # a commit reported a pending cancel: no step starts now
         self.delegated: list[str] = []  # children this journal recorded (``delegated``)
 
-    def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = ()) -> None:
+    def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = (),
+              volatile: bool = True) -> None:
         """Queue a record that may be lost in a crash (it will be re-derived on replay).
 
         ``consume_event_ids`` are inbox events the record stands for: the next commit
@@ -300,12 +301,13 @@ class Journal:
         the inbox, so a crash before that commit delivers the same events again on
         replay. Any other deferred record (a drawn value, a timeout) makes the buffer
         ``volatile``: replay could derive it differently, so it must be committed
-        before a step's side effect can depend on it.
+        before a step's side effect can depend on it. A record nothing replays from (a
+        progress note) passes ``volatile=False``: it simply goes with the next commit.
         """
         self.buffer.append(draft)
         if consume_event_ids:
             self.consumed.extend(consume_event_ids)
-        else:
+        elif volatile:
             self.volatile = True
 
     def _seal(self, drafts: Sequence[RecordDraft]) -> list[Record]:

@@ -62,7 +62,8 @@ class ReplayReport:
 class _ReplayJournal(Journal):
     """A journal that never writes: anything that would append ends the replay."""
 
-    def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = ()) -> None:
+    def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = (),
+              volatile: bool = True) -> None:
         """Deferred records are dropped: a replay writes nothing."""
 
     async def commit(self, drafts: Sequence[RecordDraft] = (), **_: Any) -> list[Record]:

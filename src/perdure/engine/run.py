@@ -35,6 +35,7 @@ from perdure.errors import (
     ChildFailedError,
     LeaseLostError,
     NonDeterminismError,
+    ObjectConflictError,
     SerializationError,
     StepInDoubtError,
 )
@@ -841,11 +842,27 @@ class Run:
         if self._spawn is None:
             raise RuntimeError("delegation needs a running node")
         child_id = object_id or f"{self.object_id}.{key}"
+        earlier = self._delegated_at(child_id)
+        if earlier is not None:
+            raise ObjectConflictError(
+                f"cannot delegate to {child_id!r} at command #{key}: this object delegated to "
+                f"it already at command #{earlier}; give each child its own object_id")
         version = await self._spawn(agent, tuple(args), dict(kwargs), child_id, self._context)
         await self._journal.commit([RecordDraft(Kind.DELEGATED, {
             "pos": key, "cmd": "delegate", "name": name, "child_id": child_id,
             "version": version})])
         return ChildHandle(self, child_id)
+
+    def _delegated_at(self, child_id: str) -> int | str | None:
+        """The position at which memory (or this run) delegated to ``child_id``, if any."""
+        for recs in self._history.values():
+            for rec in recs:
+                if rec.kind == Kind.DELEGATED and rec.body.get("child_id") == child_id:
+                    pos: int | str | None = rec.body.get("pos")
+                    return pos
+        if child_id in self._journal.delegated:
+            return "earlier in this run"
+        return None
 
     async def join(self, *children: ChildHandle | str) -> list[Any]:
         """Wait for every child to terminate; their results in order.
@@ -964,11 +981,13 @@ class Run:
 
         While the agent is still replaying recorded commands the note is skipped:
         it was written (or lost with the crash) the first time round. A note issued
-        right after the last recorded command may appear once more after a resume.
+        right after the last recorded command may appear once more after a resume. The
+        note is written with the next record (a step's result, say), never on its own:
+        a crash in between loses it.
         """
         if self.replaying:
             return
-        self._journal.defer(RecordDraft(Kind.PROGRESS, {"fields": fields}))
+        self._journal.defer(RecordDraft(Kind.PROGRESS, {"fields": fields}), volatile=False)
 
 
 def encode_json(value: Any) -> Any:

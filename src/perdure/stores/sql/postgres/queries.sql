@@ -143,6 +143,8 @@ WITH seal AS (
         unless_cancelled boolean)
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
+      -- Nothing is appended to memory that holds its terminal record.
+      AND (p.head_seq IS NULL OR o.status NOT IN ('completed', 'failed', 'cancelled'))
       -- A completion is refused while a cancel is pending: the node writes the cancel.
       AND NOT (COALESCE(p.unless_cancelled, FALSE) AND o.cancel_requested)
     RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested

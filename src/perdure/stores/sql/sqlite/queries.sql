@@ -115,6 +115,8 @@ SET head_seq = COALESCE(:head_seq, head_seq),
     updated_at = :now
 WHERE object_id = :object_id AND epoch = :epoch
   AND (:expected_head IS NULL OR head_seq = :expected_head)
+  -- Nothing is appended to memory that holds its terminal record.
+  AND (:head_seq IS NULL OR status NOT IN ('completed', 'failed', 'cancelled'))
   -- A completion is refused while a cancel is pending: the node writes the cancel instead.
   AND (:unless_cancelled = 0 OR cancel_requested = 0)
 RETURNING cancel_requested;
