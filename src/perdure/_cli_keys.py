@@ -24,6 +24,7 @@ from perdure.core.trust import (
     key_text,
     parse_public_key,
     public_key_bytes,
+    when,
 )
 from perdure.errors import ConfigurationError
 
@@ -40,9 +41,7 @@ def _echo(text: str) -> None:
 
 
 def _when(ts: float | None) -> str:
-    if ts is None:
-        return "never"
-    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    return "never" if ts is None else when(ts)
 
 
 def _time(text: str) -> float:
@@ -218,10 +217,12 @@ def list_(obj: Any, as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     for row in rows:
-        state = "trusted" if row["trusted"] else f"NOT TRUSTED: {row['problem']}"
+        if row["revoked_since"] is not None and not row["trusted"]:
+            state = (f"REVOKED from {_when(row['revoked_since'])} (records stamped before "
+                     "still count)")
+        else:
+            state = "trusted" if row["trusted"] else f"NOT TRUSTED: {row['problem']}"
         extra = f", expires {_when(row['expires'])}" if row["expires"] else ""
-        if row["revoked_since"] is not None:
-            extra += f", revoked from {_when(row['revoked_since'])}"
         _echo(f"{row['node_id']}  {key_text(bytes.fromhex(row['public_key']))}  {state}{extra}")
     if not rows:
         _echo("no node keys registered")
@@ -300,7 +301,8 @@ def protect(obj: Any) -> None:
     (or the file PERDURE_KEY_PASSPHRASE_FILE names)."""
     folder = _folder(obj)
     if not folder.passphrase:
-        raise ConfigurationError("set PERDURE_KEY_PASSPHRASE or PERDURE_KEY_PASSPHRASE_FILE to "
-                                 "the passphrase to protect the keys with")
+        raise ConfigurationError("give the passphrase to protect the keys with: set "
+                                 "PERDURE_KEY_PASSPHRASE, or pass --key-passphrase-file FILE "
+                                 "(PERDURE_KEY_PASSPHRASE_FILE)")
     done = folder.protect()
     _echo(f"protected {', '.join(done)} in {folder.path} with the passphrase")

@@ -72,8 +72,15 @@ def _one_root(part: str | os.PathLike[str]) -> list[bytes]:
             pass
     path = Path(text)
     if path.is_dir():
+        KeyFolder(path).check_folder()
         path = path / "roots"
     try:
+        mode = path.stat().st_mode
+        if mode & 0o022 or path.parent.stat().st_mode & 0o002:
+            raise ConfigurationError(
+                f"trusted roots file {path} (or its folder) may be written by others, who "
+                f"could add a root of their own; run `chmod 644 {path}` and `chmod go-w "
+                f"{path.parent}`")
         content = path.read_text()
     except OSError as exc:
         raise ConfigurationError(

@@ -3,10 +3,9 @@
 A ``Verifier`` joins the node's ``KeyRing`` (its own roots, from its configuration)
 with what the store offers (node ids and public keys, certificates, revocations),
 caching both. The store is read again when a record or event names a node it does not
-know yet (at most every ``refresh_seconds`` per node), and at least every
-``max_age_seconds`` otherwise, so that a revocation published in the store reaches
-every node within that time; nothing the store says is taken without a trusted root's
-signature over it.
+know (or trust) yet, and at least every ``max_age_seconds`` otherwise, so that a
+revocation published in the store reaches every node within that time; nothing the
+store says is taken without a trusted root's signature over it.
 """
 
 from __future__ import annotations
@@ -29,17 +28,14 @@ EventCheck = tuple[str | None, str | None]  # (event digest hex, why it is refus
 class Verifier:
     """A node's trust in records and events, backed by its ``KeyRing`` and the store."""
 
-    def __init__(self, store: Store, ring: KeyRing, *, refresh_seconds: float = 1.0,
-                 max_age_seconds: float = 30.0) -> None:
+    def __init__(self, store: Store, ring: KeyRing, *, max_age_seconds: float = 30.0) -> None:
         self.store = store
         self.ring = ring
-        self.refresh_seconds = refresh_seconds
         self.max_age_seconds = max_age_seconds
         self._refreshed_at = -1e9
         self._keys: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._loaded = False
-        self._asked: dict[str, float] = {}  # node id -> when the store was last asked
 
     # -- what the store offers --------------------------------------------------------
 
@@ -54,18 +50,21 @@ class Verifier:
             self._refreshed_at = time.monotonic()
 
     def _known(self, node_ids: Iterable[str]) -> None:
-        """Make sure ``node_ids`` are looked up (reading the store if one is new or not
-        yet certified, at most every ``refresh_seconds`` per node)."""
-        now = time.monotonic()
-        stale = now - self._refreshed_at >= self.max_age_seconds
+        """Make sure ``node_ids`` are looked up: the store is read again when one of them
+        is new or not (yet) certified, so a node that registered a moment ago is never
+        taken for a stranger, and at least every ``max_age_seconds``."""
+        stale = time.monotonic() - self._refreshed_at >= self.max_age_seconds
         for node_id in node_ids:
             key = self._keys.get(node_id)
-            if key is not None and self.ring.problem(key) is None:
-                continue
-            if not self._loaded or now - self._asked.get(node_id, -1e9) >= self.refresh_seconds:
-                self._asked[node_id] = now
+            if key is None or self.ring.problem(key) is not None:
                 stale = True
+                break
         if stale or not self._loaded:
+            self.refresh()
+
+    def refresh_if_stale(self) -> None:
+        """Read the store again if the last read is older than ``max_age_seconds``."""
+        if time.monotonic() - self._refreshed_at >= self.max_age_seconds:
             self.refresh()
 
     def keys(self) -> dict[str, bytes]:

@@ -37,7 +37,7 @@ from perdure.core.cycle import (
 )
 from perdure.core.intent import Context, Intent
 from perdure.core.records import Kind, Record, RecordDraft
-from perdure.core.trust import seal_event
+from perdure.core.trust import public_key_bytes, seal_event, when
 from perdure.engine.anchors import HeadAnchors
 from perdure.engine.context import StepInfo, step_scope
 from perdure.engine.failures import error_body
@@ -379,6 +379,8 @@ class Worker:
                 self._store_failed(exc)
             # The heads this node saw reach its key folder (a restarted node keeps them).
             await self._read(self.anchors.flush)
+            if await self._revoked():
+                stop.set()  # records it writes would count for nobody: let everything go
             for object_id, active in list(self._active.items()):
                 until = self.clock() + self.settings.lease_seconds
                 try:
@@ -400,6 +402,22 @@ class Worker:
                     run.cancel_requested = claim.cancel_requested
                     run.pause_requested = claim.paused
                     run.release_requested = stop.is_set()
+
+    async def _revoked(self) -> bool:
+        """Whether this node's own key was revoked (a revocation published in the store
+        reaches the node within the verifier's ``max_age_seconds``)."""
+        try:
+            await self._read(self.verifier.refresh_if_stale)
+        except StoreError as exc:
+            self._store_failed(exc)
+            return False
+        since = self.verifier.ring.revoked_since(public_key_bytes(self.signer.private_key))
+        if since is None or since > self.clock():
+            return False
+        log.error("this node's key was revoked (from %s): it stops; give it a new key "
+                  "(`perdure keys rotate`) and have it certified", when(since),
+                  extra={"action": "key_revoked"})
+        return True
 
     async def _control_loop(self) -> None:
         """Notice cancel and pause requests (and lost leases) within ``control_interval``.
