@@ -107,9 +107,9 @@ class _FaultyStore:
 
     - ``delegation``: the commit that would record a delegation, as if the node lost the
       store (or died) after creating the child and before recording that it did;
-    - ``child_cancel``: the store call a terminating parent's node makes to reach its
-      children (a request to cancel one, or a listing of the objects whose parent it
-      is), as if the store hiccuped as the parent ended.
+    - ``child_cancel``: the commit of a terminating parent's end, which also asks its
+      children to cancel, as if the store hiccuped as the parent ended (nothing of that
+      commit is written).
 
     Everything else goes to ``inner``; ``failed`` counts the failures injected.
     """
@@ -129,6 +129,9 @@ class _FaultyStore:
                 rec.kind == perdure.Kind.DELEGATED for op in ops for rec in op.records):
             self.failed += 1
             raise StoreError("injected: the store went away before the delegation was recorded")
+        if self._child_cancel and not self.failed and any(op.cancel_children for op in ops):
+            self.failed += 1
+            raise StoreError("injected: the store hiccuped as the parent's end was committed")
 
     def apply(self, ops: Sequence[Append], *args: Any) -> Any:
         self._check(ops)
@@ -142,17 +145,6 @@ class _FaultyStore:
         self._check(ops)
         return await self._inner.apply_async(ops, *args)
 
-    def control(self, object_id: str, now: float, **flags: Any) -> Any:
-        if self._child_cancel and not self.failed and flags.get("cancel"):
-            self.failed += 1
-            raise StoreError(f"injected: the store hiccuped as {object_id} was cancelled")
-        return self._inner.control(object_id, now, **flags)
-
-    def list(self, **filters: Any) -> Any:
-        if self._child_cancel and not self.failed and filters.get("parent") is not None:
-            self.failed += 1
-            raise StoreError("injected: the store hiccuped as the children were listed")
-        return self._inner.list(**filters)
 
 
 # == rule 1: a step's exception reaches the agent as itself, first run and replay ===========
@@ -1119,10 +1111,10 @@ def test_a_cancel_reaches_grandchildren(make_app: AppFactory) -> None:
 def test_a_store_hiccup_after_the_parents_end_neither_loses_the_child_cancel_nor_rewrites_the_end(
     make_app: AppFactory, store_url: str, how: str,
 ) -> None:
-    """The store fails once as the ending parent's node reaches for its child (to list or
-    to cancel it). The parent's end is written once, with the agent's own outcome (a
-    completion never becomes a failure), and the child is cancelled all the same: a
-    parent's end is never half-applied."""
+    """The store fails once as the ending parent's node commits its end (which asks its
+    child to cancel in the same transaction). The parent's end is written once, later,
+    with the agent's own outcome (a completion never becomes a failure), and the child
+    is cancelled all the same: a parent's end is never half-applied."""
     inner = open_store(store_url)
     store = _FaultyStore(inner, child_cancel=True)
     try:

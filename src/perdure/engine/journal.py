@@ -353,7 +353,7 @@ class Journal:
         parked: bool = False,
         note: str | None = None,
         signal: Signal | None = None,
-        cancel_objects: tuple[str, ...] = (),
+        cancel_children: bool = False,
         requires: tuple[str, ...] | None = None,
         avoid_node: str | None = None,
         clear_avoid: bool = False,
@@ -393,7 +393,7 @@ class Journal:
             avoid_node=avoid_node,
             clear_avoid=clear_avoid,
             unless_cancelled=unless_cancelled,
-            cancel_objects=cancel_objects,
+            cancel_children=cancel_children,
         )
         try:
             stored = await self.committer.submit(op)
@@ -412,6 +412,6 @@ class Journal:
             self.anchor(self.head_seq, self.head_hash)
         self.flags_at = time.monotonic()
         for draft in drafts:
-            if draft.kind == DELEGATED:
+            if draft.kind == DELEGATED:  # (``run.delegate`` refuses a second one per id)
                 self.delegated.append(str(draft.body["child_id"]))
         return stored

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -71,7 +70,6 @@ __all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"
 log = logging.getLogger("perdure.worker")
 
 REFINE_EVENT = "perdure:refine"
-_TERMINAL = frozenset(("completed", "failed", "cancelled"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -709,26 +707,6 @@ class Worker:
                              CHILD_EVENT, data, dedupe, os.urandom(12).hex())
         return Signal(context.parent_id, CHILD_EVENT, data, dedupe, seal)
 
-    async def _live_children(self, records: list[Record], journal: Journal
-                             ) -> tuple[str, ...]:
-        """The children a terminating parent asks to cancel (unless the policy lets them
-        finish): every child it delegated (also in this run), and every object whose row
-        names it as parent (a child created just before a crash, whose delegation record
-        was never written), not known to have finished. Asked in the terminal record's
-        own transaction, so the request is never lost."""
-        if not self.policy.cancel_children:
-            return ()
-        finished = {str(r.body.get("child_id")) for r in records if r.kind == Kind.CHILD_FINISHED}
-        children = [str(r.body.get("child_id")) for r in records if r.kind == Kind.DELEGATED]
-        try:
-            rows = await self._read(functools.partial(self.store.list, parent=journal.object_id,
-                                                      limit=100_000))
-        except StoreError as exc:
-            raise StoreUnavailable(exc) from exc
-        listed = [row.object_id for row in rows if row.status not in _TERMINAL]
-        return tuple(dict.fromkeys(c for c in (*children, *journal.delegated, *listed)
-                                   if c not in finished))
-
     async def _finish(self, journal: Journal, records: list[Record], body: dict[str, Any], *,
                       status: str, result: bytes | None = None) -> None:
         """Write the terminal record, signalling the parent in the same transaction.
@@ -740,21 +718,24 @@ class Worker:
         note = None
         if status == "failed" and isinstance(error, dict):
             note = f"{_short_type(error.get('type'))}: {error.get('message', '')}"[:500]
-        children = await self._live_children(records, journal)
+        # The live children are asked to cancel in the terminal record's own transaction
+        # (every object whose row names this one as parent: also a child whose delegation
+        # record a crash kept from being written), so the request is never lost.
+        children = self.policy.cancel_children
         try:
             await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
                                  phase="termination", ready_at=None, running=False,
                                  release=True, result=result, note=note,
                                  unless_cancelled=status == "completed",
                                  signal=self._parent_signal(records, body),
-                                 cancel_objects=children)
+                                 cancel_children=children)
         except CancelRequestedError:
             cancelled = {"outcome": "cancelled", "reason": "cancelled before the completion "
                          "was recorded (the agent had returned)"}
             await journal.commit([RecordDraft(Kind.TERMINATED, cancelled)], status="cancelled",
                                  phase="termination", ready_at=None, running=False,
                                  release=True, signal=self._parent_signal(records, cancelled),
-                                 cancel_objects=children)
+                                 cancel_children=children)
         self.held.drop(journal.object_id)
         self.completed += 1
 

@@ -143,5 +143,6 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
         "epoch": op.epoch,
         "expected_head": first.seq - 1 if first else None,
         "unless_cancelled": op.unless_cancelled,
+        "cancel_children": op.cancel_children,
     }
 

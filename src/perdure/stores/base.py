@@ -170,7 +170,7 @@ class Append:
     avoid_node: str | None = None  # a node that said it cannot do this object's next step
     clear_avoid: bool = False  # the step got done: every node may take the object again
     unless_cancelled: bool = False  # refuse (write nothing) if a cancel is pending
-    cancel_objects: tuple[str, ...] = ()  # ask these (live children) to cancel, atomically
+    cancel_children: bool = False  # ask the object's live children to cancel, atomically
 
 
 class Store(Protocol):

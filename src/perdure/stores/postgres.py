@@ -147,8 +147,7 @@ def _careful(op: Append) -> bool:
     """Whether ``op`` needs a savepoint of its own: it consumes events or signals, or is
     a completion refused while a cancel is pending (which then needs telling apart from
     a lost lease)."""
-    return (bool(op.consume_event_ids) or op.signal is not None or op.unless_cancelled
-            or bool(op.cancel_objects))
+    return bool(op.consume_event_ids) or op.signal is not None or op.unless_cancelled
 
 
 def _json(value: Any) -> Any:
@@ -728,8 +727,6 @@ class PostgresStore:
             return exc
         if op.release and op.waiting_event is not None:
             conn.execute(_Q["rewake"], {"ids": [op.object_id], "now": now}, prepare=True)
-        if op.cancel_objects:
-            conn.execute(_Q["cancel_children"], {"ids": list(op.cancel_objects), "now": now})
         return _outcome(op, bool(taken[2]))
 
     # -- inbox and control -----------------------------------------------------

@@ -138,7 +138,7 @@ def _is_step_append(op: Append) -> bool:
     return (bool(op.records) and op.status == "running" and not op.release
             and op.waiting_event is None and op.result is None and not op.consume_event_ids
             and not op.parked and op.note is None and op.signal is None and op.requires is None
-            and op.avoid_node is None and not op.clear_avoid and not op.cancel_objects)
+            and op.avoid_node is None and not op.clear_avoid and not op.cancel_children)
 
 
 _ROWS_PER_STATEMENT = 200  # rows of one grouped statement (8 or 11 parameters each)
@@ -621,8 +621,7 @@ class SQLiteStore:
             if grouped is not None:
                 return grouped
             for op in ops:
-                guarded = (savepoints or bool(op.consume_event_ids) or op.signal is not None
-                           or bool(op.cancel_objects))
+                guarded = savepoints or bool(op.consume_event_ids) or op.signal is not None
                 if guarded:
                     conn.execute("SAVEPOINT op")
                 try:
@@ -744,8 +743,8 @@ class SQLiteStore:
                          (sig.object_id, sig.name, sig.payload, sig.dedupe_key, now, sig.seal))
             conn.execute(_Q["wake_for_event"],
                          {"now": now, "object_id": sig.object_id, "name": sig.name})
-        for child in op.cancel_objects:
-            conn.execute(_Q["cancel_child"], {"now": now, "object_id": child})
+        if op.cancel_children:
+            conn.execute(_Q["cancel_children"], {"now": now, "object_id": op.object_id})
         return cancel
 
     # -- inbox and control -----------------------------------------------------

@@ -140,14 +140,24 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean)
+        unless_cancelled boolean, cancel_children boolean)
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
       AND (p.head_seq IS NULL OR o.status NOT IN ('completed', 'failed', 'cancelled'))
       -- A completion is refused while a cancel is pending: the node writes the cancel.
       AND NOT (COALESCE(p.unless_cancelled, FALSE) AND o.cancel_requested)
-    RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested
+    RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested,
+              p.cancel_children
+), kids AS (
+    -- A parent that terminates asks its live children to cancel, in the same statement.
+    UPDATE objects c
+    SET cancel_requested = TRUE, ready_at = LEAST(COALESCE(c.ready_at, %(now)s), %(now)s),
+        updated_at = %(now)s
+    FROM upd
+    WHERE upd.cancel_children AND c.parent_id = upd.object_id
+      AND c.status NOT IN ('completed', 'failed', 'cancelled')
+    RETURNING pg_notify('perdure_wake', c.object_id)
 ), ins AS (
     INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
                          prev_hash, hash, signature)
@@ -197,7 +207,8 @@ ON CONFLICT (object_id, dedupe_key) DO NOTHING;
 UPDATE objects SET ready_at = %(now)s
 WHERE object_id = %(object_id)s AND lease_owner IS NULL
   AND (waiting_event = %(name)s OR left(%(name)s, 8) = 'perdure:')
-  AND (ready_at IS NULL OR ready_at > %(now)s);
+  AND (ready_at IS NULL OR ready_at > %(now)s)
+  AND status NOT IN ('completed', 'failed', 'cancelled');
 
 -- name: notify
 SELECT pg_notify('perdure_wake', %s);
@@ -217,14 +228,6 @@ UPDATE objects SET cancel_requested = TRUE,
                    ready_at = LEAST(COALESCE(ready_at, %(now)s), %(now)s),
                    updated_at = %(now)s
 WHERE object_id = %(object_id)s;
-
--- name: cancel_children
--- A parent that terminates asks its live children to cancel, in the same transaction.
-UPDATE objects SET cancel_requested = TRUE,
-                   ready_at = LEAST(COALESCE(ready_at, %(now)s), %(now)s),
-                   updated_at = %(now)s
-WHERE object_id = ANY(%(ids)s) AND status NOT IN ('completed', 'failed', 'cancelled')
-RETURNING pg_notify('perdure_wake', object_id);
 
 -- name: unpark
 UPDATE objects SET parked = FALSE, note = NULL, ready_at = %(now)s, status = 'ready',

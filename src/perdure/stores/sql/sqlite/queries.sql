@@ -178,7 +178,8 @@ ON CONFLICT (object_id, dedupe_key) DO NOTHING;
 UPDATE objects SET ready_at = :now
 WHERE object_id = :object_id AND lease_owner IS NULL
   AND (waiting_event = :name OR substr(:name, 1, 8) = 'perdure:')
-  AND (ready_at IS NULL OR ready_at > :now);
+  AND (ready_at IS NULL OR ready_at > :now)
+  AND status NOT IN ('completed', 'failed', 'cancelled');
 
 -- name: pending_events
 SELECT event_id, object_id, name, payload, dedupe_key, sent_at, seal FROM inbox
@@ -194,11 +195,11 @@ UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now)
                    updated_at = :now
 WHERE object_id = :object_id;
 
--- name: cancel_child
+-- name: cancel_children
 -- A parent that terminates asks its live children to cancel, in the same transaction.
 UPDATE objects SET cancel_requested = 1, ready_at = COALESCE(MIN(ready_at, :now), :now),
                    updated_at = :now
-WHERE object_id = :object_id AND status NOT IN ('completed', 'failed', 'cancelled');
+WHERE parent_id = :object_id AND status NOT IN ('completed', 'failed', 'cancelled');
 
 -- name: unpark
 UPDATE objects SET parked = 0, note = NULL, ready_at = :now, status = 'ready', updated_at = :now,
