@@ -327,6 +327,8 @@ class App:
                               policy_ref=self.policy.ref, now=now, deadline=deadline,
                               max_failures=max_failures, labels=labels)
             if self.store.create(new, now):
+                # This node wrote the first record: a worker of this App need not check it.
+                self.anchors.note(oid, new.first.hash, new.first.seq, new.first.hash)
                 return Handle(self, oid, created=True)
             row = self.store.get(oid)  # another start took the id first
         if row is not None and row.agent != definition.name:

@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from perdure.core.chain import Signer, seal_commit, seal_ref
-from perdure.errors import LeaseLostError
+from perdure.errors import CancelRequestedError, LeaseLostError
 from perdure.stores import Store
 from perdure.stores._rows import record_params
 from perdure.stores.base import Append, Route, Signal
@@ -341,3 +341,77 @@ def test_open_async_readies_the_loop_commit_and_can_be_called_again(store: Store
     else:
         assert results is None
     assert store.records("a") == a.records
+
+
+def _family(store: Store, signer: Signer) -> tuple[dict[str, Chain], dict[str, int]]:
+    """A parent with a running child, a dormant child and a child that already ended,
+    all claimed (the ended one is set terminal through its own append)."""
+    chains = {oid: Chain(oid, signer) for oid in ("mum", "busy", "sleepy", "done", "other")}
+    assert store.create(chains["mum"].new_object(ready_at=NOW), NOW)
+    for kid in ("busy", "sleepy", "done"):
+        assert store.create(chains[kid].new_object(ready_at=NOW, parent_id="mum"), NOW)
+    assert store.create(chains["other"].new_object(ready_at=NOW), NOW)
+    epochs = {c.object_id: c.epoch for c in store.claim("w1", NOW, LEASE, 5)}
+    done = chains["done"]
+    assert store.apply([done.append(epochs["done"], done.extend(1), status="completed",
+                                    phase="termination", ready_at=None, release=True)],
+                       NOW) == [None]
+    return chains, epochs
+
+
+@pytest.mark.parametrize("how", ["apply", "apply_async"])
+def test_a_child_appending_in_its_parents_ending_batch_is_cancelled(
+        store: Store, signer: Signer, how: str) -> None:
+    """A parent that ends and cancels its children in the same batch (one statement on
+    PostgreSQL) as its children's own appends: the running child's step is written and
+    reports the cancel, the child that lets go in the batch is runnable now with its
+    cancel pending, a child that ended stays as it was, and an unrelated object in the
+    batch is untouched. Every row's head still matches its records."""
+    chains, epochs = _family(store, signer)
+    mum, busy, sleepy, other = (chains[k] for k in ("mum", "busy", "sleepy", "other"))
+    batch = [
+        busy.append(epochs["busy"], busy.extend(1)),
+        mum.append(epochs["mum"], mum.extend(1), status="failed", phase="termination",
+                   ready_at=None, release=True, cancel_children=True),
+        sleepy.append(epochs["sleepy"], sleepy.extend(1), status="dormant",
+                      phase="dormancy", ready_at=None, release=True),
+        other.append(epochs["other"], other.extend(1)),
+    ]
+    if how == "apply":
+        results = store.apply(batch, NOW + 1)
+    else:
+        got = asyncio.run(_apply_async(store, batch, NOW + 1))
+        results = store.apply(batch, NOW + 1) if got is None else got
+    # The child's step is written; it reports the cancel when the store sees the parent's
+    # end first (one statement), else its next commit will: either way it is pending.
+    assert results[0] is None or isinstance(results[0], CancelRequestedError)
+    assert results[1] is None and results[3] is None
+    assert results[2] is None or isinstance(results[2], CancelRequestedError)
+    flags = store.control_flags(["busy", "sleepy", "done", "other"])
+    assert flags["busy"][1] and flags["sleepy"][1]
+    assert not flags["done"][1] and not flags["other"][1]
+    sleeper = store.get("sleepy")
+    assert sleeper is not None and sleeper.ready_at is not None and sleeper.ready_at <= NOW + 1
+    for chain in chains.values():
+        row = store.get(chain.object_id)
+        assert row is not None
+        assert store.records(chain.object_id) == chain.records
+        assert (row.head_seq, row.head_hash) == (chain.head.seq, chain.head.hash)
+
+
+def test_a_fenced_out_ending_cancels_no_child_in_its_batch(store: Store,
+                                                          signer: Signer) -> None:
+    """A parent's ending refused by its fence (another node holds it now) cancels none of
+    its children, neither those in the same batch nor the others."""
+    chains, epochs = _family(store, signer)
+    mum, busy, sleepy = chains["mum"], chains["busy"], chains["sleepy"]
+    results = store.apply([
+        busy.append(epochs["busy"], busy.extend(1)),
+        mum.append(epochs["mum"] - 1, mum.peek(1), status="failed", phase="termination",
+                   ready_at=None, release=True, cancel_children=True),
+    ], NOW + 1)
+    assert results[0] is None and isinstance(results[1], LeaseLostError)
+    flags = store.control_flags(["busy", "sleepy"])
+    assert not flags["busy"][1] and not flags["sleepy"][1]
+    assert store.records("mum") == mum.records
+    del sleepy

@@ -163,16 +163,23 @@ class HeadAnchors:
         A head an operator told the node to forget since (``forget``, from any process
         of this node: ``perdure forget-heads``) no longer counts.
         """
+        return self.seen(object_id, records)[0]
+
+    def seen(self, object_id: str, records: Sequence[Record]
+             ) -> tuple[tuple[int, str] | None, Head | None]:
+        """``check`` and the head this node saw (if any), with one look-up."""
         if not records:
-            return None
-        problem = rollback_problem(self.get(object_id, records[0].hash), records)
+            return None, None
+        head = self.get(object_id, records[0].hash)
+        problem = rollback_problem(head, records)
         if problem is not None and self._forgotten_since_noted(object_id):
             with self._lock:
                 self._mem.pop(object_id, None)
                 self._dirty.pop(object_id, None)
                 self._noted_at.pop(object_id, None)
-            problem = rollback_problem(self.get(object_id, records[0].hash), records)
-        return problem
+            head = self.get(object_id, records[0].hash)
+            problem = rollback_problem(head, records)
+        return problem, head
 
     def _forgotten_since_noted(self, object_id: str) -> bool:
         noted = self._noted_at.get(object_id, 0.0)

@@ -10,13 +10,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
-from perdure.core.records import Kind, Record, RecordDraft
-from perdure.errors import CancelRequestedError, StoreError
+from perdure.core.records import Record, RecordDraft
+from perdure.errors import CancelRequestedError, LeaseLostError, StoreError
 from perdure.stores.base import Append, Signal, Store
 
 __all__ = ["Committer", "Journal", "StoreUnavailable"]
-
-DELEGATED = Kind.DELEGATED.value
 
 
 class StoreUnavailable(BaseException):
@@ -279,7 +277,7 @@ class Journal:
     committer: Committer
     clock: Callable[[], float]
     claimed_at: float
-    #: Told ``(seq, hash)`` of the new head after each commit (the node's seen heads).
+    #: Told ``(seq, hash)`` of the head the node leaves the object at (its seen heads).
     anchor: Callable[[int, str], None] | None = None
 
     def __post_init__(self) -> None:
@@ -290,7 +288,7 @@ class Journal:
         # then at every commit, whose store reports a pending cancel back.
         self.flags_at = time.monotonic()
         self.cancel_seen = False  # a commit reported a pending cancel: no step starts now
-        self.delegated: list[str] = []  # children this journal recorded (``delegated``)
+        self.delegated: list[str] = []  # children ``run.delegate`` recorded through it
 
     def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = (),
               volatile: bool = True) -> None:
@@ -397,6 +395,9 @@ class Journal:
         )
         try:
             stored = await self.committer.submit(op)
+        except LeaseLostError:
+            self.head_seq, self.head_hash = before  # refused: nothing was written
+            raise
         except StoreError as exc:
             raise StoreUnavailable(exc) from exc
         except CancelRequestedError:
@@ -404,14 +405,11 @@ class Journal:
             self.cancel_seen = True
             if unless_cancelled:
                 self.head_seq, self.head_hash = before
-            elif records and self.anchor is not None:
-                self.anchor(self.head_seq, self.head_hash)
             self.flags_at = time.monotonic()
             raise
-        if records and self.anchor is not None:
+        if release and self.anchor is not None:
+            # The head this node leaves the object at is the one it must find again:
+            # noted as it lets go (the heads of a run in progress are its own to know).
             self.anchor(self.head_seq, self.head_hash)
         self.flags_at = time.monotonic()
-        for draft in drafts:
-            if draft.kind == DELEGATED:  # (``run.delegate`` refuses a second one per id)
-                self.delegated.append(str(draft.body["child_id"]))
         return stored

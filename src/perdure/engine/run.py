@@ -185,7 +185,8 @@ class Run:
         self._check_event = check_event
         self._refresh_flags = refresh_flags
         self._crashes = crashes
-        self._max_crashes = max_crashes
+        # Workers died in a row at this point often enough: the next new step parks.
+        self._poisoned_at = max_crashes is not None and crashes >= max_crashes
         self._patches: dict[str, bool] = {}  # patch name -> the path this object takes
         self._intent = intent
         self._context = context
@@ -498,8 +499,8 @@ class Run:
         base = {"pos": pos, "cmd": "step", "name": step_name}
         if monotonic() - self._journal.flags_at > FLAGS_FRESH:  # else the last commit's
             await self._fresh_flags()
-        self._boundary()  # no step starts once a cancel (or pause) is known
-        if self._max_crashes is not None and self._crashes >= self._max_crashes:
+            self._boundary()  # no step starts once a cancel (or pause) is known
+        if self._poisoned_at:
             self._poisoned(step_name, pos)
         if not idempotent:
             self._started_here.add(pos)
@@ -527,7 +528,7 @@ class Run:
             # The agent gets the exception as memory rebuilds it, on this first run as on
             # every replay: the same type, message and attributes, or the same stand-in.
             raise rebuild_error(step_name, error) from None
-        self._crashes = 0  # a step ran to its end on this claim: the worker survived it
+        self._poisoned_at = False  # a step ran to its end on this claim: the worker lived
         latency = round(time.perf_counter() - began, 6)
         # The agent sees the value as memory holds it (tuples as lists, keys as strings),
         # so the first run and every replay see exactly the same thing. A scalar comes
@@ -851,6 +852,7 @@ class Run:
         await self._journal.commit([RecordDraft(Kind.DELEGATED, {
             "pos": key, "cmd": "delegate", "name": name, "child_id": child_id,
             "version": version})])
+        self._journal.delegated.append(child_id)
         return ChildHandle(self, child_id)
 
     def _delegated_at(self, child_id: str) -> int | str | None:

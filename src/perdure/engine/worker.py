@@ -593,10 +593,9 @@ class Worker:
         saw itself). Returns the row."""
         row = self._head_of(oid, records)
         last = records[-1]
-        rolled = self.anchors.check(oid, records)
+        rolled, seen = self.anchors.seen(oid, records)
         if rolled is not None:
             raise IntegrityError(oid, *rolled)
-        seen = self.anchors.get(oid, records[0].hash)
         if len(records) > known and not (seen is not None and seen[1] == last.seq
                                          and seen[2] == last.hash):
             self.verifier.check_head(oid, records)
@@ -723,12 +722,19 @@ class Worker:
         # record a crash kept from being written), so the request is never lost.
         children = self.policy.cancel_children
         try:
-            await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
-                                 phase="termination", ready_at=None, running=False,
-                                 release=True, result=result, note=note,
-                                 unless_cancelled=status == "completed",
-                                 signal=self._parent_signal(records, body),
-                                 cancel_children=children)
+            try:
+                await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
+                                     phase="termination", ready_at=None, running=False,
+                                     release=True, result=result, note=note,
+                                     unless_cancelled=status == "completed",
+                                     signal=self._parent_signal(records, body),
+                                     cancel_children=children)
+            except LeaseLostError:
+                # A refused completion: the lease is lost, or a cancel is pending (a store
+                # may say either way); if this node still holds the object, it is the cancel.
+                if status != "completed" or not await self._cancel_pending(journal):
+                    raise
+                raise CancelRequestedError(journal.object_id) from None
         except CancelRequestedError:
             cancelled = {"outcome": "cancelled", "reason": "cancelled before the completion "
                          "was recorded (the agent had returned)"}
@@ -738,6 +744,15 @@ class Worker:
                                  cancel_children=children)
         self.held.drop(journal.object_id)
         self.completed += 1
+
+    async def _cancel_pending(self, journal: Journal) -> bool:
+        """Whether this node still holds the object (its epoch) and a cancel is pending."""
+        try:
+            flags = await self._read(self.store.control_flags, [journal.object_id])
+        except StoreError as exc:
+            raise StoreUnavailable(exc) from exc
+        found = flags.get(journal.object_id)
+        return found is not None and found[0] == journal.epoch and found[1]
 
     async def _terminate(self, claim: Claim, records: list[Record], decision: Decision,
                          facts: MemoryFacts) -> None:

@@ -144,10 +144,14 @@ class _RetryWithSavepoints(Exception):  # noqa: N818 - internal control flow
 
 
 def _careful(op: Append) -> bool:
-    """Whether ``op`` needs a savepoint of its own: it consumes events or signals, or is
-    a completion refused while a cancel is pending (which then needs telling apart from
-    a lost lease)."""
-    return bool(op.consume_event_ids) or op.signal is not None or op.unless_cancelled
+    """Whether ``op`` needs a savepoint of its own: it consumes events or signals."""
+    return bool(op.consume_event_ids) or op.signal is not None
+
+
+def _append_query(ops: Sequence[tuple[int, Append]]) -> bytes:
+    """``append``, or ``append_ending`` when an object of the batch ends and asks its
+    children to cancel."""
+    return _Q["append_ending"] if any(op.cancel_children for _, op in ops) else _Q["append"]
 
 
 def _json(value: Any) -> Any:
@@ -179,7 +183,8 @@ def _append_params(ops: Sequence[tuple[int, Append]], now: float,
             values = map(_json, record_params(rec))
             records.append({"i": index} | dict(zip(_RECORD_COLUMNS, values, strict=True)))
     return {"ops": _dumps(appends), "records": _dumps(records), "now": now,
-            "seals": _seals_param(seals)}
+            "seals": _seals_param(seals),
+            "ending": [op.object_id for _, op in ops if op.cancel_children]}
 
 
 def _split_names(names: str) -> list[str] | None:
@@ -539,15 +544,16 @@ class PostgresStore:
             if consuming:
                 return [await self._consume_async(conn, ops[0], now, seals)]
             params = _append_params(runs[0], now, seals)
+            query = _append_query(runs[0])
             if waits := _waits(ops):
                 # One implicit transaction (a pipeline up to its sync): the release and the
                 # look for an event sent while it waited for the row are seen together.
                 async with conn.pipeline():
-                    cur = await conn.execute(_Q["append"], params, prepare=True)
+                    cur = await conn.execute(query, params, prepare=True)
                     await conn.execute(_Q["rewake"], {"ids": waits, "now": now},
                                        prepare=True)
             else:
-                cur = await conn.execute(_Q["append"], params, prepare=True)
+                cur = await conn.execute(query, params, prepare=True)
             done = {row[0]: row[2] for row in await cur.fetchall()}
         except pg_errors.UniqueViolation:
             return None
@@ -607,7 +613,8 @@ class PostgresStore:
         try:
             async with conn.pipeline() as pipeline, conn.transaction():
                 appended = await conn.execute(
-                    _Q["append"], _append_params([(0, op)], now, seals), prepare=True)
+                    _append_query([(0, op)]), _append_params([(0, op)], now, seals),
+                    prepare=True)
                 consumed = [conn.cursor() for _ in op.consume_event_ids]
                 for cur, event_id in zip(consumed, op.consume_event_ids, strict=True):
                     await cur.execute(_Q["consume_event"], (seq, event_id, op.object_id),
@@ -668,14 +675,14 @@ class PostgresStore:
         waits = _waits(ops)
         try:
             if len(runs) == 1 and not waits:
-                cursors = [conn.execute(_Q["append"], _append_params(runs[0], now, seals),
-                                        prepare=True)]
+                cursors = [conn.execute(_append_query(runs[0]),
+                                        _append_params(runs[0], now, seals), prepare=True)]
             else:
                 # One implicit transaction up to the pipeline's sync; ``rewake`` last, so
                 # that it sees an event sent while a release waited for its row.
                 with conn.pipeline():
                     cursors = [conn.cursor().execute(
-                        _Q["append"], _append_params(run, now, seals if n == 0 else ()),
+                        _append_query(run), _append_params(run, now, seals if n == 0 else ()),
                         prepare=True) for n, run in enumerate(runs)]
                     if waits:
                         conn.execute(_Q["rewake"], {"ids": waits, "now": now}, prepare=True)
@@ -694,7 +701,8 @@ class PostgresStore:
         """
         try:
             with conn.transaction():
-                cur = conn.execute(_Q["append"], _append_params([(0, op)], now), prepare=True)
+                cur = conn.execute(_append_query([(0, op)]), _append_params([(0, op)], now),
+                                   prepare=True)
                 taken = cur.fetchone()
                 if taken is None:
                     if op.unless_cancelled:

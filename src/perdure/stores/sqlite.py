@@ -744,7 +744,8 @@ class SQLiteStore:
             conn.execute(_Q["wake_for_event"],
                          {"now": now, "object_id": sig.object_id, "name": sig.name})
         if op.cancel_children:
-            conn.execute(_Q["cancel_children"], {"now": now, "object_id": op.object_id})
+            conn.execute(_Q["cancel_children"],
+                         {"now": now, "object_id": op.object_id})
         return cancel
 
     # -- inbox and control -----------------------------------------------------

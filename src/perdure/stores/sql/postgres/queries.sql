@@ -140,24 +140,14 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean, cancel_children boolean)
+        unless_cancelled boolean)
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
       AND (p.head_seq IS NULL OR o.status NOT IN ('completed', 'failed', 'cancelled'))
       -- A completion is refused while a cancel is pending: the node writes the cancel.
       AND NOT (COALESCE(p.unless_cancelled, FALSE) AND o.cancel_requested)
-    RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested,
-              p.cancel_children
-), kids AS (
-    -- A parent that terminates asks its live children to cancel, in the same statement.
-    UPDATE objects c
-    SET cancel_requested = TRUE, ready_at = LEAST(COALESCE(c.ready_at, %(now)s), %(now)s),
-        updated_at = %(now)s
-    FROM upd
-    WHERE upd.cancel_children AND c.parent_id = upd.object_id
-      AND c.status NOT IN ('completed', 'failed', 'cancelled')
-    RETURNING pg_notify('perdure_wake', c.object_id)
+    RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested
 ), ins AS (
     INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
                          prev_hash, hash, signature)
@@ -175,6 +165,116 @@ FROM upd;
 
 -- name: cancel_state
 SELECT epoch, cancel_requested FROM objects WHERE object_id = %s;
+
+-- name: append_ending
+-- ``append`` for a batch in which an object ends and asks its live children to cancel
+-- (the same statement with one more step, ``kids``; the plain one never pays for it).
+-- One statement cannot update a row twice, so a child that appends in the same batch is
+-- left out of ``kids`` and takes its cancel in ``upd`` (when its parent's append passes
+-- the fence); %(ending)s names the objects of the batch that end and cancel children.
+-- Fenced appends to distinct objects in one statement (a group commit is one of these,
+-- or a few when one object appends twice): %(ops)s holds one JSON object per append,
+-- %(records)s one per record (bytea as base64), both tagged with the append's index i.
+-- An append whose epoch or head no longer matches updates nothing and inserts none of
+-- its records; the statement returns the index of every append that went through, and
+-- wakes idle nodes when one lets go of an object that is runnable now (NOTIFY is sent
+-- at commit, dropped on rollback). %(seals)s holds the commit seals the records refer
+-- to (inserted whether or not their appends went through: a seal only vouches for hashes).
+WITH seal AS (
+    INSERT INTO seals (digest, node_id, hashes, signature)
+    SELECT decode(s.digest, 'base64'), s.node_id, decode(s.hashes, 'base64'),
+           decode(s.signature, 'base64')
+    FROM jsonb_to_recordset(%(seals)s::jsonb) AS s(
+        digest text, node_id text, hashes text, signature text)
+    ON CONFLICT (digest) DO NOTHING
+), upd AS (
+    UPDATE objects o
+    SET head_seq = COALESCE(p.head_seq, o.head_seq),
+        head_hash = COALESCE(decode(p.head_hash, 'base64'), o.head_hash),
+        status = p.status,
+        phase = p.phase,
+        ready_at = CASE
+            -- A cancel asked for while the node ran must not be lost when it lets go.
+            WHEN o.cancel_requested AND p.status NOT IN ('completed', 'failed', 'cancelled')
+            THEN %(now)s
+            -- The same for a child whose parent ends in this statement (below).
+            WHEN o.parent_id = ANY(%(ending)s::text[])
+                 AND p.status NOT IN ('completed', 'failed', 'cancelled')
+                 AND EXISTS (SELECT 1 FROM objects po, jsonb_to_recordset(%(ops)s::jsonb)
+                                 AS e(object_id text, epoch bigint, expected_head bigint,
+                                      cancel_children boolean)
+                             WHERE po.object_id = o.parent_id AND e.object_id = po.object_id
+                               AND e.cancel_children AND po.epoch = e.epoch
+                               AND (e.expected_head IS NULL
+                                    OR po.head_seq = e.expected_head)
+                               AND po.status NOT IN ('completed', 'failed', 'cancelled'))
+            THEN %(now)s
+            WHEN p.waiting_event IS NOT NULL AND EXISTS (
+                SELECT 1 FROM inbox
+                WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
+                  AND inbox.consumed_seq IS NULL)
+            THEN %(now)s
+            ELSE p.ready_at END,
+        waiting_event = p.waiting_event,
+        result = COALESCE(decode(p.result, 'base64'), o.result),
+        lease_owner = CASE WHEN p.release THEN NULL ELSE o.lease_owner END,
+        lease_expires = CASE WHEN p.release THEN NULL ELSE o.lease_expires END,
+        parked = p.parked,
+        note = p.note,
+        requires = COALESCE(p.requires, o.requires),
+        avoid = CASE WHEN p.clear_avoid THEN '{}'::text[]
+                     WHEN p.avoid_node IS NOT NULL THEN array_append(o.avoid, p.avoid_node)
+                     ELSE o.avoid END,
+        -- A child that appends in this statement, whose parent ends in it: ``kids``
+        -- cannot reach its row (one statement updates a row once), so the cancel is set here.
+        cancel_requested = o.cancel_requested OR (o.parent_id = ANY(%(ending)s::text[])
+                 AND p.status NOT IN ('completed', 'failed', 'cancelled')
+                 AND EXISTS (SELECT 1 FROM objects po, jsonb_to_recordset(%(ops)s::jsonb)
+                                 AS e(object_id text, epoch bigint, expected_head bigint,
+                                      cancel_children boolean)
+                             WHERE po.object_id = o.parent_id AND e.object_id = po.object_id
+                               AND e.cancel_children AND po.epoch = e.epoch
+                               AND (e.expected_head IS NULL
+                                    OR po.head_seq = e.expected_head)
+                               AND po.status NOT IN ('completed', 'failed', 'cancelled'))),
+        updated_at = %(now)s
+    FROM jsonb_to_recordset(%(ops)s::jsonb) AS p(
+        i int, object_id text, epoch bigint, expected_head bigint, head_seq bigint,
+        head_hash text, status text, phase text, waiting_event text,
+        ready_at double precision, result text, release boolean, parked boolean,
+        note text, requires text[], avoid_node text, clear_avoid boolean,
+        unless_cancelled boolean, cancel_children boolean)
+    WHERE o.object_id = p.object_id AND o.epoch = p.epoch
+      AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
+      -- Nothing is appended to memory that holds its terminal record.
+      AND (p.head_seq IS NULL OR o.status NOT IN ('completed', 'failed', 'cancelled'))
+      -- A completion is refused while a cancel is pending: the node writes the cancel.
+      AND NOT (COALESCE(p.unless_cancelled, FALSE) AND o.cancel_requested)
+    RETURNING p.i, o.object_id, o.ready_at, p.release, o.cancel_requested,
+              p.cancel_children
+), kids AS (
+    UPDATE objects c
+    SET cancel_requested = TRUE, ready_at = LEAST(COALESCE(c.ready_at, %(now)s), %(now)s),
+        updated_at = %(now)s
+    FROM upd
+    WHERE upd.cancel_children AND c.parent_id = upd.object_id
+      AND c.status NOT IN ('completed', 'failed', 'cancelled')
+      AND NOT EXISTS (SELECT 1 FROM upd u WHERE u.object_id = c.object_id)
+    RETURNING pg_notify('perdure_wake', c.object_id)
+), ins AS (
+    INSERT INTO records (object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body,
+                         prev_hash, hash, signature)
+    SELECT r.object_id, r.seq, r.trace_id, r.ts_us, r.node_id, r.policy_ref, r.kind,
+           decode(r.body, 'base64'), decode(r.prev_hash, 'base64'), decode(r.hash, 'base64'),
+           decode(r.signature, 'base64')
+    FROM jsonb_to_recordset(%(records)s::jsonb) AS r(
+        i int, object_id text, seq bigint, trace_id text, ts_us bigint, node_id text,
+        policy_ref text, kind text, body text, prev_hash text, hash text, signature text)
+    JOIN upd ON upd.i = r.i
+)
+SELECT i, CASE WHEN release AND ready_at <= %(now)s
+               THEN pg_notify('perdure_wake', object_id) END, cancel_requested
+FROM upd;
 
 -- name: rewake
 -- After appends that let go of objects waiting for an event: wakes those whose awaited
