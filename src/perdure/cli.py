@@ -7,7 +7,6 @@ Settings come from flags or ``PERDURE_<FLAG>`` environment variables (shown in
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import importlib
 import json
 import logging
@@ -24,13 +23,14 @@ from rich.table import Table
 from rich.text import Text
 
 from perdure import __version__
+from perdure import inspect as view
 from perdure._cli_keys import keys
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
 from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
-from perdure.core.records import Kind, Record
+from perdure.core.records import Record
 from perdure.errors import (
     AgentFailedError,
     ConfigurationError,
@@ -124,21 +124,9 @@ class _Ctx:
         return NodeIdentity(folder, node_id=node_id, trust=trust, passphrase=self.passphrase)
 
 
-def _when(ts: float | None) -> str:
-    if ts is None:
-        return "-"
-    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-
-
-_STATUS_STYLE = {
-    "completed": "green", "failed": "red", "cancelled": "yellow", "parked": "bold red",
-    "running": "cyan", "dormant": "blue", "paused": "magenta", "ready": "white",
-}
-
-
-def _status(info: ObjectInfo) -> str:
-    style = _STATUS_STYLE.get(info.status, "white")
-    return f"[{style}]{info.status}[/]"
+def _object_line(info: ObjectInfo, indent: str = "") -> Text:
+    """An object on one line (``tree``, ``show``'s children); its id is not markup."""
+    return Text.assemble(indent, *view.object_parts(info))
 
 
 # -- machine-readable output (--json) -------------------------------------------------
@@ -170,31 +158,12 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 # -- text layout at the terminal's width ------------------------------------------------
 
 
-def _short_type(error_type: object) -> str:
-    """``builtins:ValueError`` -> ``ValueError``: the name a person knows the error by."""
-    return str(error_type).rpartition(":")[2]
-
-
-def _failure(records: Sequence[Record]) -> str | None:
-    """Why a failed object failed (``Type: message``), from its last terminal record."""
-    last = next((r for r in reversed(records) if r.kind == Kind.TERMINATED), None)
-    if last is None:
-        return None
-    error = last.body.get("error") or {}
-    if error.get("type") is not None:
-        message = error.get("message")
-        name = _short_type(error["type"])
-        return f"{name}: {message}" if message else name
-    reason = last.body.get("reason")
-    return None if reason is None else str(reason)
-
-
 def _explained(app: App, info: ObjectInfo) -> ObjectInfo:
     """A failed object without a note gets its failure, read from its memory, as note."""
     if info.status is not Status.FAILED or info.note:
         return info
     try:
-        note = _failure(app.history(info.object_id))
+        note = view.failure(app.history(info.object_id))
     except StoreError:
         raise
     except PerdureError as exc:  # damaged memory: say so rather than stop the listing
@@ -223,7 +192,7 @@ def _flow(parts: Sequence[str | Text], width: int, indent: str = "    ") -> list
     return lines
 
 
-_LS_COLUMNS = ("id", "agent", "status", "phase", "records", "epoch", "updated")
+_LS_COLUMNS = view.LISTING_COLUMNS
 _NOTE_ROOM = 30  # the least width at which notes stay in a column of their own
 
 
@@ -234,12 +203,10 @@ def _ls_lines(infos: Sequence[ObjectInfo], width: int) -> list[Text]:
     itself. Narrower: each object's note goes on indented lines below its row, and
     columns that do not fit (records, epoch, updated) go there too.
     """
-    rows = [(info.object_id, f"{info.agent}@{info.agent_version}", str(info.status),
-             info.phase, str(info.records), str(info.epoch), _when(info.updated_at))
-            for info in infos]
+    rows = [view.listing_row(info) for info in infos]
     widths = [max([len(col), *(len(row[i]) for row in rows)])
               for i, col in enumerate(_LS_COLUMNS)]
-    styles = [_STATUS_STYLE.get(info.status, "white") for info in infos]
+    styles = [view.STATUS_STYLE.get(info.status, "white") for info in infos]
     full = sum(widths) + 2 * len(widths)
     if full + _NOTE_ROOM <= width or (full + 4 <= width
                                       and all(not info.note for info in infos)):
@@ -407,59 +374,6 @@ def ls_(obj: _Ctx, status: str | None, phase: str | None, agent: str | None, lim
         out.print(line)
 
 
-_CAP = 300  # characters of an intent's arguments shown before "…" (--json has them all)
-
-
-def _json_text(value: Any, cap: int) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= cap else text[: cap - 1] + "…"
-
-
-def _describe(rec: Record) -> tuple[str, bool]:
-    """One record in words, and whether it is shown whole (wrapped) rather than cut
-    to one line: the intent and anything that says why something failed are whole."""
-    body = rec.body
-    kind = rec.kind
-    if kind == Kind.INSTANTIATED:
-        intent = body["intent"]
-        return (f"{intent['agent']}@{intent['version']} "
-                f"args={_json_text(intent.get('args', []), _CAP)} "
-                f"kwargs={_json_text(intent.get('kwargs', {}), _CAP)}"), True
-    if kind in (Kind.STEP_DONE, Kind.STEP_FAILED, Kind.STEP_STARTED, Kind.STEP_IN_DOUBT):
-        text = f"#{body.get('pos')} {body.get('name')} attempt {body.get('attempt', '-')}"
-        if kind == Kind.STEP_DONE:
-            text += f" -> {json.dumps(body.get('result'))[:80]} ({body.get('latency', 0):.4f}s)"
-        if kind == Kind.STEP_FAILED:
-            error = body.get("error", {})
-            text += f" {error.get('type')}: {error.get('message')} [{body.get('error_class')}]"
-            text += " final" if body.get("final") else f" retry at {_when(body.get('retry_at'))}"
-        return text, kind in (Kind.STEP_FAILED, Kind.STEP_IN_DOUBT)
-    if kind == Kind.DORMANT:
-        until = f" until {_when(body['wake_at'])}" if body.get("wake_at") is not None else ""
-        if body.get("event"):
-            return f"#{body.get('pos')} waiting for event {body.get('event')!r}{until}", False
-        return f"#{body.get('pos')} {body.get('reason')}{until}", True
-    if kind == Kind.WOKE:
-        return f"#{body.get('pos')} timer due", False
-    if kind == Kind.EVENT_RECEIVED:
-        payload = json.dumps(body.get("payload"))[:80]
-        return f"#{body.get('pos')} {body.get('name')} = {payload}", False
-    if kind == Kind.TERMINATED:
-        outcome = body.get("outcome")
-        if outcome == "completed":
-            return f"completed: {json.dumps(body.get('result'))[:100]}", False
-        why = _failure([rec])
-        return (f"{outcome}: {why}" if why else str(outcome)), True
-    if kind == Kind.INTENT_REFINED:
-        changes = json.dumps(body.get("changes"))
-        return f"intent v{body['intent'].get('version_no')}: {changes}", True
-    if kind == Kind.NONDETERMINISM:
-        return str(body.get("reason")), True
-    if kind == Kind.PROGRESS:
-        return json.dumps(body.get("fields")), False
-    return json.dumps(body)[:100], False
-
-
 @cli.command()
 @click.argument("object_id")
 @click.option("--json", "as_json", is_flag=True,
@@ -477,21 +391,17 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
                      "children": [_info_json(child) for child in reversed(children)]})
         return
     width = out.width
-    head: list[str | Text] = [
-        Text(info.object_id, style="bold"), f"{info.agent}@{info.agent_version}",
-        Text(info.status, style=_STATUS_STYLE.get(info.status, "white")),
-        f"phase {info.phase}", f"epoch {info.epoch}", f"created {_when(info.created_at)}",
-    ]
+    head = [Text(text, style=style) for text, style in view.headline(info)]
     for head_line in _flow(head, width):
         out.print(head_line)
     if info.note:
         for index, line in enumerate(_wrap(info.note, width - 6)):
             out.print(Text(("note: " if index == 0 else "      ") + line))
-    if info.waiting_event:
-        out.print(Text(f"waiting for event {info.waiting_event!r}"))
+    asks = view.waiting_for(info)
+    if asks:
+        out.print(Text(asks))
     table = Table(box=None, pad_edge=False)
-    rows = [(str(rec.seq), _when(rec.ts)[11:], rec.node_id, str(rec.kind), *_describe(rec))
-            for rec in app.history(object_id)]
+    rows = view.timeline(app.history(object_id))
     widths = [max([len(col), *(len(str(row[i])) for row in rows)])
               for i, col in enumerate(("seq", "time", "node", "kind"))]
     for col, width_ in zip(("seq", "time", "node", "kind"), widths, strict=True):
@@ -507,8 +417,7 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     if children:
         out.print(f"children ({len(children)}):")
         for child in reversed(children):
-            out.print(f"  {child.object_id}  {child.agent}@{child.agent_version}  "
-                      f"{_status(child)}  phase {child.phase}")
+            out.print(_object_line(child, "  "))
 
 
 @cli.command()
@@ -518,20 +427,10 @@ def tree(obj: _Ctx, object_id: str) -> None:
     """Print an object's lineage: its descendants with each one's status and phase."""
     app = obj.app()
     root = app.get(object_id)
-    lines: list[str] = []
-
-    def walk(info: ObjectInfo, prefix: str, last: bool, top: bool) -> None:
-        branch = "" if top else ("└── " if last else "├── ")
-        lines.append(f"{prefix}{branch}{info.object_id}  {info.agent}@{info.agent_version}  "
-                     f"{_status(info)}  phase {info.phase}")
-        kids = list(reversed(app.list(parent=info.object_id, limit=10_000)))
-        inner = prefix if top else prefix + ("    " if last else "│   ")
-        for index, kid in enumerate(kids):
-            walk(kid, inner, index == len(kids) - 1, False)
-
-    walk(root, "", True, True)
+    lines = view.lineage(root, lambda parent: list(reversed(app.list(parent=parent,
+                                                                      limit=10_000))))
     for line in lines:
-        out.print(line)
+        out.print(_object_line(line.info, line.prefix))
 
 
 @cli.command(name="replay-check")

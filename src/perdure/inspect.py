@@ -1,0 +1,375 @@
+"""Objects and their memory in words: one renderer for the CLI, the demo and a dashboard.
+
+Everything here reads what the store says about an object (``ObjectInfo``) and its
+memory through typed bodies (``perdure.core.bodies``), and returns plain text; styles
+are names (``"green"``, ``"bold"``) the caller may apply. Laying the text out at a
+terminal's width is the caller's business (the CLI does it with rich).
+
+- ``describe(record)``: one record in words, and whether it is shown whole; the "what"
+  column of ``perdure show``. ``timeline(records)`` is the whole table.
+- ``failure(records)``: why a failed object failed (``Type: message``, or the reason).
+- ``waiting_note(info, nodes)``: why a runnable object waits (no live node serves it).
+- ``waiting_for(info)``: what a dormant object asks for before it goes on.
+- ``headline(info)``, ``object_parts(info)``, ``listing_row(info)``: an object on one
+  line, as ``perdure show``, ``tree`` and ``ls`` print it.
+- ``lineage(root, children_of)``: the tree of an object's descendants.
+- ``Narrator``: memory told as a story, a line per record, as ``perdure demo`` follows
+  its object; subclass it to tell a domain's values in its own words.
+
+A record whose body cannot be decoded is described as such, never guessed at.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from perdure.core.bodies import (
+    JSON,
+    Body,
+    Dormant,
+    EventReceived,
+    Instantiated,
+    IntentRefined,
+    Nondeterminism,
+    Progress,
+    StepDone,
+    StepFailed,
+    StepInDoubt,
+    StepStarted,
+    Terminated,
+    Woke,
+    decode,
+)
+from perdure.core.lifecycle import Status
+from perdure.core.records import Kind, Record
+from perdure.errors import RecordDecodeError
+from perdure.handle import ObjectInfo
+from perdure.stores.base import NodeInfo
+
+__all__ = [
+    "ARGS_SHOWN",
+    "LISTING_COLUMNS",
+    "STATUS_STYLE",
+    "Line",
+    "Narrator",
+    "Segment",
+    "TimelineRow",
+    "TreeLine",
+    "describe",
+    "failure",
+    "headline",
+    "lineage",
+    "listing_row",
+    "object_parts",
+    "short_type",
+    "timeline",
+    "waiting_for",
+    "waiting_note",
+    "when",
+]
+
+STATUS_STYLE: Mapping[str, str] = {
+    "completed": "green", "failed": "red", "cancelled": "yellow", "parked": "bold red",
+    "running": "cyan", "dormant": "blue", "paused": "magenta", "ready": "white",
+}
+"""The style each status is shown in."""
+
+ARGS_SHOWN = 300
+"""Characters of an intent's arguments shown before "…" (``--json`` has them all)."""
+
+LISTING_COLUMNS = ("id", "agent", "status", "phase", "records", "epoch", "updated")
+"""The columns of ``perdure ls``, in the order of ``listing_row``."""
+
+Segment = tuple[str, str]
+"""A piece of a line and the style it is shown in (``""``: none)."""
+
+
+def when(ts: float | None) -> str:
+    """A time as ``YYYY-MM-DD HH:MM:SS`` in local time; ``-`` for none."""
+    if ts is None:
+        return "-"
+    return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def short_type(error_type: object) -> str:
+    """``builtins:ValueError`` -> ``ValueError``: the name a person knows the error by."""
+    return str(error_type).rpartition(":")[2]
+
+
+def _json(value: JSON) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _json_text(value: JSON, cap: int) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= cap else text[: cap - 1] + "…"
+
+
+# -- one record in words: the "what" of ``perdure show`` ------------------------------------
+
+
+class Line(NamedTuple):
+    """A record in words; ``whole`` when it is shown whole (wrapped) rather than cut to
+    one line: the intent and anything that says why something failed."""
+
+    text: str
+    whole: bool
+
+
+def _instantiated(body: Instantiated) -> Line:
+    intent = body.intent
+    return Line(f"{intent.agent}@{intent.version} "
+                f"args={_json_text(list(intent.args), ARGS_SHOWN)} "
+                f"kwargs={_json_text(intent.kwargs, ARGS_SHOWN)}", True)
+
+
+def _step(body: StepStarted | StepDone | StepFailed | StepInDoubt) -> Line:
+    attempt = "-" if isinstance(body, StepInDoubt) else body.attempt
+    text = f"#{body.pos} {body.name} attempt {attempt}"
+    if isinstance(body, StepDone):
+        text += f" -> {_json(body.result)[:80]} ({body.latency:.4f}s)"
+    if isinstance(body, StepFailed):
+        text += (f" {body.error.get('type')}: {body.error.get('message')} "
+                 f"[{body.error_class}]")
+        text += " final" if body.final else f" retry at {when(body.retry_at)}"
+    return Line(text, isinstance(body, StepFailed | StepInDoubt))
+
+
+def _dormant(body: Dormant) -> Line:
+    until = f" until {when(body.wake_at)}" if body.wake_at is not None else ""
+    if body.event:
+        return Line(f"#{body.pos} waiting for event {body.event!r}{until}", False)
+    return Line(f"#{body.pos} {body.reason}{until}", True)
+
+
+def _woke(body: Woke) -> Line:
+    return Line(f"#{body.pos} timer due", False)
+
+
+def _event(body: EventReceived) -> Line:
+    return Line(f"#{body.pos} {body.name} = {_json(body.payload)[:80]}", False)
+
+
+def _terminated(body: Terminated) -> Line:
+    if body.outcome == "completed":
+        return Line(f"completed: {_json(body.result)[:100]}", False)
+    why = _why(body)
+    return Line(f"{body.outcome}: {why}" if why else body.outcome, True)
+
+
+def _refined(body: IntentRefined) -> Line:
+    return Line(f"intent v{body.intent.version_no}: {_json(body.changes)}", True)
+
+
+def _nondeterminism(body: Nondeterminism) -> Line:
+    return Line(body.reason, True)
+
+
+def _progress(body: Progress) -> Line:
+    return Line(_json(body.fields), False)
+
+
+_DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
+    Instantiated: _instantiated,
+    StepStarted: _step, StepDone: _step, StepFailed: _step, StepInDoubt: _step,
+    Dormant: _dormant,
+    Woke: _woke,
+    EventReceived: _event,
+    Terminated: _terminated,
+    IntentRefined: _refined,
+    Nondeterminism: _nondeterminism,
+    Progress: _progress,
+}
+
+
+def describe(record: Record) -> Line:
+    """``record`` in words; other kinds than those with words of their own show their
+    body's JSON, cut short. A body that cannot be decoded says so (and is whole)."""
+    try:
+        body = decode(record)
+    except RecordDecodeError as exc:
+        return Line(f"cannot be decoded: {exc.reason}", True)
+    handler = _DESCRIBE.get(type(body))
+    if handler is None:
+        return Line(_json(body.encode())[:100], False)
+    return handler(body)
+
+
+class TimelineRow(NamedTuple):
+    """One row of ``perdure show``'s memory table."""
+
+    seq: str
+    time: str  # HH:MM:SS, local time
+    node: str
+    kind: str
+    what: str
+    whole: bool
+
+
+def timeline(records: Sequence[Record]) -> list[TimelineRow]:
+    """The memory timeline of an object, one row per record."""
+    return [TimelineRow(str(rec.seq), when(rec.ts)[11:], rec.node_id, str(rec.kind),
+                        *describe(rec)) for rec in records]
+
+
+# -- explanations: why it failed, why it waits, what it asks --------------------------------
+
+
+def _why(body: Terminated) -> str | None:
+    error = body.error or {}
+    if error.get("type") is not None:
+        message = error.get("message")
+        name = short_type(error["type"])
+        return f"{name}: {message}" if message else name
+    return body.reason
+
+
+def failure(records: Sequence[Record]) -> str | None:
+    """Why a failed object failed (``Type: message``, or the reason it was ended), from
+    its last terminal record; ``None`` if it holds none. ``RecordDecodeError`` if that
+    record's body cannot be decoded."""
+    last = next((r for r in reversed(records) if r.kind == Kind.TERMINATED), None)
+    if last is None:
+        return None
+    body = decode(last)
+    assert isinstance(body, Terminated)
+    return _why(body)
+
+
+def waiting_note(info: ObjectInfo, nodes: Sequence[NodeInfo]) -> str | None:
+    """Why a runnable object (status ready, no note of its own) waits when none of the
+    live ``nodes`` can take it: none serves its agent version, or none that does has the
+    capabilities it requires. ``None`` when one can, or the object is not waiting so."""
+    if info.status is not Status.READY or info.note:
+        return None
+    wanted = f"{info.agent}@{info.agent_version}"
+    serving = [n for n in nodes if wanted in n.serves]
+    if not serving:
+        return f"waiting: no live node serves {wanted}"
+    needs = set(info.requires)
+    if any(needs <= set(n.capabilities) for n in serving):
+        return None
+    return f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
+
+
+def waiting_for(info: ObjectInfo) -> str | None:
+    """What the object waits for before it goes on (an event), or ``None``."""
+    return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
+
+
+# -- an object on one line, and its lineage ---------------------------------------------------
+
+
+def object_parts(info: ObjectInfo) -> list[Segment]:
+    """``ID  AGENT@VERSION  STATUS  phase PHASE``: an object in ``tree`` and among
+    ``show``'s children, its status styled."""
+    return [(f"{info.object_id}  {info.agent}@{info.agent_version}  ", ""),
+            (str(info.status), STATUS_STYLE.get(info.status, "white")),
+            (f"  phase {info.phase}", "")]
+
+
+def headline(info: ObjectInfo) -> list[Segment]:
+    """The parts of ``perdure show``'s first line, each kept whole when it wraps."""
+    return [(info.object_id, "bold"), (f"{info.agent}@{info.agent_version}", ""),
+            (str(info.status), STATUS_STYLE.get(info.status, "white")),
+            (f"phase {info.phase}", ""), (f"epoch {info.epoch}", ""),
+            (f"created {when(info.created_at)}", "")]
+
+
+def listing_row(info: ObjectInfo) -> tuple[str, ...]:
+    """An object's cells under ``LISTING_COLUMNS`` (``perdure ls``)."""
+    return (info.object_id, f"{info.agent}@{info.agent_version}", str(info.status),
+            info.phase, str(info.records), str(info.epoch), when(info.updated_at))
+
+
+@dataclass(frozen=True, slots=True)
+class TreeLine:
+    """One object of a lineage tree: the branch drawing before it, and the object."""
+
+    prefix: str
+    info: ObjectInfo
+
+
+def lineage(root: ObjectInfo, children_of: Callable[[str], Sequence[ObjectInfo]]
+            ) -> list[TreeLine]:
+    """``root`` and its descendants, depth first, each under its parent with ``├──`` and
+    ``└──`` branches; ``children_of(object_id)`` lists an object's children in the order
+    they are drawn."""
+    lines: list[TreeLine] = []
+
+    def walk(info: ObjectInfo, prefix: str, last: bool, top: bool) -> None:
+        branch = "" if top else ("└── " if last else "├── ")
+        lines.append(TreeLine(prefix + branch, info))
+        kids = list(children_of(info.object_id))
+        inner = prefix if top else prefix + ("    " if last else "│   ")
+        for index, kid in enumerate(kids):
+            walk(kid, inner, index == len(kids) - 1, False)
+
+    walk(root, "", True, True)
+    return lines
+
+
+# -- memory as a story ----------------------------------------------------------------------
+
+
+class Narrator:
+    """Memory told as a story, one line per record, as ``perdure demo`` follows its
+    object while workers write to it.
+
+    ``who(record)`` says who wrote a record and ``what(record)`` what it says. Subclass
+    to tell a domain's values in its own words: override ``who``, ``result`` (a step's
+    result), ``progress`` (a progress note) or ``outcome`` (a completed object's result).
+    """
+
+    def who(self, record: Record) -> str:
+        """Who wrote ``record``: its node."""
+        return record.node_id
+
+    def result(self, value: JSON) -> str:
+        """A step's result, in a few words."""
+        return _json(value)[:60]
+
+    def progress(self, fields: Mapping[str, JSON]) -> str:
+        """A progress note, in a few words."""
+        return _json(fields)[:60]
+
+    def outcome(self, result: JSON) -> str | None:
+        """A completed object's result, shown after its outcome; ``None``: not shown."""
+        if isinstance(result, dict):
+            return ", ".join(f"{k}={v}" for k, v in result.items())
+        return None
+
+    def what(self, record: Record) -> str:
+        """What ``record`` says, in words."""
+        try:
+            body = decode(record)
+        except RecordDecodeError as exc:
+            return f"{record.kind} cannot be decoded: {exc.reason}"
+        if isinstance(body, Instantiated):
+            return f"object {record.object_id} created: agent {body.intent.agent!r}"
+        if isinstance(body, StepDone):
+            return f"step done  {body.name}  ({self.result(body.result)})"
+        if isinstance(body, Progress):
+            return f"progress   {self.progress(body.fields)}"
+        if isinstance(body, Dormant):
+            return self._dormant(body)
+        if isinstance(body, Woke):
+            return "woke       timer due"
+        if isinstance(body, EventReceived):
+            return f"event      {body.name!r} received: {_json(body.payload)}"
+        if isinstance(body, Terminated):
+            shown = self.outcome(body.result) if body.outcome == "completed" else None
+            return f"terminated {body.outcome}" + (f": {shown}" if shown is not None else "")
+        return f"{record.kind} {_json(body.encode())[:70]}"
+
+    @staticmethod
+    def _dormant(body: Dormant) -> str:
+        if body.event:
+            return f"dormant    waiting for event {body.event!r}"
+        if body.cmd == "sleep":
+            return f"dormant    sleeping {body.seconds or 0:g}s (the object is released)"
+        return f"dormant    {body.reason}"
