@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from perdure._identity import publish
 from perdure._keys import KeyFolder, default_node_id
 from perdure.core.trust import (
     Certificate,
@@ -154,7 +153,7 @@ def issue(obj: Any, public_key: str, name: str, days: float | None, out: str | N
     else:
         click.echo(text)
     if do_publish:
-        publish(obj.app().store, cert)
+        obj.app().publish(cert)
         click.echo(f"published in {obj.app().store_url}", err=True)
 
 
@@ -179,7 +178,7 @@ def install(obj: Any, cert_file: str, do_publish: bool) -> None:
         click.echo(f"warning: its issuer ed25519:{cert.issuer.hex()} is not among this node's "
                    "trusted roots; add it with `perdure keys trust`", err=True)
     if do_publish:
-        publish(obj.app().store, cert)
+        obj.app().publish(cert)
 
 
 @keys.command()
@@ -244,7 +243,7 @@ def revoke(obj: Any, key: str, since: str, reason: str, do_publish: bool) -> Non
     revocation = folder.revoke(key_fp, since=_time(since), reason=reason)
     _echo(f"revoked key {shown} from {_when(revocation.since)}: {reason}")
     if do_publish:
-        publish(obj.app().store, revocation)
+        obj.app().publish(revocation)
         _echo(f"published in {obj.app().store_url}; nodes that trust this root refuse "
               "records it signs from then on")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from perdure._identity import NodeIdentity, TrustSpec
+from perdure._identity import NodeIdentity, TrustSpec, publish
 from perdure._keys import default_key_dir, public_bytes
 from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
@@ -27,7 +27,7 @@ from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
-from perdure.core.trust import seal_event
+from perdure.core.trust import Certificate, Revocation, seal_event
 from perdure.engine.anchors import HeadAnchors, rollback_problem
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
@@ -45,6 +45,7 @@ from perdure.errors import (
     UnknownAgentError,
 )
 from perdure.handle import Handle, ObjectInfo, info_from_row
+from perdure.inspect import waiting_note
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
 
@@ -212,6 +213,12 @@ class App:
         )
         clone._agents = dict(self._agents)
         return clone
+
+    def publish(self, item: Certificate | Revocation) -> None:
+        """Put a certificate or a revocation into the store (once), where every node
+        that trusts the root that signed it finds it (``perdure keys issue --publish``,
+        ``perdure keys revoke``)."""
+        publish(self.store, item)
 
     def close(self) -> None:
         """Close the store if this App opened it, and the seen-heads file."""
@@ -385,6 +392,10 @@ class App:
             Intent("x", "1").refined(changes)  # validate the field names and values now
         except ValueError as exc:
             raise ConfigurationError(f"cannot refine object {object_id!r}: {exc}") from None
+        except TypeError:  # requires that is no collection at all (5, None)
+            raise ConfigurationError(
+                f"cannot refine object {object_id!r}: requires must be a collection of "
+                "capability names") from None
         for need in changes.get("requires", ()):
             check_name(need, "required capability")
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
@@ -407,12 +418,18 @@ class App:
         row = self.store.control(self._lookup(object_id), time.time(), cancel=True)
         return info_from_row(row, time.time())
 
-    def get(self, object_id: str) -> ObjectInfo:
-        """What the store says about an object; ``ObjectNotFoundError`` if unknown."""
+    def get(self, object_id: str, *, explain: bool = True) -> ObjectInfo:
+        """What the store says about an object; ``ObjectNotFoundError`` if unknown.
+
+        A runnable object that no live node can take gets a note saying why (see
+        ``perdure.inspect.waiting_note``); ``explain=False`` leaves that out and spares
+        the store the query of live nodes (``Handle.result`` polls this way).
+        """
         row = self.store.get(self._lookup(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
-        return self._explain(info_from_row(row, time.time()))
+        info = info_from_row(row, time.time())
+        return self._explain(info) if explain else info
 
     def list(self, *, status: str | None = None, phase: str | None = None,
              agent: str | None = None, parent: str | None = None,
@@ -435,18 +452,9 @@ class App:
                  ) -> ObjectInfo:
         """Say why a runnable object waits when no live node can take it."""
         if info.status is not Status.READY or info.note:
-            return info
-        nodes = self._live_nodes(time.time()) if live is None else live
-        wanted = f"{info.agent}@{info.agent_version}"
-        serving = [n for n in nodes if wanted in n.serves]
-        if not serving:
-            note = f"waiting: no live node serves {wanted}"
-        else:
-            needs = set(info.requires)
-            if any(needs <= set(n.capabilities) for n in serving):
-                return info
-            note = f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
-        return dataclasses.replace(info, note=note)
+            return info  # nothing to explain: no need to ask for the live nodes
+        note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
+        return info if note is None else dataclasses.replace(info, note=note)
 
     def history(self, object_id: str) -> builtins.list[Record]:
         """The object's memory, in order; ``RecordDecodeError`` if a record is damaged."""

@@ -11,7 +11,6 @@ from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
     AgentParkedError,
-    ObjectNotFoundError,
     ResultTimeoutError,
 )
 from perdure.stores.base import ObjectRow
@@ -119,23 +118,21 @@ class Handle:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
-            row = self.app.store.get(self.object_id)
-            if row is None:
-                raise ObjectNotFoundError(f"no object {self.object_id!r} in {self.app.store.url}")
-            if row.status == Status.COMPLETED:
+            info = self.app.get(self.object_id, explain=False)  # ObjectNotFoundError
+            if info.status is Status.COMPLETED:
                 # From the signed terminal record, never from the row alone.
                 return self.app.outcome(self.object_id).get("result")
-            if row.status in (Status.FAILED, Status.CANCELLED):
-                return self._raise_terminal(row.status)
-            if row.parked:
+            if info.status in (Status.FAILED, Status.CANCELLED):
+                return self._raise_terminal(info.status)
+            if info.status is Status.PARKED:
                 raise AgentParkedError(
-                    f"object {self.object_id!r} is parked: {row.note}; fix the cause and run "
+                    f"object {self.object_id!r} is parked: {info.note}; fix the cause and run "
                     f"`perdure resume {self.object_id}`"
                 )
             if deadline is not None and time.monotonic() >= deadline:
                 raise ResultTimeoutError(
-                    f"object {self.object_id!r} is still {info_from_row(row, time.time()).status}"
-                    f" after {timeout}s; it keeps running"
+                    f"object {self.object_id!r} is still {info.status} after {timeout}s; it "
+                    "keeps running"
                 )
             wait = min(delay, poll)
             if deadline is not None:

@@ -160,6 +160,10 @@ def test_refine_refuses_bad_input(app: perdure.App) -> None:
         app.refine("o-1", goal="all")
     with pytest.raises(ConfigurationError, match="required capability 'g\\\\npu' holds"):
         app.refine("o-1", requires=["g\npu"])
+    for needs in (5, None):  # not a collection at all
+        with pytest.raises(ConfigurationError, match=r"cannot refine object 'o-1': requires "
+                                                     r"must be a collection of capability"):
+            app.refine("o-1", requires=needs)
     with pytest.raises(SerializationError, match="refinement cannot be stored"):
         app.refine("o-1", goal={"deep": _nested(200)})
     assert app.store.pending_events("o-1") == []
