@@ -1,12 +1,16 @@
-"""The public surface: ``perdure.__all__``, module ``__all__`` lists and the error tree."""
+"""The public surface: ``perdure.__all__``, module ``__all__`` lists, the error tree, and
+every type the API hands back is exported."""
 
 from __future__ import annotations
 
+import collections.abc
 import importlib
 import inspect
 import pkgutil
 import re
+import sys
 import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -172,3 +176,64 @@ def test_signals_are_not_exceptions() -> None:
             assert not issubclass(cls, Exception), cls.__name__
     assert inspect.isclass(PerdureSignal)
     assert PerdureSignal.__bases__ == (BaseException,)
+
+
+def _perdure_classes(annotation: object) -> set[type]:
+    """The perdure classes an annotation names, inside unions and generics too."""
+    found: set[type] = set()
+    if isinstance(annotation, type) and annotation.__module__.startswith("perdure"):
+        found.add(annotation)
+    for arg in typing.get_args(annotation):
+        found |= _perdure_classes(arg)
+    return found
+
+
+def _annotation(owner: object, name: str, value: object) -> object:
+    """An annotation as written (a string, under ``from __future__ import annotations``),
+    evaluated where it was written."""
+    if not isinstance(value, str):
+        return value
+    namespace = {**vars(typing), **vars(collections.abc), **vars(perdure),
+                 **getattr(owner, "__globals__", {}),
+                 **vars(sys.modules[getattr(owner, "__module__", "perdure")])}
+    return eval(value, namespace)
+
+
+# The store protocol and the evaluation cycle's input hand their own layers' types
+# (store rows; memory facts): those live under ``perdure.stores`` and ``perdure.core``.
+LAYER_INTERFACES = {"Store", "ObjectView"}
+EXPORTED_CLASSES = [value for name in perdure.__all__
+                    if isinstance(value := getattr(perdure, name), type)
+                    and not issubclass(value, BaseException) and name not in LAYER_INTERFACES]
+
+
+@pytest.mark.parametrize("cls", EXPORTED_CLASSES, ids=lambda cls: cls.__name__)
+def test_every_type_the_api_returns_is_exported(cls: type) -> None:
+    """What a public method, property or field of an exported class gives back is itself
+    importable from ``perdure``: a caller can name the type of what it holds."""
+    returned: dict[str, set[type]] = {}
+    for name, member in inspect.getmembers(cls):
+        if name.startswith("_"):
+            continue
+        fn = member.fget if isinstance(member, property) else member
+        annotations = getattr(fn, "__annotations__", None)
+        if callable(fn) and isinstance(annotations, dict) and "return" in annotations:
+            returned[name] = _perdure_classes(_annotation(fn, "return", annotations["return"]))
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).get("__annotations__", {}).items():
+            if not name.startswith("_") and "ClassVar" not in str(value):
+                returned[name] = _perdure_classes(_annotation(klass, name, value))
+    for name, classes in returned.items():
+        for found in classes:
+            assert getattr(perdure, found.__name__, None) is found, (
+                f"{cls.__name__}.{name} gives {found.__module__}.{found.__name__}, "
+                "which perdure does not export")
+
+
+def test_module_level_functions_return_exported_types() -> None:
+    """``evaluate``, ``current_step`` and the like return exported types too."""
+    for name in perdure.__all__:
+        fn = getattr(perdure, name)
+        if isinstance(fn, types.FunctionType) and "return" in fn.__annotations__:
+            for found in _perdure_classes(_annotation(fn, "return", fn.__annotations__["return"])):
+                assert getattr(perdure, found.__name__, None) is found, (name, found)

@@ -7,16 +7,22 @@ forward from exactly where it was.
 
 from __future__ import annotations
 
+from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder
 from perdure.app import App, step
 from perdure.core.backoff import ErrorClass, RetryPolicy
-from perdure.core.chain import VerifyReport
-from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, evaluate
+from perdure.core.chain import Signer, VerifyReport
+from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, Outcome, evaluate
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
+from perdure.core.trust import Certificate, KeyRing, Revocation
+from perdure.engine.anchors import HeadAnchors
 from perdure.engine.context import StepInfo, current_step
+from perdure.engine.replay import ReplayReport
 from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
+from perdure.engine.verifier import Verifier
+from perdure.engine.worker import AgentDef, Worker
 from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
@@ -44,17 +50,20 @@ from perdure.errors import (
     UnknownAgentError,
 )
 from perdure.handle import Handle, ObjectInfo
+from perdure.stores.base import Store
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Action",
     "AgentCancelledError",
+    "AgentDef",
     "AgentFailedError",
     "AgentParkedError",
     "App",
     "CancelRequestedError",
     "CannotDo",
+    "Certificate",
     "ChildFailedError",
     "ChildHandle",
     "ConfigurationError",
@@ -62,12 +71,15 @@ __all__ = [
     "Decision",
     "ErrorClass",
     "Handle",
+    "HeadAnchors",
     "IntegrityError",
     "Intent",
     "KeyFolder",
+    "KeyRing",
     "Kind",
     "LeaseLostError",
     "LocalPolicy",
+    "NodeIdentity",
     "NodeIdentityError",
     "NonDeterminismError",
     "ObjectConflictError",
@@ -75,25 +87,32 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectTerminatedError",
     "ObjectView",
+    "Outcome",
     "PerdureError",
     "PerdureSignal",
     "Phase",
     "Record",
     "RecordDecodeError",
+    "ReplayReport",
     "ResultTimeoutError",
     "RetryPolicy",
+    "Revocation",
     "Run",
     "SerializationError",
+    "Signer",
     "Status",
     "StepFailedError",
     "StepInDoubtError",
     "StepInfo",
+    "Store",
     "StoreCorruptError",
     "StoreError",
     "SyncChildHandle",
     "SyncRun",
     "UnknownAgentError",
+    "Verifier",
     "VerifyReport",
+    "Worker",
     "__version__",
     "current_step",
     "evaluate",
