@@ -121,7 +121,7 @@ def decode_body(kind: str, body: Mapping[str, Any], *, object_id: str, seq: int
     unknown kind, a body that is not a JSON object, a missing key, a key the kind never
     writes, or a value of the wrong type.
     """
-    cls = BODY_TYPES.get(kind) if type(kind) is str or isinstance(kind, Kind) else None
+    cls = BODY_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise RecordDecodeError(object_id, seq, f"unknown record kind {kind!r}")
     if not isinstance(body, dict):
