@@ -30,11 +30,11 @@ from perdure.core.cycle import (
     LocalPolicy,
     MemoryFacts,
     ObjectView,
-    Outcome,
     evaluate,
     read_memory,
 )
 from perdure.core.intent import Context, Intent
+from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.core.trust import public_key_bytes, seal_event, when
 from perdure.engine.anchors import HeadAnchors
@@ -756,16 +756,16 @@ class Worker:
 
     async def _terminate(self, claim: Claim, records: list[Record], decision: Decision,
                          facts: MemoryFacts) -> None:
-        outcome = decision.outcome or Outcome.FAILED
+        outcome = decision.status  # a terminate decision's status is its outcome
         if facts.terminated is not None:
-            await self._release_plain(claim, ready_at=None, status=str(outcome),
+            await self._release_plain(claim, ready_at=None, status=outcome.value,
                                       phase="termination")
             return
-        body: dict[str, Any] = {"outcome": str(outcome), "reason": decision.reason}
-        if outcome is not Outcome.CANCELLED:
+        body: dict[str, Any] = {"outcome": outcome.value, "reason": decision.reason}
+        if outcome is not Status.CANCELLED:
             body["error"] = {"type": "perdure:Terminated", "message": decision.reason}
         journal = self._journal(claim, records)
-        await self._finish(journal, records, body, status=str(outcome))
+        await self._finish(journal, records, body, status=outcome.value)
 
     async def _refresh_flags(self, run: Run, epoch: int) -> None:
         """Read the object's cancel and pause flags now (before a step starts)."""
@@ -784,22 +784,20 @@ class Worker:
 
     async def _dormancy(self, claim: Claim, records: list[Record], decision: Decision,
                         facts: MemoryFacts) -> None:
-        facts = read_memory(records)
-        status = "dormant"
-        ready_at = decision.wake_at
-        if decision.reason == "paused":
-            status, ready_at = "paused", self.clock()
-        elif decision.reason.startswith("parked"):
-            status, ready_at = "parked", None
-        elif decision.reason.startswith("trust scope"):
-            status, ready_at = "ready", self.clock() + self.settings.unknown_agent_retry
+        status = decision.status
+        if status is Status.PAUSED:
+            ready_at: float | None = self.clock()
+        elif status is Status.PARKED:
+            ready_at = None
+        elif status is Status.READY:  # not for this node: ready again later, for any node
+            ready_at = self.clock() + self.settings.unknown_agent_retry
         else:
-            ready_at = _by_deadline(ready_at, facts.intent.deadline)
+            ready_at = _by_deadline(decision.wake_at, facts.intent.deadline)
         event = facts.dormancy.event if facts.dormancy is not None else None
         journal = self._journal(claim, records)
-        await journal.commit([], status=status, phase="dormancy", ready_at=ready_at,
+        await journal.commit([], status=status.value, phase="dormancy", ready_at=ready_at,
                              running=False, waiting_event=event, release=True,
-                             parked=status == "parked")
+                             parked=status is Status.PARKED)
 
     async def _run_step(self, info: StepInfo, fn: Callable[..., Any], args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> Any:
