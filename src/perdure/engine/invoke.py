@@ -1,7 +1,8 @@
 """Calling user code: an agent against its memory, and a step's function.
 
-``invoke`` is the one way an agent is run against a ``Run`` (the node's execute
-action calls it). ``async def`` code runs on
+``invoke`` is the one way an agent is run against a ``Run``: the node's execute
+action and the replay checker (``engine/replay.py``) both call it, so checking a
+deploy runs the agent exactly as resuming an object does. ``async def`` code runs on
 the event loop; a plain ``def`` agent runs on a code thread with a ``SyncRun``, and a
 plain ``def`` step on a code thread too.
 """
