@@ -1,4 +1,5 @@
-"""``evaluate(view, policy, now)``: every branch, precedence, and purity."""
+"""``evaluate(view, policy, now)``: every branch, precedence, purity, and the typed fields
+(``code``, ``status``) the engine dispatches on."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from perdure.core.cycle import (
     Decision,
     LocalPolicy,
     ObjectView,
-    Outcome,
     evaluate,
     read_memory,
 )
 from perdure.core.intent import Context, Intent
+from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.records import Kind, Record
 from tests.unit.builders import OBJECT_ID, PROFILE, T0, TRACE_ID, chain, instantiated
 
@@ -51,8 +52,8 @@ def decide(v: ObjectView, policy: LocalPolicy = POLICY, now: float = T0) -> Deci
 # -- each branch ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("outcome", list(Outcome))
-def test_already_terminated_is_honoured(outcome: Outcome) -> None:
+@pytest.mark.parametrize("outcome", sorted(TERMINAL_STATUSES))
+def test_already_terminated_is_honoured(outcome: Status) -> None:
     """Memory with a terminated record terminates again with the recorded outcome."""
     d = decide(view(DONE, (Kind.TERMINATED, {"outcome": str(outcome)})))
     assert d.action is Action.TERMINATE
@@ -65,20 +66,20 @@ def test_terminated_wins_over_every_flag() -> None:
     v = view(DONE, (Kind.TERMINATED, {"outcome": "completed"}), cancel_requested=True,
              paused=True, parked=True, pending_events=frozenset({"go"}), pending_refinements=2)
     d = decide(v)
-    assert (d.action, d.outcome) == (Action.TERMINATE, Outcome.COMPLETED)
+    assert (d.action, d.outcome) == (Action.TERMINATE, Status.COMPLETED)
 
 
 def test_cancel_requested_terminates_as_cancelled() -> None:
     """A cancel request terminates the object as cancelled, even when paused or dormant."""
     d = decide(view(DONE, sleeping(T0 + 100), cancel_requested=True, paused=True))
-    assert (d.action, d.outcome, d.reason) == (Action.TERMINATE, Outcome.CANCELLED, "cancelled")
+    assert (d.action, d.outcome, d.reason) == (Action.TERMINATE, Status.CANCELLED, "cancelled")
 
 
 def test_deadline_passed_terminates_as_failed() -> None:
     """At or after the intent's deadline the object terminates as failed."""
     intent = Intent("demo", "1", deadline=T0)
     d = decide(view(DONE, intent=intent), now=T0)
-    assert (d.action, d.outcome, d.reason) == (Action.TERMINATE, Outcome.FAILED, "deadline passed")
+    assert (d.action, d.outcome, d.reason) == (Action.TERMINATE, Status.FAILED, "deadline passed")
     assert decide(view(DONE, intent=intent), now=T0 - 0.001).action is Action.REENTRY
 
 
@@ -87,7 +88,7 @@ def test_failure_threshold_from_policy() -> None:
     policy = LocalPolicy(max_failures=2)
     assert decide(view(FAILED, FAILED), policy).action is Action.REENTRY
     d = decide(view(FAILED, FAILED, FAILED), policy)
-    assert (d.action, d.outcome) == (Action.TERMINATE, Outcome.FAILED)
+    assert (d.action, d.outcome) == (Action.TERMINATE, Status.FAILED)
     assert "failure threshold exceeded (3 > 2)" in d.reason
 
 
@@ -95,7 +96,7 @@ def test_failure_threshold_from_intent_overrides_policy() -> None:
     """The intent's own max_failures takes precedence over the node policy."""
     intent = Intent("demo", "1", max_failures=0)
     d = decide(view(FAILED, intent=intent), LocalPolicy(max_failures=50))
-    assert (d.action, d.outcome) == (Action.TERMINATE, Outcome.FAILED)
+    assert (d.action, d.outcome) == (Action.TERMINATE, Status.FAILED)
 
 
 def test_refined_intent_changes_the_threshold() -> None:
@@ -112,7 +113,7 @@ def test_policy_cutoff_on_max_records() -> None:
     policy = LocalPolicy(max_records=3)
     assert decide(view(DONE), policy).action is Action.REENTRY
     d = decide(view(DONE, DONE), policy)
-    assert (d.action, d.outcome) == (Action.TERMINATE, Outcome.FAILED)
+    assert (d.action, d.outcome) == (Action.TERMINATE, Status.FAILED)
     assert "policy cutoff" in d.reason
 
 
@@ -274,7 +275,7 @@ def memories(draw: st.DrawFn) -> list[Record]:
         elif choice == "nondeterminism":
             drafts.append((Kind.NONDETERMINISM, {"reason": "mismatch"}))
         else:
-            outcome = draw(st.sampled_from(list(Outcome)))
+            outcome = draw(st.sampled_from(sorted(TERMINAL_STATUSES)))
             drafts.append((Kind.TERMINATED, {"outcome": str(outcome)}))
     return chain(drafts, first=instantiated(base, context))
 

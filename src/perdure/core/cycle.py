@@ -3,18 +3,23 @@
 Each time a node picks an object up it (1) parses the intent, (2) checks the
 context against its local policy, (3) reads memory, and (4) selects exactly one
 action. Nothing here does I/O; the engine performs the action around it.
+
+A ``Decision`` carries what the engine acts on as typed fields: the ``action``, the
+``code`` saying why, and the ``status`` the action leads the object to. Its ``reason``
+is the same thing in words, for logs and notes; nothing decides by parsing it.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from perdure.core.codec import encode
 from perdure.core.intent import Context, Intent
+from perdure.core.lifecycle import Status, outcome_status
 from perdure.core.records import Kind, Record
 
 __all__ = [
@@ -23,7 +28,7 @@ __all__ = [
     "LocalPolicy",
     "MemoryFacts",
     "ObjectView",
-    "Outcome",
+    "ReasonCode",
     "evaluate",
     "read_memory",
 ]
@@ -40,12 +45,25 @@ class Action(StrEnum):
     TERMINATE = "terminate"  # write (or honour) the terminal record
 
 
-class Outcome(StrEnum):
-    """How an object ended."""
+class ReasonCode(StrEnum):
+    """Why a cycle selected its action: what the engine dispatches on."""
 
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    TERMINATED = "terminated"  # memory already holds the terminal record
+    CANCEL_REQUESTED = "cancel_requested"
+    DEADLINE_PASSED = "deadline_passed"
+    TOO_MANY_FAILURES = "too_many_failures"  # the intent's (or the policy's) max_failures
+    POLICY_CUTOFF = "policy_cutoff"  # memory reached the policy's max_records
+    SCOPE_NOT_SERVED = "scope_not_served"  # this node does not serve its trust scope
+    PAUSED = "paused"
+    PARKED = "parked"  # the row is parked: a person must resume it
+    REFINEMENTS_PENDING = "refinements_pending"
+    CHILD_RESULTS_PENDING = "child_results_pending"
+    CHILDREN_FINISHED = "children_finished"  # every child a dormancy awaits has finished
+    TIMER_DUE = "timer_due"
+    EVENT_ARRIVED = "event_arrived"
+    WAITING = "waiting"  # a dormancy still waits: for children, an event or a timer
+    FIRST_EXECUTION = "first_execution"
+    RESUME = "resume"  # executed before: resume the agent from memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,78 +191,105 @@ class ObjectView:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The one action selected, why, and (for dormancy) until when."""
+    """The one action selected, why (``code``, and ``reason`` in words), the status it
+    leads the object to and (for dormancy) until when."""
 
     action: Action
     reason: str
     wake_at: float | None = None
-    outcome: Outcome | None = None
+    _: KW_ONLY
+    code: ReasonCode
+    #: terminate: the outcome; dormancy: dormant, paused, parked, or ready (for another
+    #: node); every other action: running.
+    status: Status
+
+    @property
+    def outcome(self) -> Status | None:
+        """How the object ends (one of ``TERMINAL_STATUSES``) if it terminates, else ``None``."""
+        return self.status if self.action is Action.TERMINATE else None
+
+
+def _terminate(code: ReasonCode, reason: str, outcome: Status = Status.FAILED) -> Decision:
+    return Decision(Action.TERMINATE, reason, code=code, status=outcome)
+
+
+def _dormancy(code: ReasonCode, reason: str, status: Status = Status.DORMANT,
+              wake_at: float | None = None) -> Decision:
+    return Decision(Action.DORMANCY, reason, wake_at, code=code, status=status)
+
+
+def _go(action: Action, code: ReasonCode, reason: str) -> Decision:
+    return Decision(action, reason, code=code, status=Status.RUNNING)
 
 
 def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
     """Select exactly one action for the object in ``view`` at time ``now``."""
     facts = view.facts if view.facts is not None else read_memory(view.records)
     if facts.terminated is not None:
-        return Decision(
-            Action.TERMINATE,
+        return _terminate(
+            ReasonCode.TERMINATED,
             f"already terminated ({facts.terminated.get('outcome')})",
-            outcome=Outcome(facts.terminated.get("outcome", Outcome.FAILED)),
+            outcome_status(facts.terminated.get("outcome", Status.FAILED)),
         )
     if view.cancel_requested:
-        return Decision(Action.TERMINATE, "cancelled", outcome=Outcome.CANCELLED)
+        return _terminate(ReasonCode.CANCEL_REQUESTED, "cancelled", Status.CANCELLED)
     deadline = facts.intent.deadline
     if deadline is not None and now >= deadline:
-        return Decision(Action.TERMINATE, "deadline passed", outcome=Outcome.FAILED)
+        return _terminate(ReasonCode.DEADLINE_PASSED, "deadline passed")
     limit = facts.intent.max_failures if facts.intent.max_failures is not None else (
         policy.max_failures
     )
     if facts.failures > limit:
-        return Decision(
-            Action.TERMINATE,
-            f"failure threshold exceeded ({facts.failures} > {limit})",
-            outcome=Outcome.FAILED,
-        )
+        return _terminate(ReasonCode.TOO_MANY_FAILURES,
+                          f"failure threshold exceeded ({facts.failures} > {limit})")
     if policy.max_records is not None and len(view.records) >= policy.max_records:
-        return Decision(
-            Action.TERMINATE,
+        return _terminate(
+            ReasonCode.POLICY_CUTOFF,
             f"policy cutoff: {len(view.records)} records reach the limit {policy.max_records}",
-            outcome=Outcome.FAILED,
         )
     if policy.trust_scopes is not None and facts.context.trust_scope not in policy.trust_scopes:
-        return Decision(
-            Action.DORMANCY, f"trust scope {facts.context.trust_scope!r} not served by this node"
+        # Another node may serve it: it stays ready for one.
+        return _dormancy(
+            ReasonCode.SCOPE_NOT_SERVED,
+            f"trust scope {facts.context.trust_scope!r} not served by this node", Status.READY,
         )
     if view.paused:
-        return Decision(Action.DORMANCY, "paused")
+        return _dormancy(ReasonCode.PAUSED, "paused", Status.PAUSED)
     if view.parked:
-        return Decision(Action.DORMANCY, f"parked: {facts.parked_reason or 'needs a person'}")
+        return _dormancy(ReasonCode.PARKED,
+                         f"parked: {facts.parked_reason or 'needs a person'}", Status.PARKED)
     if view.pending_refinements:
-        return Decision(Action.MUTATE, f"{view.pending_refinements} intent refinement(s) pending")
+        return _go(Action.MUTATE, ReasonCode.REFINEMENTS_PENDING,
+                   f"{view.pending_refinements} intent refinement(s) pending")
     if view.pending_child_results:
-        return Decision(
-            Action.DELEGATE, f"{view.pending_child_results} child result(s) to fold into memory"
-        )
+        return _go(Action.DELEGATE, ReasonCode.CHILD_RESULTS_PENDING,
+                   f"{view.pending_child_results} child result(s) to fold into memory")
     dormancy = facts.dormancy
     if dormancy is not None:
-        if dormancy.children:
-            live = [c for c in dormancy.children if c not in facts.finished_children]
-            if not live:
-                return Decision(Action.REENTRY, "every awaited child has finished")
-            if dormancy.wake_at is not None and now >= dormancy.wake_at:
-                return Decision(Action.REENTRY, f"{dormancy.reason} timer due")
-            return Decision(
-                Action.DORMANCY,
-                f"waiting for {len(live)} child object(s): {', '.join(live[:3])}",
-                wake_at=dormancy.wake_at,
-            )
-        if dormancy.event is not None and dormancy.event in view.pending_events:
-            return Decision(Action.REENTRY, f"event {dormancy.event!r} arrived")
-        if dormancy.wake_at is not None and now >= dormancy.wake_at:
-            return Decision(Action.REENTRY, f"{dormancy.reason} timer due")
-        waiting = f"event {dormancy.event!r}" if dormancy.event else "timer"
-        return Decision(
-            Action.DORMANCY, f"{dormancy.reason}: waiting for {waiting}", wake_at=dormancy.wake_at
-        )
+        return _dormant(dormancy, view, facts, now)
     if not facts.executed:
-        return Decision(Action.EXECUTE, "first execution")
-    return Decision(Action.REENTRY, "resume from memory")
+        return _go(Action.EXECUTE, ReasonCode.FIRST_EXECUTION, "first execution")
+    return _go(Action.REENTRY, ReasonCode.RESUME, "resume from memory")
+
+
+def _dormant(dormancy: Dormancy, view: ObjectView, facts: MemoryFacts, now: float) -> Decision:
+    """An object with an open dormancy: re-enter if what it waits for is there, else wait."""
+    if dormancy.children:
+        live = [c for c in dormancy.children if c not in facts.finished_children]
+        if not live:
+            return _go(Action.REENTRY, ReasonCode.CHILDREN_FINISHED,
+                       "every awaited child has finished")
+        if dormancy.wake_at is not None and now >= dormancy.wake_at:
+            return _go(Action.REENTRY, ReasonCode.TIMER_DUE, f"{dormancy.reason} timer due")
+        return _dormancy(
+            ReasonCode.WAITING,
+            f"waiting for {len(live)} child object(s): {', '.join(live[:3])}",
+            wake_at=dormancy.wake_at,
+        )
+    if dormancy.event is not None and dormancy.event in view.pending_events:
+        return _go(Action.REENTRY, ReasonCode.EVENT_ARRIVED, f"event {dormancy.event!r} arrived")
+    if dormancy.wake_at is not None and now >= dormancy.wake_at:
+        return _go(Action.REENTRY, ReasonCode.TIMER_DUE, f"{dormancy.reason} timer due")
+    waiting = f"event {dormancy.event!r}" if dormancy.event else "timer"
+    return _dormancy(ReasonCode.WAITING, f"{dormancy.reason}: waiting for {waiting}",
+                     wake_at=dormancy.wake_at)

@@ -1,10 +1,15 @@
-"""Lifecycle phases and the user-facing status of an object."""
+"""Lifecycle phases and the user-facing status of an object, and how an object can end.
+
+``TERMINAL_STATUSES`` is the one definition of "ended" in Python (the SQL keeps its
+own literals): a terminated record's ``outcome`` names one of them, and an object's
+row says it once its terminal record is written.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["TERMINAL_STATUSES", "Phase", "Status"]
+__all__ = ["TERMINAL_STATUSES", "Phase", "Status", "outcome_status"]
 
 
 class Phase(StrEnum):
@@ -32,5 +37,25 @@ class Status(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @property
+    def terminal(self) -> bool:
+        """Whether an object with this status has ended (see ``TERMINAL_STATUSES``)."""
+        return self in TERMINAL_STATUSES
 
-TERMINAL_STATUSES = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+TERMINAL_STATUSES: frozenset[Status] = frozenset(
+    {Status.COMPLETED, Status.FAILED, Status.CANCELLED}
+)
+"""How an object can end: the statuses a terminated record's ``outcome`` names."""
+
+_TERMINAL_VALUES = frozenset(status.value for status in TERMINAL_STATUSES)
+
+
+def outcome_status(outcome: object) -> Status:
+    """The terminal status a terminated record's ``outcome`` names.
+
+    Raises ``ValueError`` for anything else (a status that is not an ending, too).
+    """
+    if isinstance(outcome, str) and outcome in _TERMINAL_VALUES:
+        return Status(outcome)
+    raise ValueError(f"{outcome!r} is not a valid outcome")

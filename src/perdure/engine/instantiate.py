@@ -13,7 +13,7 @@ from perdure.core.records import GENESIS_HASH, Kind, RecordDraft
 from perdure.stores.base import NewObject
 
 if TYPE_CHECKING:
-    from perdure.engine.worker import AgentDef
+    from perdure.engine.settings import AgentDef
 
 __all__ = ["instantiate"]
 

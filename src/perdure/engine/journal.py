@@ -10,11 +10,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
+from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import CancelRequestedError, LeaseLostError, StoreError
 from perdure.stores.base import Append, Signal, Store
 
-__all__ = ["Committer", "Journal", "StoreUnavailable"]
+__all__ = ["Committer", "HistoryEnd", "Journal", "StoreUnavailable"]
 
 
 class StoreUnavailable(BaseException):
@@ -265,7 +266,13 @@ class Committer:
 
 @dataclass
 class Journal:
-    """The head of one object's chain as this node holds it, and the way to extend it."""
+    """The head of one object's chain as this node holds it, and the way to extend it.
+
+    A journal without a committer (``Journal.read_only``) is read-only by design: it
+    seals nothing and writes nothing, and ``commit`` raises ``HistoryEnd``. A replay
+    checker runs the agent against memory through one: the run ends where it would
+    first write, past the recorded history.
+    """
 
     object_id: str
     epoch: int
@@ -274,7 +281,7 @@ class Journal:
     trace_id: str
     signer: Signer
     policy_ref: str
-    committer: Committer
+    committer: Committer | None  # None: read-only
     clock: Callable[[], float]
     claimed_at: float
     #: Told ``(seq, hash)`` of the head the node leaves the object at (its seen heads).
@@ -290,6 +297,18 @@ class Journal:
         self.cancel_seen = False  # a commit reported a pending cancel: no step starts now
         self.delegated: list[str] = []  # children ``run.delegate`` recorded through it
 
+    @classmethod
+    def read_only(cls, records: Sequence[Record], *, object_id: str, signer: Signer,
+                  policy_ref: str, clock: Callable[[], float] = time.time) -> Journal:
+        """A journal on the head of ``records`` that never writes (see the class).
+
+        ``signer`` only names a node to the run (nothing is signed).
+        """
+        head = records[-1]
+        return cls(object_id=object_id, epoch=0, head_seq=head.seq, head_hash=head.hash,
+                   trace_id=head.trace_id, signer=signer, policy_ref=policy_ref,
+                   committer=None, clock=clock, claimed_at=clock())
+
     def defer(self, draft: RecordDraft, *, consume_event_ids: Sequence[int] = (),
               volatile: bool = True) -> None:
         """Queue a record that may be lost in a crash (it will be re-derived on replay).
@@ -301,6 +320,7 @@ class Journal:
         ``volatile``: replay could derive it differently, so it must be committed
         before a step's side effect can depend on it. A record nothing replays from (a
         progress note) passes ``volatile=False``: it simply goes with the next commit.
+        A read-only journal queues too, and never writes what it queued.
         """
         self.buffer.append(draft)
         if consume_event_ids:
@@ -308,10 +328,11 @@ class Journal:
         elif volatile:
             self.volatile = True
 
-    def _seal(self, drafts: Sequence[RecordDraft]) -> list[Record]:
+    def _seal(self, drafts: Sequence[RecordDraft], signs: bool) -> list[Record]:
+        """``drafts`` chained onto the head; unsigned when the committer ``signs``."""
         seq, prev = self.head_seq, self.head_hash
         ts_us = int(self.clock() * 1_000_000)
-        if self.committer.signs:  # the committer signs as the commit starts
+        if signs:  # the committer signs as the commit starts
             quick = seal_unsigned(drafts, object_id=self.object_id, seq=seq, prev_hash=prev,
                                   trace_id=self.trace_id, ts_us=ts_us,
                                   node_id=self.signer.node_id, policy_ref=self.policy_ref)
@@ -329,7 +350,7 @@ class Journal:
                 ts_us=ts_us,
                 policy_ref=self.policy_ref,
                 signer=self.signer,
-                sign=not self.committer.signs,  # else the committer signs
+                sign=not signs,  # else the committer signs
             )
             records.append(rec)
             prev = rec.hash
@@ -339,8 +360,8 @@ class Journal:
         self,
         drafts: Sequence[RecordDraft] = (),
         *,
-        status: str = "running",
-        phase: str = "execution",
+        status: Status = Status.RUNNING,
+        phase: Phase = Phase.EXECUTION,
         ready_at: float | None = None,
         running: bool = True,
         waiting_event: str | None = None,
@@ -361,9 +382,13 @@ class Journal:
 
         Records are sealed onto the head at once, so concurrent commits of one
         object (parallel branches) chain in submission order and the group commit
-        applies them in that order; if one is refused, the run stops.
+        applies them in that order; if one is refused, the run stops. A read-only
+        journal raises ``HistoryEnd`` instead, having written nothing.
         """
-        records = self._seal([*self.buffer, *drafts])
+        committer = self.committer
+        if committer is None:
+            raise HistoryEnd(self.object_id)
+        records = self._seal([*self.buffer, *drafts], committer.signs)
         before = self.head_seq, self.head_hash
         self.buffer.clear()
         self.volatile = False
@@ -374,27 +399,17 @@ class Journal:
             self.head_seq = records[-1].seq
             self.head_hash = records[-1].hash
         op = Append(
-            object_id=self.object_id,
-            epoch=self.epoch,
-            records=records,
-            status=status,
-            phase=phase,
-            ready_at=self.claimed_at if running else ready_at,
-            waiting_event=waiting_event,
-            release=release,
-            result=result,
-            consume_event_ids=tuple(consume_event_ids),
-            parked=parked,
-            note=note,
-            signal=signal,
-            requires=requires,
-            avoid_node=avoid_node,
-            clear_avoid=clear_avoid,
-            unless_cancelled=unless_cancelled,
+            object_id=self.object_id, epoch=self.epoch, records=records,
+            # Plain strings to the store: its drivers take a ``str`` without a lookup.
+            status=status._value_, phase=phase._value_,
+            ready_at=self.claimed_at if running else ready_at, waiting_event=waiting_event,
+            release=release, result=result, consume_event_ids=tuple(consume_event_ids),
+            parked=parked, note=note, signal=signal, requires=requires, avoid_node=avoid_node,
+            clear_avoid=clear_avoid, unless_cancelled=unless_cancelled,
             cancel_children=cancel_children,
         )
         try:
-            stored = await self.committer.submit(op)
+            stored = await committer.submit(op)
         except LeaseLostError:
             self.head_seq, self.head_hash = before  # refused: nothing was written
             raise
@@ -413,3 +428,11 @@ class Journal:
             self.anchor(self.head_seq, self.head_hash)
         self.flags_at = time.monotonic()
         return stored
+
+
+class HistoryEnd(BaseException):
+    """A read-only journal was asked to write: the run went past the memory it was given.
+
+    Replay checking ends there (the object would carry on from that point); nothing
+    was written.
+    """

@@ -1,0 +1,274 @@
+"""The six actions a cycle can select, as a table of handlers: ``HANDLERS[action]``.
+
+Each handler performs its action on a claimed object and returns the records it
+appended when the object stays with this node to be evaluated again (mutate,
+delegate), or ``None`` once the node has let the object go (execute and reentry,
+which run the agent; dormancy; terminate). Handlers decide from the decision's typed
+fields (``status``, ``wake_at``), never from its words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from perdure._gc import gc_paused
+from perdure.core.codec import decode, encode
+from perdure.core.cycle import Action, Decision, MemoryFacts
+from perdure.core.intent import Context, Intent
+from perdure.core.lifecycle import Phase, Status
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.ending import finish, finish_failed, park
+from perdure.engine.invoke import invoke, served
+from perdure.engine.journal import Journal, StoreUnavailable
+from perdure.engine.leases import refresh_flags
+from perdure.engine.lineage import fold_children, spawn
+from perdure.engine.memory import event_refusal, pending_events
+from perdure.engine.node import Node
+from perdure.engine.run import CHILD_EVENT, DeadlineExceeded, Park, Run, Suspend
+from perdure.errors import (
+    CancelRequestedError,
+    LeaseLostError,
+    NonDeterminismError,
+    SerializationError,
+    StoreError,
+)
+from perdure.stores.base import Claim, Event
+
+__all__ = ["HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
+
+log = logging.getLogger("perdure.worker")
+
+REFINE_EVENT = "perdure:refine"  # an intent refinement in an object's inbox
+
+#: ``handler(node, claim, records, decision, facts, events)``: the records it appended
+#: if the object is to be evaluated again, or ``None`` once the node let it go.
+Handler = Callable[[Node, Claim, list[Record], Decision, MemoryFacts, list[Event]],
+                   Awaitable[list[Record] | None]]
+
+
+def by_deadline(ready_at: float | None, deadline: float | None) -> float | None:
+    """When a dormant object must be looked at again: no later than its deadline."""
+    if deadline is None:
+        return ready_at
+    return deadline if ready_at is None else min(ready_at, deadline)
+
+
+# -- execute and reentry: run the agent ----------------------------------------------
+
+
+async def execute(node: Node, claim: Claim, records: list[Record], decision: Decision,
+                  facts: MemoryFacts, events: list[Event]) -> None:
+    """Run the agent against its memory (first run and reentry alike) and record how
+    it stopped: ended, dormant, parked."""
+    oid = claim.object_id
+    intent: Intent = facts.intent
+    agent = served(node.agents, intent)
+    if agent is None:
+        await _not_served(node, claim, intent)
+        return None
+    journal = node.journal(claim, records)
+    if claim.crashes > node.policy.max_crashes:
+        # Even replaying killed its workers (the agent's own code between steps):
+        # park without running anything.
+        reason = (f"the worker died {claim.crashes} times in a row while running this "
+                  f"object after record #{records[-1].seq}; fix the cause, then run "
+                  f"`perdure resume {oid}`")
+        await park(journal, RuntimeError(reason), RecordDraft(Kind.PARKED, {
+            "reason": reason, "code": "worker_died", "crashes": claim.crashes}))
+        return None
+    run = _new_run(node, claim, journal, records, facts, events)
+    active = node.active.get(oid)
+    if active is not None:
+        active.run = run
+    try:
+        result = await invoke(agent, run, node.code_pool)
+        try:
+            result_bytes = encode(result, what=f"result of agent {intent.agent!r}")
+        except SerializationError as exc:
+            await finish_failed(node, journal, records, exc)
+            return None
+        await finish(node, journal, records,
+                     {"outcome": Status.COMPLETED.value, "result": decode(result_bytes)},
+                     status=Status.COMPLETED, result=result_bytes)
+    except Suspend as sus:
+        await journal.commit(sus.drafts, status=Status(sus.status), phase=Phase.DORMANCY,
+                             ready_at=by_deadline(sus.ready_at, run.intent.deadline),
+                             running=False, waiting_event=sus.waiting_event, release=True,
+                             consume_event_ids=sus.consume_event_ids,
+                             requires=sus.requires, avoid_node=sus.avoid_node)
+    except Park as parking:
+        err = parking.error
+        record = parking.record
+        if record is None and isinstance(err, NonDeterminismError):
+            log.error("parked %s: %s", oid, err, extra={"action": "parked_nondeterminism"})
+            record = RecordDraft(Kind.NONDETERMINISM, {
+                "reason": str(err), "position": err.position, "recorded": err.recorded,
+                "found": err.found, "agent_version": agent.version})
+        await park(journal, err, record)
+    except CancelRequestedError:
+        await finish(node, journal, records,
+                     {"outcome": Status.CANCELLED.value, "reason": "cancelled"},
+                     status=Status.CANCELLED)
+    except DeadlineExceeded as exc:
+        await finish(node, journal, records, {
+            "outcome": Status.FAILED.value, "reason": "deadline passed",
+            "error": {"type": "perdure:DeadlineExceeded", "message": str(exc)}},
+            status=Status.FAILED)
+    except (LeaseLostError, StoreUnavailable, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the agent's own failure ends the object
+        await finish_failed(node, journal, records, exc)
+    return None
+
+
+async def _not_served(node: Node, claim: Claim, intent: Intent) -> None:
+    """This node does not serve the agent version the object needs: leave it for one
+    that does (a claim routes by version; this is a node whose agents changed)."""
+    agent = node.agents.get(intent.agent)
+    served_as = "not registered" if agent is None else f"served at version {agent.version}"
+    log.warning("%s needs agent %s@%s, %s on this node; leaving it", claim.object_id,
+                intent.agent, intent.version, served_as, extra={"action": "unknown_agent"})
+    await node.release(
+        claim, ready_at=node.clock() + node.settings.unknown_agent_retry, status=Status.READY,
+        note=f"agent {intent.agent}@{intent.version} is {served_as} on node "
+             f"{node.signer.node_id}",
+    )
+
+
+def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
+             facts: MemoryFacts, events: list[Event]) -> Run:
+    """The run of this claim: memory indexed, the inbox read at the claim handed on."""
+    oid = claim.object_id
+
+    async def load_events() -> list[Event]:
+        try:
+            return list(await node.read(pending_events, node, oid))
+        except StoreError as exc:  # not the agent's failure: abandon the run, retry later
+            raise StoreUnavailable(exc) from exc
+
+    run: Run
+
+    async def flags() -> None:
+        await refresh_flags(node, run, claim.epoch)
+
+    async def spawn_child(agent: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                          child_id: str, parent: Context) -> str:
+        return await spawn(node, agent, args, kwargs, child_id, parent)
+
+    with gc_paused():  # it indexes every record: as many new lists on a long history
+        run = Run(journal=journal, intent=facts.intent, context=facts.context, records=records,
+                  load_events=load_events, pending_events=events,
+                  step_executor=node.run_step, clock=node.clock,
+                  spawn=spawn_child, capabilities=node.capabilities,
+                  check_event=node.verifier.check_event, refresh_flags=flags,
+                  crashes=claim.crashes, max_crashes=node.policy.max_crashes)
+    run.cancel_requested = claim.cancel_requested
+    return run
+
+
+# -- mutate and delegate: fold the inbox into memory ---------------------------------
+
+
+async def mutate(node: Node, claim: Claim, records: list[Record], decision: Decision,
+                 facts: MemoryFacts, events: list[Event]) -> list[Record]:
+    """Mutation phase: apply the pending intent refinements."""
+    refinements = [e for e in events if e.name == REFINE_EVENT]
+    journal = node.journal(claim, records)
+    return await _folding(node, claim, records, _refine(node, journal, facts, refinements))
+
+
+async def delegate(node: Node, claim: Claim, records: list[Record], decision: Decision,
+                   facts: MemoryFacts, events: list[Event]) -> list[Record]:
+    """Delegation phase: fold the children's terminal signals into memory."""
+    signals = [e for e in events if e.name == CHILD_EVENT]
+    journal = node.journal(claim, records)
+    return await _folding(node, claim, records,
+                          fold_children(node, journal, records, signals))
+
+
+async def _folding(node: Node, claim: Claim, records: list[Record],
+                   fold: Awaitable[list[Record]]) -> list[Record]:
+    """The records ``fold`` appended (all that follow ``records`` if a cancel came)."""
+    try:
+        return await fold
+    except CancelRequestedError:  # written; the next evaluation sees the cancel
+        appended: list[Record] = await node.read(node.store.chain, claim.object_id,
+                                                 records[-1].seq, records[-1].hash)
+        return appended
+
+
+async def _refine(node: Node, journal: Journal, facts: MemoryFacts,
+                  refinements: list[Event]) -> list[Record]:
+    intent = facts.intent
+    drafts: list[RecordDraft] = []
+    for event in refinements:
+        digest, refused = event_refusal(node, event)
+        if refused is not None:
+            drafts.append(refused)
+            continue
+        try:
+            changes = decode(event.payload)
+            intent = intent.refined(dict(changes))
+            drafts.append(RecordDraft(Kind.INTENT_REFINED, {
+                "intent": intent.to_body(), "changes": changes, "event_id": event.event_id,
+                "event_hash": digest}))
+        except (ValueError, TypeError) as exc:
+            drafts.append(RecordDraft(Kind.PROGRESS, {
+                "fields": {"refinement_rejected": str(exc), "event_id": event.event_id}}))
+    # A refined ``requires`` must reach the row too: claims route by it.
+    routed = any(d.kind == Kind.INTENT_REFINED and "requires" in d.body["changes"]
+                 for d in drafts)
+    return await journal.commit(drafts, phase=Phase.MUTATION,
+                                consume_event_ids=[e.event_id for e in refinements],
+                                requires=tuple(intent.requires) if routed else None)
+
+
+# -- dormancy and terminate: let the object go ---------------------------------------
+
+
+async def dormancy(node: Node, claim: Claim, records: list[Record], decision: Decision,
+                   facts: MemoryFacts, events: list[Event]) -> None:
+    """Nothing to do now: let the object go, ready again when the decision's status says."""
+    status = decision.status
+    if status is Status.PAUSED:
+        ready_at: float | None = node.clock()
+    elif status is Status.PARKED:
+        ready_at = None
+    elif status is Status.READY:  # not for this node: ready again later, for any node
+        ready_at = node.clock() + node.settings.unknown_agent_retry
+    else:
+        ready_at = by_deadline(decision.wake_at, facts.intent.deadline)
+    event = facts.dormancy.event if facts.dormancy is not None else None
+    journal = node.journal(claim, records)
+    await journal.commit([], status=status, phase=Phase.DORMANCY, ready_at=ready_at,
+                         running=False, waiting_event=event, release=True,
+                         parked=status is Status.PARKED)
+    return None
+
+
+async def terminate(node: Node, claim: Claim, records: list[Record], decision: Decision,
+                    facts: MemoryFacts, events: list[Event]) -> None:
+    """Write the terminal record the decision names (or just let go if memory has it)."""
+    outcome = decision.status  # a terminate decision's status is its outcome
+    if facts.terminated is not None:
+        await node.release(claim, ready_at=None, status=outcome, phase=Phase.TERMINATION)
+        return None
+    body: dict[str, Any] = {"outcome": outcome.value, "reason": decision.reason}
+    if outcome is not Status.CANCELLED:
+        body["error"] = {"type": "perdure:Terminated", "message": decision.reason}
+    journal = node.journal(claim, records)
+    await finish(node, journal, records, body, status=outcome)
+    return None
+
+
+HANDLERS: dict[Action, Handler] = {
+    Action.EXECUTE: execute,
+    Action.REENTRY: execute,
+    Action.MUTATE: mutate,
+    Action.DELEGATE: delegate,
+    Action.DORMANCY: dormancy,
+    Action.TERMINATE: terminate,
+}

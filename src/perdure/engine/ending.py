@@ -1,0 +1,91 @@
+"""How a node ends an object, or stops it for a person.
+
+``finish`` writes the terminal record; in the same transaction it signals the parent
+and asks the live children to cancel, so neither is ever lost. A completion is
+written only if no cancel is pending: an object whose agent returns while a cancel
+waits ends cancelled. ``park`` stops an object until a person resumes it, with a
+record saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from perdure.core.lifecycle import Phase, Status
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.failures import error_body
+from perdure.engine.journal import Journal
+from perdure.engine.leases import cancel_pending
+from perdure.engine.lineage import parent_signal
+from perdure.engine.node import Node
+from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismError
+
+__all__ = ["finish", "finish_failed", "park"]
+
+log = logging.getLogger("perdure.worker")
+
+
+async def finish(node: Node, journal: Journal, records: list[Record], body: dict[str, Any], *,
+                 status: Status, result: bytes | None = None) -> None:
+    """Write the terminal record, signalling the parent in the same transaction.
+
+    A completion is written only if no cancel is pending: an object whose agent
+    returns while a cancel waits ends cancelled.
+    """
+    error = body.get("error")
+    note = None
+    if status is Status.FAILED and isinstance(error, dict):
+        note = f"{_short_type(error.get('type'))}: {error.get('message', '')}"[:500]
+    # The live children are asked to cancel in the terminal record's own transaction
+    # (every object whose row names this one as parent: also a child whose delegation
+    # record a crash kept from being written), so the request is never lost.
+    children = node.policy.cancel_children
+    completing = status is Status.COMPLETED
+    try:
+        try:
+            await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
+                                 phase=Phase.TERMINATION, ready_at=None, running=False,
+                                 release=True, result=result, note=note,
+                                 unless_cancelled=completing,
+                                 signal=parent_signal(node, records, body),
+                                 cancel_children=children)
+        except LeaseLostError:
+            # A refused completion: the lease is lost, or a cancel is pending (a store
+            # may say either way); if this node still holds the object, it is the cancel.
+            if not completing or not await cancel_pending(node, journal):
+                raise
+            raise CancelRequestedError(journal.object_id) from None
+    except CancelRequestedError:
+        cancelled = {"outcome": Status.CANCELLED.value,
+                     "reason": "cancelled before the completion was recorded (the agent "
+                               "had returned)"}
+        await journal.commit([RecordDraft(Kind.TERMINATED, cancelled)],
+                             status=Status.CANCELLED, phase=Phase.TERMINATION, ready_at=None,
+                             running=False, release=True,
+                             signal=parent_signal(node, records, cancelled),
+                             cancel_children=children)
+    node.held.drop(journal.object_id)
+    node.completed += 1
+
+
+async def finish_failed(node: Node, journal: Journal, records: list[Record],
+                        exc: BaseException) -> None:
+    """End the object as failed by ``exc`` (the agent's own exception)."""
+    await finish(node, journal, records, {"outcome": Status.FAILED.value,
+                                          "reason": "agent raised", "error": error_body(exc)},
+                 status=Status.FAILED)
+
+
+async def park(journal: Journal, err: Exception, record: RecordDraft | None) -> None:
+    """Park the object for a person, with ``record`` saying why in memory."""
+    if not isinstance(err, NonDeterminismError):
+        log.error("parked %s: %s", journal.object_id, err, extra={"action": "parked"})
+    await journal.commit([record] if record is not None else [], status=Status.PARKED,
+                         phase=Phase.EVALUATION, ready_at=None, running=False, release=True,
+                         parked=True, note=str(err)[:500])
+
+
+def _short_type(type_path: Any) -> str:
+    """``module:Qual.Name`` as ``Name`` (for a one-line note)."""
+    return str(type_path or "Error").rpartition(":")[2].rpartition(".")[2] or "Error"

@@ -1,0 +1,109 @@
+"""Reading an object's memory and inbox for a claim, and vouching for what was read.
+
+No code runs on memory this node cannot vouch for: the chain's links and hashes are
+checked up to the head the object's row names, its newest record must be signed by a
+key certified under a root this node trusts (it chains every record before it), and
+the chain must reach the highest head this node saw of the object (rollback). The
+records this node holds (``HeldRecords``) spare reading and checking them again.
+Events from the inbox are checked against their senders' seals; one that fails is
+refused with a record saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.node import Node
+from perdure.errors import IntegrityError, RecordDecodeError
+from perdure.stores.base import Event, ObjectRow
+
+__all__ = ["checked_memory", "event_refusal", "pending_events"]
+
+log = logging.getLogger("perdure.worker")
+
+
+async def checked_memory(node: Node, oid: str) -> tuple[list[Record], ObjectRow | None]:
+    """The object's whole chain, vouched for, and its row.
+
+    Links and hashes are checked up to the head the row records; the newest record's
+    signature (or commit seal) must verify under a key certified by a root this node
+    trusts (it chains every record before it); and the chain must reach the highest
+    head this node saw of the object. Reads only the tail when this node holds the
+    earlier records; falls back to the full chain if the tail does not fit on.
+    Raises ``IntegrityError`` or ``RecordDecodeError`` when the stored chain cannot
+    be vouched for.
+    """
+    held = node.held.get(oid)
+    if held is not None:
+        last = held[-1]
+        try:
+            tail: list[Record] = await node.read(node.store.chain, oid, last.seq, last.hash)
+            records: list[Record] = held + tail
+            row = await node.read(_vouch, node, oid, records, len(held))
+        except (IntegrityError, RecordDecodeError) as exc:
+            log.info("%s: held records do not fit the store (%s); reading the whole chain",
+                     oid, exc, extra={"action": "held_records_dropped"})
+            node.held.drop(oid)
+        else:
+            node.held.hits += 1
+            node.held.put(oid, records)
+            return records, row
+    node.held.misses += 1
+    records = await node.read(node.store.chain, oid)
+    if not records:
+        raise IntegrityError(oid, 1, "object has no records")
+    row = await node.read(_vouch, node, oid, records, 0)
+    node.held.put(oid, records)
+    return records, row
+
+
+def _vouch(node: Node, oid: str, records: list[Record], known: int) -> ObjectRow | None:
+    """On a read thread: the row must name the chain's head, the chain must reach
+    what this node saw, and its newest record must be signed by a trusted key
+    (unless this node already holds it: the first ``known`` records, or the head it
+    saw itself). Returns the row."""
+    row = _head_of(node, oid, records)
+    last = records[-1]
+    rolled, seen = node.anchors.seen(oid, records)
+    if rolled is not None:
+        raise IntegrityError(oid, *rolled)
+    if len(records) > known and not (seen is not None and seen[1] == last.seq
+                                     and seen[2] == last.hash):
+        node.verifier.check_head(oid, records)
+        node.anchors.note(oid, records[0].hash, last.seq, last.hash)
+    return row
+
+
+def _head_of(node: Node, oid: str, records: list[Record]) -> ObjectRow | None:
+    """The chain must end where the object's row (returned) says its head is."""
+    head: ObjectRow | None = node.store.get(oid)
+    last = records[-1]
+    if head is not None and head.head_seq != last.seq:
+        raise IntegrityError(oid, last.seq + 1, f"chain ends at #{last.seq} but the "
+                             f"object's head is #{head.head_seq} (records missing)")
+    if head is not None and head.head_hash != last.hash:
+        raise IntegrityError(oid, last.seq, "last record's hash differs from the "
+                             "object's recorded head")
+    return head
+
+
+def pending_events(node: Node, oid: str) -> list[Event]:
+    """On a read thread: the object's pending events, their senders looked up."""
+    events = node.store.pending_events(oid)
+    if events:
+        node.verifier.warm(events)
+    return events
+
+
+def event_refusal(node: Node, event: Event) -> tuple[str | None, RecordDraft | None]:
+    """The digest of ``event`` if its seal verifies, or a refusal record for it."""
+    digest, problem = node.verifier.check_event(event)
+    if problem is None:
+        return digest, None
+    log.error("refused event %r #%d for %s: %s", event.name, event.event_id,
+              event.object_id, problem,
+              extra={"action": "integrity_failure", "object_id": event.object_id})
+    return digest, RecordDraft(Kind.EVENT_REFUSED, {
+        "event_id": event.event_id, "name": event.name, "event_hash": digest,
+        "reason": problem})

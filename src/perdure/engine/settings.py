@@ -1,0 +1,52 @@
+"""What a node is configured with: the agents it serves and how it works.
+
+``AgentDef`` is one registered agent; ``WorkerSettings`` the node's knobs, checked as
+they are built (a wrong one raises ``ConfigurationError`` at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from perdure.errors import ConfigurationError
+
+__all__ = ["AgentDef", "WorkerSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDef:
+    """A registered agent: its name, code version, function and whether it is async."""
+
+    name: str
+    version: str
+    fn: Callable[..., Any]
+    is_async: bool
+    requires: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """How a node works: objects at once, lease length, idle poll interval, drain time."""
+
+    concurrency: int = 16
+    lease_seconds: float = 30.0
+    poll_interval: float = 0.1
+    drain_seconds: float = 5.0
+    control_interval: float = 0.25
+    idle_seconds: float = 2.0  # longest idle sleep when the store pushes wake-ups
+    unknown_agent_retry: float = 5.0
+    # Records this node keeps of the objects it ran, so that claiming one again reads
+    # and checks only what was appended since (0 turns it off). Roughly 1 KB each.
+    held_records: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigurationError("concurrency must be at least 1")
+        if self.held_records < 0:
+            raise ConfigurationError("held_records must be 0 or more")
+        if self.lease_seconds <= 0.2:
+            raise ConfigurationError("lease_seconds must be more than 0.2")
+        if self.poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be positive")
