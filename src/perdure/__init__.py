@@ -12,7 +12,7 @@ from perdure._keys import KeyFolder
 from perdure.app import App, step
 from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import Signer, VerifyReport
-from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, Outcome, evaluate
+from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, ReasonCode, evaluate
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
@@ -87,10 +87,10 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectTerminatedError",
     "ObjectView",
-    "Outcome",
     "PerdureError",
     "PerdureSignal",
     "Phase",
+    "ReasonCode",
     "Record",
     "RecordDecodeError",
     "ReplayReport",
