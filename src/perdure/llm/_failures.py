@@ -174,6 +174,9 @@ def _error_info(body: object) -> tuple[str | None, str | None, str | None]:
 
 _POLICY_WORDS = ("content_policy", "content_filter", "policy_violation", "refusal")
 _TRANSIENT_TYPES = {"overloaded_error", "api_error", "server_error", "timeout_error"}
+# httpx's transport errors (by name: any httpx major version), which an SDK may let
+# through while a stream is read
+_TRANSPORT_ERRORS = {"TransportError", "NetworkError", "ProtocolError", "StreamError"}
 _RATE_TYPES = {"rate_limit_error", "rate_limit_exceeded"}
 _PERMANENT_TYPES = {"invalid_request_error", "authentication_error", "permission_error",
                     "not_found_error", "request_too_large", "billing_error"}
@@ -256,6 +259,7 @@ def classify_exception(exc: BaseException, *, now: datetime, stream_started: boo
         return classify_status(status, _headers_of(exc), body, now=now,
                                stream_started=stream_started, stateful=stateful)
     name = type(exc).__name__.lower()
+    lineage = {cls.__name__ for cls in type(exc).__mro__}
     kind, code, message = _error_info(body)
     if kind is not None and (kind in _TRANSIENT_TYPES or kind in _PERMANENT_TYPES
                              or kind in _RATE_TYPES):
@@ -264,9 +268,10 @@ def classify_exception(exc: BaseException, *, now: datetime, stream_started: boo
         failure = CallFailure(failure.kind, failure.error_class,
                               f"error event in the stream: {kind}", None, None,
                               code or kind, message)
-    elif isinstance(exc, TimeoutError) or "timeout" in name:
+    elif isinstance(exc, TimeoutError) or "timeout" in name or "TimeoutException" in lineage:
         failure = CallFailure(FailureKind.TRANSIENT, ErrorClass.TIMEOUT, "timed out")
-    elif isinstance(exc, ConnectionError | OSError) or "connection" in name:
+    elif (isinstance(exc, ConnectionError | OSError) or "connection" in name
+          or lineage & _TRANSPORT_ERRORS):
         failure = CallFailure(FailureKind.TRANSIENT, ErrorClass.TRANSIENT,
                               "connection error")
     else:

@@ -194,7 +194,8 @@ class ResponsesStreamError(Exception):
     ``code``/``type`` is what classification reads)."""
 
     def __init__(self, body: Mapping[str, Any]) -> None:
-        error = dict(body)
-        error.setdefault("type", error.get("code"))
-        self.body = {"error": error}
-        super().__init__(str(error.get("message") or "error event in the stream"))
+        code = body.get("code")
+        kind = code if code is not None else body.get("type")
+        message = str(body.get("message") or "error event in the stream")
+        self.body = {"error": {"type": kind, "code": code, "message": message}}
+        super().__init__(message)
