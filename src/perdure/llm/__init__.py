@@ -22,19 +22,25 @@ Importing this package without the extra raises ``ConfigurationError`` naming it
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 
 from perdure.errors import ConfigurationError
 
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
+
+
 for _module, _package in (("openai", "openai"), ("anthropic", "anthropic"),
                           ("bpe_openai", "bpe-openai")):
-    try:
-        importlib.import_module(_module)
-    except ImportError as _exc:
+    if not _installed(_module):
         raise ConfigurationError(
             f"perdure.llm needs the {_package!r} package, which is not installed: "
             "pip install 'perdure[llm]'"
-        ) from _exc
+        )
 
 from perdure.llm._clients import (  # noqa: E402 - after the check for the extra
     AnthropicClient,

@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import anthropic
 import openai
@@ -172,10 +172,16 @@ class _SdkClient:
         return self._sdk, key
 
     async def aclose(self) -> None:
-        """Close the connections the client holds."""
+        """Close the connections the client holds (it opens new ones if used again)."""
         if self._sdk is not None:
             await self._sdk.close()
             self._sdk = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     def _error(self, exc: BaseException, request: ModelRequest, key: str, *,
                started: bool, assembler: StreamAssembler | None = None) -> ModelCallError:

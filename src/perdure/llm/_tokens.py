@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -77,8 +78,12 @@ class TokenCounter(Protocol):
 
 @functools.lru_cache(maxsize=4)
 def _encoding(name: str) -> Any:
-    bpe: Any = importlib.import_module("bpe_openai")
-    return bpe.get_encoding(name)
+    # bpe-openai reads its bundled files through a deprecated importlib.resources call;
+    # that warning is its own business, not the caller's (who may run with -W error).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        bpe: Any = importlib.import_module("bpe_openai")
+        return bpe.get_encoding(name)
 
 
 def encoding_for_model(model: str) -> str | None:

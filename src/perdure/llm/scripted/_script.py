@@ -46,7 +46,9 @@ class ScriptedReply:
     sent and written. Streaming: ``chunk_chars`` characters per text delta, ``chunk_delay``
     seconds before each content chunk; ``drop_after=n`` closes the connection abruptly
     after ``n`` content chunks (for a non-streamed answer: before answering at all);
-    ``error_after=n`` sends an error event of ``error_type`` after ``n`` chunks.
+    ``error_after=n`` sends an error event of ``error_type`` after ``n`` chunks;
+    ``end_after=n`` ends the body cleanly after ``n`` chunks, without the events that
+    finish a reply (a stream cut short by a proxy).
     ``delay`` waits before the answer starts; ``headers`` are added to it.
     """
 
@@ -62,6 +64,7 @@ class ScriptedReply:
     drop_after: int | None = None
     error_after: int | None = None
     error_type: str = "overloaded_error"
+    end_after: int | None = None
     delay: float = 0.0
     headers: Mapping[str, str] = field(default_factory=dict)
 

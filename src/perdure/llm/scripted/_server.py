@@ -155,6 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if reply.error_after is not None and sent >= reply.error_after:
                         self._write(error_frame(api, reply.error_type, "scripted error"))
                         break
+                    if reply.end_after is not None and sent >= reply.end_after:
+                        break
                     if reply.chunk_delay:
                         time.sleep(reply.chunk_delay)
                     sent += 1
@@ -241,7 +243,7 @@ class ScriptedServer:
     def start(self) -> ScriptedServer:
         """Serve in a background thread; returns the server."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever,
+            self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
                                             name="perdure-scripted-llm", daemon=True)
             self._thread.start()
         return self
