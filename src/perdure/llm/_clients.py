@@ -1,6 +1,7 @@
 """Model clients over the official SDKs: Chat Completions, Responses, Anthropic Messages.
 
-Each client sends a ``ModelRequest`` through the provider's own SDK, with the SDK's
+Each client sends a ``ModelRequest`` through the provider's own SDK (imported when a
+client first calls, so ``import perdure.llm`` stays light), with the SDK's
 retries off (``max_retries=0``: perdure decides about retrying, from memory), and hands
 back a ``ModelReply``, or a stream of ``StreamChunk`` ending in the ``ModelReply``. Any
 failure comes out as one ``ModelCallError`` whose ``failure`` classifies it; SDK
@@ -28,9 +29,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol, Self
-
-import anthropic
-import openai
 
 from perdure.errors import ConfigurationError
 from perdure.llm._failures import ModelCallError, broken_stream, classify_exception
@@ -291,6 +289,8 @@ class ChatCompletionsClient(_SdkClient):
         return self._continuation
 
     def _make_sdk(self, key: str) -> Any:
+        import openai  # imported when a client first calls
+
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
                                   timeout=self._timeout, default_headers=self._headers)
 
@@ -321,6 +321,8 @@ class ResponsesClient(_SdkClient):
     _request_id_header = "x-request-id"
 
     def _make_sdk(self, key: str) -> Any:
+        import openai  # imported when a client first calls
+
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
                                   timeout=self._timeout, default_headers=self._headers)
 
@@ -366,6 +368,8 @@ class AnthropicClient(_SdkClient):
         return Continuation.PREFILL
 
     def _make_sdk(self, key: str) -> Any:
+        import anthropic  # imported when a client first calls
+
         return anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0,
                                         timeout=self._timeout, default_headers=self._headers)
 

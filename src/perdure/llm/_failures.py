@@ -172,7 +172,9 @@ def _error_info(body: object) -> tuple[str | None, str | None, str | None]:
     return None, None, None
 
 
-_POLICY_WORDS = ("content_policy", "content_filter", "policy_violation", "refusal")
+# in an error's type, code or message (spaces read as underscores): a content-policy
+# refusal ("Output blocked by content filtering policy", "content_policy_violation")
+_POLICY_WORDS = ("content_policy", "content_filter", "policy_violation")
 _TRANSIENT_TYPES = {"overloaded_error", "api_error", "server_error", "timeout_error"}
 # httpx's transport errors (by name: any httpx major version), which an SDK may let
 # through while a stream is read
@@ -203,7 +205,7 @@ def classify_status(status: int, headers: Mapping[str, str], body: object = None
     kind, code, message = _error_info(body)
     label = code or kind
     should = lowered.get("x-should-retry", "").strip().lower()
-    words = f"{kind or ''} {code or ''}".lower()
+    words = f"{kind or ''} {code or ''} {message or ''}".lower().replace(" ", "_")
     if should == "false":
         failure = CallFailure(FailureKind.PERMANENT, ErrorClass.PERMANENT,
                               f"HTTP {status}; the provider said x-should-retry: false",
@@ -211,7 +213,7 @@ def classify_status(status: int, headers: Mapping[str, str], body: object = None
     elif status == 429 and "insufficient_quota" not in words:
         failure = CallFailure(FailureKind.RATE_LIMITED, ErrorClass.RATE_LIMITED,
                               "HTTP 429 rate limited", status, delay, label)
-    elif any(w in words for w in _POLICY_WORDS):
+    elif 400 <= status < 500 and any(w in words for w in _POLICY_WORDS):
         failure = CallFailure(FailureKind.PERMANENT, ErrorClass.PERMANENT,
                               f"HTTP {status} content policy refusal", status, None, label)
     elif should == "true" or status in (408, 409) or status >= 500:

@@ -243,7 +243,7 @@ class ScriptedServer:
     def start(self) -> ScriptedServer:
         """Serve in a background thread; returns the server."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
+            self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,),
                                             name="perdure-scripted-llm", daemon=True)
             self._thread.start()
         return self
