@@ -22,34 +22,15 @@ Importing this package without the extra raises ``ConfigurationError`` naming it
 
 from __future__ import annotations
 
-import importlib.util
-
-from perdure.errors import ConfigurationError
-
-
-def _installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ImportError:
-        return False
-
-
-for _module, _package in (("openai", "openai"), ("anthropic", "anthropic"),
-                          ("bpe_openai", "bpe-openai")):
-    if not _installed(_module):
-        raise ConfigurationError(
-            f"perdure.llm needs the {_package!r} package, which is not installed: "
-            "pip install 'perdure[llm]'"
-        )
-
-from perdure.llm._clients import (  # noqa: E402 - after the check for the extra
+from perdure.llm._clients import (
     AnthropicClient,
     ApiKey,
     ChatCompletionsClient,
     ModelClient,
     ResponsesClient,
 )
-from perdure.llm._failures import (  # noqa: E402
+from perdure.llm._extra import require_extra as _require_extra
+from perdure.llm._failures import (
     CallFailure,
     FailureKind,
     ModelCallError,
@@ -59,9 +40,10 @@ from perdure.llm._failures import (  # noqa: E402
     parse_retry_after,
     reply_failure,
 )
-from perdure.llm._otel import genai_attributes, provider_name  # noqa: E402
-from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars  # noqa: E402
-from perdure.llm._storage import (  # noqa: E402
+from perdure.llm._otel import genai_attributes, provider_name
+from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars
+from perdure.llm._reply import ModelReply, StreamChunk, ToolCallDelta, Usage
+from perdure.llm._storage import (
     RequestRefs,
     SplitReply,
     SplitRequest,
@@ -75,36 +57,34 @@ from perdure.llm._storage import (  # noqa: E402
     split_request,
     tool_hash,
 )
-from perdure.llm._stream import Continuation, StreamAssembler  # noqa: E402
-from perdure.llm._tokens import (  # noqa: E402
+from perdure.llm._stream import Continuation, StreamAssembler
+from perdure.llm._tokens import (
     APPROXIMATION_FACTOR,
     BpeTokenCounter,
     ScaledTokenCounter,
     TokenCounter,
     counter_for_model,
 )
-from perdure.llm._types import (  # noqa: E402
+from perdure.llm._types import (
     ImagePart,
     Message,
     ModelParams,
-    ModelReply,
     ModelRequest,
     Part,
     Role,
-    StreamChunk,
     TextPart,
     ToolCall,
-    ToolCallDelta,
     ToolSpec,
-    Usage,
 )
-from perdure.llm._window import (  # noqa: E402
+from perdure.llm._window import (
     CompactionPlan,
     PromptView,
     Summary,
     plan_compaction,
     prompt_view,
 )
+
+_require_extra()
 
 __all__ = [
     "APPROXIMATION_FACTOR",

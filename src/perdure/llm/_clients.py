@@ -32,8 +32,9 @@ from typing import Any, ClassVar, Protocol, Self
 
 from perdure.errors import ConfigurationError
 from perdure.llm._failures import ModelCallError, broken_stream, classify_exception
+from perdure.llm._reply import ModelReply, StreamChunk
 from perdure.llm._stream import Continuation, StreamAssembler, joined_prefix
-from perdure.llm._types import ModelReply, ModelRequest, StreamChunk
+from perdure.llm._types import ModelRequest
 from perdure.llm._wire_anthropic import (
     AnthropicStreamState,
     anthropic_body,

@@ -31,7 +31,7 @@ from typing import Any
 
 from perdure.core.backoff import ErrorClass
 from perdure.errors import PerdureError
-from perdure.llm._types import ModelReply
+from perdure.llm._reply import ModelReply
 
 __all__ = [
     "CallFailure",

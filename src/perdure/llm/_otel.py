@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from perdure.llm._failures import CallFailure
-from perdure.llm._types import ModelReply, ModelRequest
+from perdure.llm._reply import ModelReply
+from perdure.llm._types import ModelRequest
 
 __all__ = ["AttributeValue", "genai_attributes", "provider_name"]
 

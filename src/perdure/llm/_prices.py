@@ -20,7 +20,7 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 from perdure.errors import ConfigurationError
-from perdure.llm._types import Usage
+from perdure.llm._reply import Usage
 
 __all__ = ["Price", "PriceTable", "cost_of", "micro_dollars"]
 

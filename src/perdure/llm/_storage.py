@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.core.codec import encode
-from perdure.llm._types import Message, ModelParams, ModelReply, ModelRequest, ToolSpec
+from perdure.llm._reply import ModelReply
+from perdure.llm._types import Message, ModelParams, ModelRequest, ToolSpec
 
 __all__ = [
     "RequestRefs",

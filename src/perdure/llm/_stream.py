@@ -26,15 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from perdure.llm._types import (
-    Message,
-    ModelReply,
-    ModelRequest,
-    StreamChunk,
-    ToolCall,
-    ToolCallDelta,
-    Usage,
-)
+from perdure.llm._reply import ModelReply, StreamChunk, ToolCallDelta, Usage
+from perdure.llm._types import Message, ModelRequest, ToolCall
 
 __all__ = [
     "CONTINUE_PROMPT",

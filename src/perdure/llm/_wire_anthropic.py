@@ -15,17 +15,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perdure.errors import ConfigurationError
+from perdure.llm._reply import ModelReply, StreamChunk, Usage
 from perdure.llm._stream import Continuation, StreamAssembler, continuation_messages, joined_prefix
-from perdure.llm._types import (
-    ImagePart,
-    Message,
-    ModelReply,
-    ModelRequest,
-    StreamChunk,
-    TextPart,
-    ToolCall,
-    Usage,
-)
+from perdure.llm._types import ImagePart, Message, ModelRequest, TextPart, ToolCall
 
 __all__ = ["anthropic_body", "anthropic_event", "anthropic_messages", "anthropic_reply",
            "anthropic_usage", "finish_from_anthropic"]

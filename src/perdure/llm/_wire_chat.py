@@ -10,17 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from perdure.llm._reply import ModelReply, StreamChunk, Usage
 from perdure.llm._stream import Continuation, StreamAssembler, continuation_messages, joined_prefix
-from perdure.llm._types import (
-    ImagePart,
-    Message,
-    ModelReply,
-    ModelRequest,
-    StreamChunk,
-    TextPart,
-    ToolCall,
-    Usage,
-)
+from perdure.llm._types import ImagePart, Message, ModelRequest, TextPart, ToolCall
 
 __all__ = ["chat_body", "chat_event", "chat_messages", "chat_reply", "chat_usage",
            "finish_from_chat"]

@@ -12,17 +12,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from perdure.errors import ConfigurationError
+from perdure.llm._reply import ModelReply, StreamChunk, Usage
 from perdure.llm._stream import Continuation, StreamAssembler, continuation_messages
-from perdure.llm._types import (
-    ImagePart,
-    Message,
-    ModelReply,
-    ModelRequest,
-    StreamChunk,
-    TextPart,
-    ToolCall,
-    Usage,
-)
+from perdure.llm._types import ImagePart, Message, ModelRequest, TextPart, ToolCall
 
 __all__ = [
     "ResponsesStreamError",
