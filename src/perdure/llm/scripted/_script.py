@@ -99,9 +99,9 @@ Step = ScriptedReply | ScriptedFailure
 @dataclass(frozen=True, slots=True)
 class RecordedRequest:
     """A request the server got: which API (``chat``, ``responses``, ``anthropic``), the
-    path, the JSON body, whether it asked to stream, its headers (credentials removed)
-    and the SHA-256 of the credential it carried (to check which key was sent without
-    keeping it)."""
+    path, the JSON body, whether it asked to stream, its headers (credentials removed),
+    the SHA-256 of the credential it carried (to check which key was sent without
+    keeping it) and when it arrived (``time.monotonic()``)."""
 
     api: str
     path: str
@@ -109,6 +109,7 @@ class RecordedRequest:
     stream: bool
     headers: Mapping[str, str]
     credential_sha256: str | None
+    received: float = 0.0
 
     def last_user_text(self) -> str:
         """The text of the last user message in the body, in any of the three dialects."""

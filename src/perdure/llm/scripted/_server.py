@@ -84,7 +84,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()
                    if k.lower() not in _SECRET_HEADERS}
         request = RecordedRequest(api, self.path, body, bool(body.get("stream")), headers,
-                                  _credential(self.headers))
+                                  _credential(self.headers), time.monotonic())
         step, n = self.server.scripted.take(request)
         if isinstance(step, ScriptedFailure):
             self._failure(api, step)
