@@ -14,6 +14,8 @@ The pieces, each usable on its own and none touching a store:
   ``None``) and offline token counting (``counter_for_model``);
 - the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure;
 - OpenTelemetry GenAI attributes (``genai_attributes``);
+- streams that survive a crash, the pure part: ``ChunkBatcher`` (journal batches),
+  ``Salvage``, ``choose_recovery`` (continue, restart or surface), ``RecoveryMarker``;
 - a scripted local model server for tests and the offline demo
   (``perdure.llm.scripted``).
 
@@ -42,6 +44,16 @@ from perdure.llm._failures import (
 )
 from perdure.llm._otel import genai_attributes, provider_name
 from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars
+from perdure.llm._recovery import (
+    ChunkBatcher,
+    FlushPolicy,
+    Recovery,
+    RecoveryMarker,
+    Salvage,
+    choose_recovery,
+    continuation_of,
+    lost_usage,
+)
 from perdure.llm._reply import ModelReply, StreamChunk, ToolCallDelta, Usage
 from perdure.llm._storage import (
     RequestRefs,
@@ -93,9 +105,11 @@ __all__ = [
     "BpeTokenCounter",
     "CallFailure",
     "ChatCompletionsClient",
+    "ChunkBatcher",
     "CompactionPlan",
     "Continuation",
     "FailureKind",
+    "FlushPolicy",
     "ImagePart",
     "Message",
     "ModelCallError",
@@ -107,9 +121,12 @@ __all__ = [
     "Price",
     "PriceTable",
     "PromptView",
+    "Recovery",
+    "RecoveryMarker",
     "RequestRefs",
     "ResponsesClient",
     "Role",
+    "Salvage",
     "ScaledTokenCounter",
     "SplitReply",
     "SplitRequest",
@@ -124,14 +141,17 @@ __all__ = [
     "Usage",
     "broken_stream",
     "canonical",
+    "choose_recovery",
     "classify_exception",
     "classify_status",
     "content_hash",
+    "continuation_of",
     "cost_of",
     "counter_for_model",
     "genai_attributes",
     "join_reply",
     "join_request",
+    "lost_usage",
     "message_hash",
     "micro_dollars",
     "parse_retry_after",
