@@ -11,7 +11,8 @@ The pieces, each usable on its own and none touching a store:
   ``ModelCallError``): rate limited with the provider's delay, transient, permanent, or in
   doubt;
 - prices and cost (``PriceTable``, ``Price``: exact ``Decimal`` dollars, unknown is
-  ``None``) and offline token counting (``counter_for_model``);
+  ``None``), offline token counting (``counter_for_model``), and a ledger with budgets
+  (``Ledger``, ``Budget``: reserve, settle by call id);
 - the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure;
 - OpenTelemetry GenAI attributes (``genai_attributes``);
 - streams that survive a crash, the pure part: ``ChunkBatcher`` (journal batches),
@@ -42,6 +43,7 @@ from perdure.llm._failures import (
     parse_retry_after,
     reply_failure,
 )
+from perdure.llm._ledger import Budget, Charge, Ledger, reservation_for
 from perdure.llm._otel import genai_attributes, provider_name
 from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars
 from perdure.llm._recovery import (
@@ -103,7 +105,9 @@ __all__ = [
     "AnthropicClient",
     "ApiKey",
     "BpeTokenCounter",
+    "Budget",
     "CallFailure",
+    "Charge",
     "ChatCompletionsClient",
     "ChunkBatcher",
     "CompactionPlan",
@@ -111,6 +115,7 @@ __all__ = [
     "FailureKind",
     "FlushPolicy",
     "ImagePart",
+    "Ledger",
     "Message",
     "ModelCallError",
     "ModelClient",
@@ -160,6 +165,7 @@ __all__ = [
     "provider_name",
     "reply_failure",
     "request_hash",
+    "reservation_for",
     "split_reply",
     "split_request",
     "tool_hash",
