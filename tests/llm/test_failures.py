@@ -179,7 +179,7 @@ def test_model_call_error_feeds_the_step_retry() -> None:
     assert classify(error) is ErrorClass.RATE_LIMITED
     assert error.retry_after == 4.0
     assert "rate limited" in str(error) and "m" in str(error)
-    assert classify_exception(error, now=NOW) is failure
+    assert classify_exception(error, now=NOW) == failure
 
 
 def test_failure_json_round_trip() -> None:

@@ -80,7 +80,7 @@ class CallFailure:
         for name in ("status", "retry_after", "code", "detail"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        return out
+        return dict(sorted(out.items()))  # keys in memory's order: held as a plain object
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> CallFailure:
@@ -95,12 +95,15 @@ class ModelCallError(PerdureError):
 
     ``partial`` holds the text a stream delivered before it broke and ``chunks`` how many
     chunks that was. ``error_class`` and ``retry_after`` are what perdure's step retry
-    reads, so a model call made inside ``run.step`` backs off as the provider asked.
+    reads, so a model call made inside ``run.step`` backs off as the provider asked; the
+    failure is kept as JSON (``failure_json``), so a step's failure record holds all of
+    it and the error rebuilt from memory is the same.
     """
 
     def __init__(self, failure: CallFailure, *, model: str = "", provider: str = "",
                  partial: str = "", chunks: int = 0) -> None:
-        self.failure = failure
+        # kept as JSON, so that a step failure record holds it and rebuilds it
+        self.failure_json = failure.to_json()
         self.model = model
         self.provider = provider
         self.partial = partial
@@ -114,6 +117,11 @@ class ModelCallError(PerdureError):
         }[failure.kind]
         super().__init__(f"model call to {model or '?'} via {provider or '?'} failed: "
                          f"{failure.reason} ({what})")
+
+    @property
+    def failure(self) -> CallFailure:
+        """The classified failure."""
+        return CallFailure.from_json(self.failure_json)
 
     @property
     def error_class(self) -> ErrorClass:
