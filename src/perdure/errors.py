@@ -22,7 +22,9 @@ The tree::
     ├── AgentFailedError          ``Handle.result()``: the agent terminated with an error
     ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
-    └── ResultTimeoutError        ``Handle.result()``: no result within the timeout
+    ├── ResultTimeoutError        ``Handle.result()``: no result within the timeout
+    └── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
+                                  whether and when to try again
 
 Control-flow signals derive from ``BaseException`` so that an agent's
 ``except Exception`` cannot swallow them:
