@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
 from perdure.core.records import Record, RecordDraft
-from perdure.errors import CancelRequestedError, LeaseLostError, StoreError
+from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
 from perdure.stores.base import Append, Signal, Store
 
 __all__ = ["Committer", "Journal", "StoreUnavailable"]
 
 
-class StoreUnavailable(BaseException):
+class StoreUnavailable(PerdureSignal):
     """The store failed mid-run; the node abandons the object and its lease lapses."""
 
     def __init__(self, cause: StoreError) -> None:

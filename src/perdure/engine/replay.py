@@ -24,13 +24,13 @@ from perdure.core.records import Record, RecordDraft
 from perdure.engine.context import StepInfo
 from perdure.engine.journal import Committer, Journal
 from perdure.engine.run import DeadlineExceeded, Park, Run, Suspend, SyncRun
-from perdure.errors import CancelRequestedError, NonDeterminismError
+from perdure.errors import CancelRequestedError, NonDeterminismError, PerdureSignal
 from perdure.stores.base import Event
 
 __all__ = ["ReplayReport", "replay_check"]
 
 
-class _ReplayEnd(BaseException):
+class _ReplayEnd(PerdureSignal):
     """The replay reached the end of the recorded history."""
 
 

@@ -1,9 +1,10 @@
 """The engine's own control-flow signals: how a command unwinds the agent to the node loop.
 
-Each derives from ``BaseException``, so an agent's ``except Exception`` cannot
-swallow it; the node loop (``Worker._execute``) and the replay checker catch them and
-turn each into what it says: a dormant (or paused, or ready) object, a parked one,
-or a failure by deadline.
+Each derives from ``perdure.errors.PerdureSignal`` (a ``BaseException``), so an agent's
+``except Exception`` cannot swallow it; the node loop (``Worker._execute``) and the
+replay checker catch them and turn each into what it says: a dormant (or paused, or
+ready) object, a parked one, or a failure by deadline. The whole tree is drawn in
+``perdure/errors.py``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Sequence
 
 from perdure.core.lifecycle import Status
 from perdure.core.records import RecordDraft
+from perdure.errors import PerdureSignal
 
 __all__ = ["DeadlineExceeded", "Park", "Suspend"]
 
 
-class Suspend(BaseException):
+class Suspend(PerdureSignal):
     """Unwind the agent: the object goes dormant (or paused) and the node lets it go."""
 
     def __init__(
@@ -44,7 +46,7 @@ class Suspend(BaseException):
         self.avoid_node = avoid_node
 
 
-class Park(BaseException):
+class Park(PerdureSignal):
     """Unwind the agent and park the object: a person must look at it.
 
     ``record`` is what memory says about why (a non-determinism record, or a park
@@ -57,5 +59,5 @@ class Park(BaseException):
         self.record = record
 
 
-class DeadlineExceeded(BaseException):
+class DeadlineExceeded(PerdureSignal):
     """The intent's deadline passed while the agent ran."""

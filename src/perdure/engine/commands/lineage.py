@@ -33,6 +33,7 @@ from perdure.errors import (
     ChildFailedError,
     LeaseLostError,
     ObjectConflictError,
+    PerdureSignal,
 )
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ Spawn = Callable[[Any, tuple[Any, ...], dict[str, Any], str, Context], Awaitable
 # When gather's branches end differently, these signals unwind it first, the most
 # urgent first whatever the branches' order: a park (a person must look), a lost lease,
 # a cancel, the deadline.
-_URGENT: tuple[type[BaseException], ...] = (
+_URGENT: tuple[type[PerdureSignal], ...] = (
     Park, LeaseLostError, CancelRequestedError, DeadlineExceeded)
 
 
