@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.codec import decode, detached
+from perdure.core.cycle import Outcome
 from perdure.core.intent import Context
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_object_id
@@ -181,7 +182,7 @@ async def join(self: Run, *children: ChildHandle | str) -> list[Any]:
     results = []
     for child_id in ids:
         body = self._children[child_id]
-        if body.get("outcome") != "completed":
+        if body.get("outcome") != Outcome.COMPLETED:
             error = body.get("error") or {}
             raise ChildFailedError(child_id, str(body.get("outcome")),
                                    str(error.get("type", "unknown")),
