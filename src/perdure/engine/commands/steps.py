@@ -43,7 +43,19 @@ from perdure.errors import CannotDo
 if TYPE_CHECKING:
     from perdure.engine.run import Run
 
-__all__ = ["CMD", "DEFAULT_RETRY", "FLAGS_FRESH", "qualname", "step"]
+__all__ = [
+    "CMD",
+    "DEFAULT_RETRY",
+    "FLAGS_FRESH",
+    "done_draft",
+    "durable_first",
+    "fresh_flags",
+    "qualname",
+    "recorded_result",
+    "replay_lone_result",
+    "routing_reset",
+    "step",
+]
 
 T = TypeVar("T")
 
@@ -134,20 +146,9 @@ async def step(
         self._boundary()  # no step starts once a cancel (or pause) is known
     if self._poisoned_at:
         poisoned(self, step_name, pos)
-    if idempotent is None:
-        idempotent = bool(opts.get("idempotent", True))
-    if not idempotent:
-        self._started_here.add(pos)
-        await self._journal.commit(
-            [RecordDraft(Kind.STEP_STARTED, {**base, "attempt": attempt, "key": key})]
-        )
-    elif self._journal.volatile:
-        # Values drawn since the last commit (uuid, now, random) may flow into this
-        # step's side effects: make them durable first, or a crash after the effect
-        # would let replay draw different ones than the outside world saw. A
-        # received event needs no such commit: until its receipt is committed it
-        # stays in the inbox, and replay receives the same event again.
-        await self._journal.commit()
+    first = durable_first(self, base, attempt, key, idempotent, opts)
+    if first is not None:
+        await self._journal.commit(first)
     info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
     began = time.perf_counter()
     try:
@@ -169,12 +170,8 @@ async def step(
     # so the first run and every replay see exactly the same thing. A scalar comes
     # back from JSON as itself.
     recorded = result if type(result) in _SCALARS else decode(result_bytes)
-    await self._journal.commit(
-        [RecordDraft(Kind.STEP_DONE, {**base, "attempt": attempt, "latency": latency,
-                                      "result": recorded},
-                     step_done_bytes(attempt, latency, step_name, pos, result_bytes))],
-        **routing_reset(self),
-    )
+    await self._journal.commit([done_draft(base, attempt, latency, recorded, result_bytes)],
+                               **routing_reset(self))
     return recorded
 
 
@@ -218,6 +215,37 @@ def recorded_result(recs: Sequence[Record]) -> Any:
             kind = type(result)
             return detached(result) if kind is dict or kind is list else result
     return _NOT_RECORDED
+
+
+def durable_first(run: Run, base: dict[str, Any], attempt: int, key: str,
+                  idempotent: bool | None, opts: Mapping[str, Any]) -> list[RecordDraft] | None:
+    """What must be durable before the step's body runs (``None``: nothing).
+
+    A non-idempotent step (by the call's option, else by ``@perdure.step``'s)
+    records ``step_started``: a crash during the body then leaves it in doubt, never
+    silently run twice. Before any other step, values drawn since the last commit
+    (uuid, now, random) may flow into this step's side effects: make them durable
+    first, or a crash after the effect would let replay draw different ones than the
+    outside world saw. A received event needs no such commit: until its receipt is
+    committed it stays in the inbox, and replay receives the same event again.
+    """
+    if idempotent is None:
+        idempotent = bool(opts.get("idempotent", True))
+    if not idempotent:
+        run._started_here.add(base["pos"])
+        return [RecordDraft(Kind.STEP_STARTED, {**base, "attempt": attempt, "key": key})]
+    if run._journal.volatile:
+        return []
+    return None
+
+
+def done_draft(base: dict[str, Any], attempt: int, latency: float, recorded: Any,
+               result_bytes: bytes) -> RecordDraft:
+    """The ``step_done`` record: its body's bytes put together around the result's,
+    encoded once (``records.step_done_bytes``)."""
+    return RecordDraft(
+        Kind.STEP_DONE, {**base, "attempt": attempt, "latency": latency, "result": recorded},
+        step_done_bytes(attempt, latency, base["name"], base["pos"], result_bytes))
 
 
 async def fresh_flags(run: Run) -> None:
