@@ -12,13 +12,18 @@ from typing import Any
 import pytest
 
 import perdure
+from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
+from perdure.core.records import Kind
 from perdure.engine.commands import intent, lineage, steps, values, waits
 from perdure.engine.commands.lineage import _combined, _unwinding
 from perdure.engine.journal import StoreUnavailable
+from perdure.engine.replay import replay_check
 from perdure.engine.run import Run
 from perdure.engine.signals import DeadlineExceeded, Park, Suspend
+from perdure.engine.worker import AgentDef
 from perdure.errors import CancelRequestedError, LeaseLostError, StoreError
+from tests.unit.builders import chain, instantiated
 
 COMMANDS = {
     "step": steps.step,
@@ -161,3 +166,31 @@ def test_dormant_branches_combine_into_one_suspend() -> None:
     assert [d.body for d in dormant.drafts] == [{
         "pos": 3, "cmd": "gather", "reason": "gather", "wake_at": 5.0, "event": "go",
         "children": []}]
+
+
+# -- positions: the main line and gather branches ----------------------------------------
+
+
+def _done(pos: int | str, name: str, result: Any) -> tuple[Kind, dict[str, Any]]:
+    return (Kind.STEP_DONE, {"pos": pos, "cmd": "step", "name": name, "attempt": 1,
+                             "latency": 0.0, "result": result})
+
+
+def test_steps_replay_from_branches_and_from_the_main_line_after_a_gather() -> None:
+    """Before a gather, in its branches and after it, each step replays its own record:
+    a run that has gathered asks the branch context again on its main line."""
+    records = chain([_done(0, "a", 1), _done("1.0.0", "b", 2), _done("1.1.0", "c", 3),
+                     _done(2, "d", 4)], first=instantiated(Intent(agent="probe", version="1")))
+    seen: list[Any] = []
+
+    async def probe(run: Run) -> None:
+        seen.append(await run.step(lambda: 0, name="a"))
+        seen.append(await run.gather(run.step(lambda: 0, name="b"),
+                                     run.step(lambda: 0, name="c")))
+        seen.append(await run.step(lambda: 0, name="d"))
+        seen.append(await run.step(lambda: 0, name="new"))  # past memory: the check ends
+
+    agents = {"probe": AgentDef("probe", "1", probe, True)}
+    report = asyncio.run(replay_check(agents, records))
+    assert report.verdict == "compatible", report
+    assert seen == [1, [2, 3], 4]

@@ -98,6 +98,9 @@ class Run:
         self._capabilities = capabilities
         # The cursor and memory by position.
         self._pos = 0
+        # A gather ran: commands may run in its branches. Until then every command is on
+        # the main line, and the hot path need not ask the branch context variable.
+        self._branched = False
         self._history: dict[int | str, list[Record]] = {}
         self._done: dict[int | str, Record] = {}
         self._children: dict[str, dict[str, Any]] = {}
@@ -249,7 +252,7 @@ class Run:
 
     def _take(self, cmd: str, name: str | None) -> tuple[int | str, Sequence[Record]]:
         """The next position and what memory holds for it, which must be this command."""
-        if branch.get() is None:  # the main line (``_key`` without its call: every step)
+        if not self._branched or branch.get() is None:  # the main line (``_key`` inline)
             pos: int | str = self._pos
             self._pos += 1
         else:

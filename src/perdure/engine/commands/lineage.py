@@ -202,6 +202,7 @@ async def gather(self: Run, *branches: Awaitable[Any]) -> list[Any]:
     failing branch, in argument order, raises.
     """
     key, recs = self._take("gather", None)
+    self._branched = True  # for good: a branch's own tasks may outlive this call
     tasks: list[asyncio.Future[Any]] = []
     for index, awaitable in enumerate(branches):
         token = branch.set(Branch(f"{key}.{index}"))

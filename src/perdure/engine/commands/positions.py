@@ -5,7 +5,9 @@ run's cursor (``Run._take``). Inside a branch of ``run.gather`` at position ``5`
 branch ``1``'s commands take ``"5.1.0"``, ``"5.1.1"``, ...: the branch's place in the
 call, never the order in which branches happen to run, so a replay after a crash
 finds each branch's records where they were. The branch a coroutine runs in is a
-context variable, which every task created inside the branch inherits.
+context variable, which every task created inside the branch inherits. A run on which
+no gather has run yet (``Run._branched``) has no branches: its commands are all on the
+main line, and the hot path does not read the variable.
 """
 
 from __future__ import annotations

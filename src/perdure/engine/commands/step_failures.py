@@ -14,7 +14,7 @@ which workers died in a row too often parks the object.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cannot_do",
+    "check_capabilities",
     "check_started",
     "lacking",
     "poisoned",
@@ -95,6 +96,16 @@ def poisoned(run: Run, step_name: str, pos: int | str) -> NoReturn:
         "crashes": run._crashes}))
 
 
+def check_capabilities(run: Run, step_name: str, pos: int | str,
+                       requires: set[str] | frozenset[str] | None,
+                       opts: Mapping[str, Any]) -> None:
+    """The step needs capabilities (by the call's ``requires``, else by
+    ``@perdure.step``'s) this node lacks: ``lacking``."""
+    needs = frozenset(requires if requires is not None else opts.get("requires") or ())
+    if needs - run._capabilities:
+        lacking(run, step_name, pos, needs)
+
+
 def lacking(run: Run, step_name: str, pos: int | str, needs: frozenset[str]) -> NoReturn:
     """This node lacks a capability the step needs: say so once, and let the object go
     to a node that has it."""
@@ -134,9 +145,14 @@ async def record_failure(
     exc: Exception,
     latency: float,
     key: str,
-) -> dict[str, Any]:
-    """Record a failed attempt: a final failure (committed; its error body returned as
-    memory holds it) or a retry later (the object goes dormant: ``Suspend``)."""
+) -> BaseException:
+    """Record a failed attempt: a final failure (committed) or a retry later (the object
+    goes dormant: ``Suspend``).
+
+    Returns the exception to raise into the agent for a final failure: the one memory
+    rebuilds, on this first run as on every replay (the same type, message and
+    attributes, or the same stand-in).
+    """
     error_class = classify(exc)
     if isinstance(exc, SerializationError):
         error_class = ErrorClass.PERMANENT
@@ -165,7 +181,7 @@ async def record_failure(
     if delay is None:
         body["error"] = decode(encode(body["error"], what="step failure"))
         await run._journal.commit([RecordDraft(Kind.STEP_FAILED, body)])
-        return dict(body["error"])
+        return rebuild_error(base["name"], dict(body["error"]))
     retry_at = run._clock() + delay
     body["retry_at"] = retry_at
     raise Suspend(

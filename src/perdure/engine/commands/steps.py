@@ -29,15 +29,14 @@ from perdure.core.records import Kind, Record, RecordDraft, step_done_bytes
 from perdure.engine.commands.positions import branch
 from perdure.engine.commands.step_failures import (
     cannot_do,
+    check_capabilities,
     check_started,
-    lacking,
     poisoned,
     record_failure,
     recorded_failures,
     retry_not_due,
 )
 from perdure.engine.context import StepInfo
-from perdure.engine.failures import rebuild_error
 from perdure.errors import CannotDo
 
 if TYPE_CHECKING:
@@ -52,7 +51,6 @@ __all__ = [
     "fresh_flags",
     "qualname",
     "recorded_result",
-    "replay_lone_result",
     "routing_reset",
     "step",
 ]
@@ -118,11 +116,16 @@ async def step(
         step_name = self._last_name
     else:
         step_name = _remember_name(self, fn)
-    # Replay: the recorded outcome, and nothing runs.
-    if branch.get() is None:  # on the main line, a step whose result is recorded alone
-        result = replay_lone_result(self, step_name)
-        if result is not _NOT_RECORDED:
-            return result
+    # Replay: the recorded outcome, and nothing runs. On the main line, a result alone
+    # at its position (most of a long memory) comes from the quick index, inline.
+    if not self._branched or branch.get() is None:
+        at = self._pos
+        done = self._done.get(at)
+        if done is not None and (body := done.body).get("name") == step_name:
+            self._pos = at + 1
+            result = body.get("result")
+            kind = type(result)
+            return detached(result) if kind is dict or kind is list else result
     pos, recs = self._take(CMD, step_name)
     if recs:
         result = recorded_result(recs)
@@ -136,9 +139,7 @@ async def step(
         await check_started(self, step_name, pos, key, recs, failures)
         retry_not_due(self, step_name, failures)
     opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
-    needs = frozenset(requires if requires is not None else opts.get("requires") or ())
-    if needs - self._capabilities:
-        lacking(self, step_name, pos, needs)
+    check_capabilities(self, step_name, pos, requires, opts)
     attempt = len(failures) + 1
     base = {"pos": pos, "cmd": CMD, "name": step_name}
     if monotonic() - self._journal.flags_at > FLAGS_FRESH:  # else the last commit's
@@ -159,10 +160,8 @@ async def step(
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
         latency = time.perf_counter() - began
         policy = retry or opts.get("retry") or DEFAULT_RETRY
-        error = await record_failure(self, base, attempt, failures, policy, exc, latency, key)
-        # The agent gets the exception as memory rebuilds it, on this first run as on
-        # every replay: the same type, message and attributes, or the same stand-in.
-        raise rebuild_error(step_name, error) from None
+        raise await record_failure(self, base, attempt, failures, policy, exc, latency,
+                                   key) from None
     # Record: the result as memory holds it.
     self._poisoned_at = False  # a step ran to its end on this claim: the worker lived
     latency = round(time.perf_counter() - began, 6)
@@ -190,25 +189,10 @@ def _remember_name(run: Run, fn: Callable[..., Any]) -> str:
     return step_name
 
 
-def replay_lone_result(run: Run, step_name: str) -> Any:
-    """On the main line, the result of a step memory holds alone at the next position
-    (most of a long memory), taking the position; else ``_NOT_RECORDED``.
-
-    The run's quick index (``Run._done``) answers in a few lookups; any other
-    position goes through ``Run._take`` and ``recorded_result``.
-    """
-    at = run._pos
-    done = run._done.get(at)
-    if done is not None and (body := done.body).get("name") == step_name:
-        run._pos = at + 1
-        result = body.get("result")
-        kind = type(result)
-        return detached(result) if kind is dict or kind is list else result
-    return _NOT_RECORDED
-
-
 def recorded_result(recs: Sequence[Record]) -> Any:
-    """The result a position's records hold for the step, or ``_NOT_RECORDED``."""
+    """The result a position's records hold for the step, or ``_NOT_RECORDED`` (a
+    position the quick index does not hold: in a ``gather`` branch, or with more
+    records than the result)."""
     for rec in recs:
         if rec.kind == _STEP_DONE:
             result = rec.body.get("result")
