@@ -13,7 +13,9 @@ commit values drawn since the last commit); run the function through the node's
 executor; record its result (``step_done``) or its failure.
 
 This is the hot path of both a resume (a replayed step) and of new work (one commit
-per step): the jobs are plain function calls, with no object or closure per step.
+per step). A step on the main line whose result stands alone at its position (most
+of a long memory) is answered inline from the run's quick index; every other job is
+a plain function call, with no object or closure per step.
 """
 
 from __future__ import annotations
