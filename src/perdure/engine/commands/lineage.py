@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.codec import decode, detached
-from perdure.core.cycle import Outcome
 from perdure.core.intent import Context
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_object_id
@@ -182,7 +181,7 @@ async def join(self: Run, *children: ChildHandle | str) -> list[Any]:
     results = []
     for child_id in ids:
         body = self._children[child_id]
-        if body.get("outcome") != Outcome.COMPLETED:
+        if body.get("outcome") != Status.COMPLETED:
             error = body.get("error") or {}
             raise ChildFailedError(child_id, str(body.get("outcome")),
                                    str(error.get("type", "unknown")),
