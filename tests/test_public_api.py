@@ -136,9 +136,12 @@ def _docstring_tree() -> dict[str, str | None]:
     parents: dict[str, str | None] = {}
     stack: list[tuple[int, str]] = []
     for line in doc.splitlines():
-        match = re.match(r"^([\s│├└─]*)([A-Z]\w+)\b", line)
+        match = re.match(r"^([\s│├└─]*)(_?[A-Z]\w+)\b", line)
+        # A root names itself (``...Error``, ``...Signal``); below a root, a branch of
+        # the drawing names any class (the engine's signals: ``Suspend``, ``Park``...).
         if match is None or not (match.group(2).endswith(("Error", "Signal"))
-                                 or match.group(2) in PROMISED_NAMES):
+                                 or match.group(2) in PROMISED_NAMES
+                                 or "─ " in match.group(1)):
             continue
         column = len(match.group(1))
         name = match.group(2)

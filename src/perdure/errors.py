@@ -26,12 +26,25 @@ The tree::
     └── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
                                   whether and when to try again
 
-Control-flow signals derive from ``BaseException`` so that an agent's
-``except Exception`` cannot swallow them:
+Control-flow signals derive from ``BaseException`` through ``PerdureSignal``, so that an
+agent's ``except Exception`` cannot swallow them, and code that must let every one of
+them through catches the root. The first two are public; the others are the engine's
+own, defined in the module named beside them: they unwind the agent's code to the node
+loop (or to the replay checker), which turns each into what it says::
 
     PerdureSignal (BaseException)
     ├── LeaseLostError            this node no longer holds the object; stop touching it
-    └── CancelRequestedError      the object was cancelled while it ran
+    ├── CancelRequestedError      the object was cancelled while it ran
+    ├── Suspend                   engine.signals: the object goes dormant, paused or ready
+    ├── Park                      engine.signals: the object waits for a person
+    ├── DeadlineExceeded          engine.signals: the intent's deadline passed while it ran
+    ├── StoreUnavailable          engine.journal: the store failed mid-run; the lease lapses
+    └── HistoryEnd                engine.journal: a replay check went past recorded memory
+
+Nothing else perdure defines can reach a user's code: every exception class in the
+package is a ``PerdureError`` or a ``PerdureSignal``, except a few ``Exception``s that
+never leave their module (the stores' and the failure encoder's internal control flow,
+the demo's ``DemoError``); ``tests/test_signals.py`` holds the package to that.
 """
 
 from __future__ import annotations

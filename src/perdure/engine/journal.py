@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
-from perdure.errors import CancelRequestedError, LeaseLostError, StoreError
+from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
 from perdure.stores.base import Append, Signal, Store
 
 __all__ = ["Committer", "HistoryEnd", "Journal", "StoreUnavailable"]
 
 
-class StoreUnavailable(BaseException):
+class StoreUnavailable(PerdureSignal):
     """The store failed mid-run; the node abandons the object and its lease lapses."""
 
     def __init__(self, cause: StoreError) -> None:
@@ -430,7 +430,7 @@ class Journal:
         return stored
 
 
-class HistoryEnd(BaseException):
+class HistoryEnd(PerdureSignal):
     """A read-only journal was asked to write: the run went past the memory it was given.
 
     Replay checking ends there (the object would carry on from that point); nothing

@@ -1,0 +1,271 @@
+"""Children and branches: ``run.delegate``, ``run.join``, ``run.gather`` and ``ChildHandle``.
+
+``delegate``: the replay rule is that a ``delegated`` record at the position names
+the child, which is not created again; the execution rule creates the child (on
+any node; idempotent on its id) and records it.
+
+``join``: children's terminal signals arrive in the parent's inbox (``CHILD_EVENT``)
+and are folded into memory as ``child_finished`` records, which replay reads; while
+a child is still running the object is dormant, waking once when the last is done.
+
+``gather``: each branch's commands take positions under the branch's place in the
+call (see ``positions``), so after a crash only branches without a record run again;
+branches that go dormant go dormant together, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from perdure.core.codec import decode, detached
+from perdure.core.intent import Context
+from perdure.core.lifecycle import Status
+from perdure.core.names import check_object_id
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.commands.positions import Branch, branch, find
+from perdure.engine.commands.steps import qualname
+from perdure.engine.commands.waits import vouched
+from perdure.engine.signals import DeadlineExceeded, Park, Suspend
+from perdure.errors import (
+    CancelRequestedError,
+    ChildFailedError,
+    LeaseLostError,
+    ObjectConflictError,
+    PerdureSignal,
+)
+
+if TYPE_CHECKING:
+    from perdure.engine.run import Run
+
+__all__ = [
+    "CHILD_EVENT",
+    "ChildHandle",
+    "Spawn",
+    "child_finished_body",
+    "delegate",
+    "gather",
+    "join",
+]
+
+CHILD_EVENT = "perdure:child"  # a child's terminal signal in its parent's inbox
+
+#: How a run creates a child object: ``(agent, args, kwargs, child_id, parent context)``
+#: -> the child's agent version (the node's ``Worker._spawn``).
+Spawn = Callable[[Any, tuple[Any, ...], dict[str, Any], str, Context], Awaitable[str]]
+
+# When gather's branches end differently, these signals unwind it first, the most
+# urgent first whatever the branches' order: a park (a person must look), a lost lease,
+# a cancel, the deadline.
+_URGENT: tuple[type[PerdureSignal], ...] = (
+    Park, LeaseLostError, CancelRequestedError, DeadlineExceeded)
+
+
+def child_finished_body(payload: bytes, event_id: int, digest: str | None = None
+                        ) -> dict[str, Any] | None:
+    """The ``child_finished`` record body for a child's terminal signal, or ``None``."""
+    try:
+        body = decode(payload)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or "child_id" not in body:
+        return None
+    extra: dict[str, Any] = {"event_id": event_id}
+    if digest:
+        extra["event_hash"] = digest
+    return {**body, **extra}
+
+
+class ChildHandle:
+    """A delegated child object, from inside its parent. ``await`` it for its result."""
+
+    def __init__(self, run: Run, child_id: str) -> None:
+        self._run = run
+        self.child_id = child_id
+
+    def __repr__(self) -> str:
+        return f"ChildHandle({self.child_id!r})"
+
+    async def result(self) -> Any:
+        """Wait (dormant) for the child to terminate; its result or ``ChildFailedError``."""
+        return (await self._run.join(self))[0]
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self.result().__await__()
+
+
+async def delegate(self: Run, agent: Callable[..., Any] | str, *args: Any,
+                   object_id: str | None = None, **kwargs: Any) -> ChildHandle:
+    """Create a child object running ``agent(*args, **kwargs)``, on any node.
+
+    The child has its own intent, context and memory, with this object as parent
+    (and the same root and trace). ``await child`` (or ``await child.result()``)
+    makes this object dormant until the child terminates, then returns its result
+    or raises ``ChildFailedError``. Its id is ``object_id`` or
+    ``<this id>.<position>``, the same on every replay.
+    """
+    name = agent if isinstance(agent, str) else str(
+        getattr(agent, "__perdure_agent__", None) or qualname(agent))
+    if object_id is not None:
+        check_object_id(object_id, "child object id")
+    key, recs = self._take("delegate", name)
+    rec = find(recs, Kind.DELEGATED)
+    if rec is not None:
+        return ChildHandle(self, str(rec.body["child_id"]))
+    self._boundary()
+    if self._spawn is None:
+        raise RuntimeError("delegation needs a running node")
+    child_id = object_id or f"{self.object_id}.{key}"
+    earlier = _delegated_at(self, child_id)
+    if earlier is not None:
+        raise ObjectConflictError(
+            f"cannot delegate to {child_id!r} at command #{key}: this object delegated to "
+            f"it already at command #{earlier}; give each child its own object_id")
+    version = await self._spawn(agent, tuple(args), dict(kwargs), child_id, self._context)
+    await self._journal.commit([RecordDraft(Kind.DELEGATED, {
+        "pos": key, "cmd": "delegate", "name": name, "child_id": child_id,
+        "version": version})])
+    self._journal.delegated.append(child_id)
+    return ChildHandle(self, child_id)
+
+
+def _delegated_at(run: Run, child_id: str) -> int | str | None:
+    """The position at which memory (or this run) delegated to ``child_id``, if any."""
+    for recs in run._history.values():
+        for rec in recs:
+            if rec.kind == Kind.DELEGATED and rec.body.get("child_id") == child_id:
+                pos: int | str | None = rec.body.get("pos")
+                return pos
+    if child_id in run._journal.delegated:
+        return "earlier in this run"
+    return None
+
+
+async def join(self: Run, *children: ChildHandle | str) -> list[Any]:
+    """Wait for every child to terminate; their results in order.
+
+    The object is dormant meanwhile and wakes once, when the last of them is
+    done. The first child (in argument order) that failed raises
+    ``ChildFailedError``.
+    """
+    ids = [c.child_id if isinstance(c, ChildHandle) else str(c) for c in children]
+    key, recs = self._take("join", ",".join(ids))
+    drafts: list[RecordDraft] = []
+    consume: list[int] = []
+    if any(c not in self._children for c in ids):
+        for ev in await self._load_events():
+            if ev.name != CHILD_EVENT or ev.event_id in self._consumed:
+                continue
+            self._consumed.add(ev.event_id)
+            digest = vouched(self, ev)
+            if digest is None:
+                continue
+            body = child_finished_body(ev.payload, ev.event_id, digest)
+            consume.append(ev.event_id)
+            if body is not None and str(body["child_id"]) not in self._children:
+                self._children[str(body["child_id"])] = body
+                drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
+    waiting = [c for c in ids if c not in self._children]
+    if waiting:
+        self._boundary()
+        if find(recs, Kind.DORMANT) is None:
+            drafts.append(RecordDraft(Kind.DORMANT, {
+                "pos": key, "cmd": "join", "name": ",".join(ids), "reason": "children",
+                "children": ids, "event": CHILD_EVENT, "wake_at": None}))
+        raise Suspend(drafts, ready_at=None, waiting_event=CHILD_EVENT, children=ids,
+                      consume_event_ids=consume,
+                      reason=f"waiting for {len(waiting)} child object(s)")
+    if drafts:
+        await self._journal.commit(drafts, consume_event_ids=consume)
+    results = []
+    for child_id in ids:
+        body = self._children[child_id]
+        if body.get("outcome") != Status.COMPLETED:
+            error = body.get("error") or {}
+            raise ChildFailedError(child_id, str(body.get("outcome")),
+                                   str(error.get("type", "unknown")),
+                                   str(error.get("message", "")))
+        results.append(detached(body.get("result")))
+    return results
+
+
+async def gather(self: Run, *branches: Awaitable[Any]) -> list[Any]:
+    """Run branches concurrently; their results in argument order.
+
+    Each branch's commands take positions from the branch's place in this call,
+    never from the order the branches happen to finish, so after a crash only
+    branches without a record run again and finished ones return their records.
+    Branches may be steps, child handles, or any coroutine using this run. If
+    any branch goes dormant, the object waits (once) for all of them; the first
+    failing branch, in argument order, raises.
+    """
+    key, recs = self._take("gather", None)
+    self._branched = True  # for good: a branch's own tasks may outlive this call
+    tasks: list[asyncio.Future[Any]] = []
+    for index, awaitable in enumerate(branches):
+        token = branch.set(Branch(f"{key}.{index}"))
+        try:
+            tasks.append(asyncio.ensure_future(awaitable))
+        finally:
+            branch.reset(token)
+    if tasks:
+        await asyncio.wait(tasks)
+    failures: list[BaseException | None] = []
+    for task in tasks:
+        if task.cancelled():
+            failures.append(asyncio.CancelledError())
+        else:
+            failures.append(task.exception())
+    unwinding = _unwinding(failures)
+    if unwinding is not None:
+        raise unwinding
+    suspends = [exc for exc in failures if isinstance(exc, Suspend)]
+    if suspends:
+        raise _combined(key, recs, suspends)
+    for exc in failures:
+        if exc is not None:
+            raise exc
+    return [task.result() for task in tasks]
+
+
+def _unwinding(failures: Sequence[BaseException | None]) -> BaseException | None:
+    """What unwinds the whole gather before its dormant branches and plain failures are
+    looked at: an urgent signal (``_URGENT``, in its order), else the first other
+    signal or ``BaseException`` in argument order (a store that failed mid-run, the end
+    of a replay check, the loop's cancellation); ``None`` if there is none."""
+    for signal in _URGENT:
+        for exc in failures:
+            if isinstance(exc, signal):
+                return exc
+    for exc in failures:
+        if exc is not None and not isinstance(exc, Exception | Suspend):
+            return exc
+    return None
+
+
+def _combined(key: int | str, recs: Sequence[Record], suspends: Sequence[Suspend]
+              ) -> Suspend:
+    """The branches that went dormant, as one ``Suspend`` of the whole gather."""
+    drafts = [draft for sus in suspends for draft in sus.drafts]
+    ready = [sus.ready_at for sus in suspends if sus.ready_at is not None]
+    ready_at = min(ready) if ready else None
+    events = [sus.waiting_event for sus in suspends if sus.waiting_event]
+    children = [child for sus in suspends for child in sus.children]
+    status = next((sus.status for sus in suspends if sus.status != Status.DORMANT),
+                  Status.DORMANT)
+    routed = next((sus for sus in suspends if sus.requires or sus.avoid_node), None)
+    if status == Status.DORMANT:
+        body = {"pos": key, "cmd": "gather", "reason": "gather", "wake_at": ready_at,
+                "event": events[0] if events else None, "children": children}
+        last = [r for r in recs if r.kind == Kind.DORMANT]
+        if not last or {k: last[-1].body.get(k) for k in body} != body:
+            drafts.append(RecordDraft(Kind.DORMANT, body))
+    return Suspend(
+        drafts, ready_at=ready_at, waiting_event=events[0] if events else None,
+        status=status, reason="; ".join(sus.reason for sus in suspends),
+        children=children,
+        consume_event_ids=[i for sus in suspends for i in sus.consume_event_ids],
+        requires=routed.requires if routed else None,
+        avoid_node=routed.avoid_node if routed else None,
+    )

@@ -1,0 +1,161 @@
+"""``run.sleep`` and ``run.wait_for``: the object goes dormant until a time or an event.
+
+The replay rule: a ``woke`` record ends a sleep, an ``event_received`` record gives
+a wait its payload and a ``wait_timed_out`` record gives it ``None``; a ``dormant``
+record alone means the object went dormant here before, and its ``wake_at`` still
+holds (it is never moved by a replay).
+
+The execution rule: a sleep (or a wait whose timeout passed) that is due records its
+wake-up with the next commit and returns; one that is not yet due unwinds the agent
+with ``Suspend`` (and the ``dormant`` record the first time). A wait takes the first
+matching event from the inbox that its seal vouches for and memory has not received
+before; a refused event is recorded as such and consumed, so it never comes back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from perdure.core.codec import decode, detached
+from perdure.core.names import check_name
+from perdure.core.records import Kind, RecordDraft
+from perdure.engine.commands.positions import find
+from perdure.engine.signals import Suspend
+from perdure.stores.base import Event
+
+if TYPE_CHECKING:
+    from perdure.engine.run import Run
+
+__all__ = ["received", "sleep", "vouched", "wait_for"]
+
+_EVENT_RECEIVED = Kind.EVENT_RECEIVED.value  # compared as the plain string a record holds
+
+
+async def sleep(self: Run, seconds: float) -> None:
+    """Go dormant for ``seconds``; the node lets the object go until the timer is due."""
+    if hasattr(seconds, "total_seconds"):
+        seconds = seconds.total_seconds()
+    pos, recs = self._take("sleep", None)
+    if find(recs, Kind.WOKE) is not None:
+        return
+    dormant = find(recs, Kind.DORMANT)
+    now = self._clock()
+    if dormant is not None:
+        wake_at = float(dormant.body["wake_at"])
+        if now >= wake_at:
+            self._journal.defer(RecordDraft(Kind.WOKE, {"pos": pos, "cmd": "sleep"}))
+            return
+        self._boundary()
+        raise Suspend([], ready_at=wake_at, reason="sleeping")
+    self._boundary()
+    if seconds <= 0:
+        self._journal.defer(RecordDraft(Kind.WOKE, {"pos": pos, "cmd": "sleep"}))
+        return
+    wake_at = now + float(seconds)
+    raise Suspend(
+        [RecordDraft(Kind.DORMANT, {"pos": pos, "cmd": "sleep", "reason": "sleep",
+                                    "wake_at": wake_at, "seconds": float(seconds)})],
+        ready_at=wake_at,
+        reason=f"sleep {seconds}s",
+    )
+
+
+async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> Any:
+    """Wait for the event ``event``; return its payload, or ``None`` after ``timeout`` s.
+
+    Events sent before the agent waits are kept and delivered in order.
+    """
+    if timeout is not None and hasattr(timeout, "total_seconds"):
+        timeout = timeout.total_seconds()
+    check_name(event, "event name")
+    pos, recs = self._take("wait", event)
+    got = find(recs, Kind.EVENT_RECEIVED)
+    if got is not None:
+        return detached(got.body.get("payload"))
+    if find(recs, Kind.WAIT_TIMED_OUT) is not None:
+        return None
+    self._boundary()
+    for ev in await _inbox(self, event):
+        if ev.name == event and ev.event_id not in self._consumed:
+            self._consumed.add(ev.event_id)
+            digest = vouched(self, ev)
+            if digest is None:
+                continue  # refused, with a record that says why
+            try:
+                payload = decode(ev.payload)
+            except ValueError:
+                payload = {"undecodable_payload": ev.payload.decode("utf-8", "replace")}
+            # Recorded with the next commit (usually the next step's), which marks
+            # the event consumed: until then it stays in the inbox, and a crash
+            # before that commit delivers it again on replay.
+            self._journal.defer(
+                RecordDraft(Kind.EVENT_RECEIVED, {"pos": pos, "cmd": "wait", "name": event,
+                                                  "event_id": ev.event_id,
+                                                  "event_hash": digest,
+                                                  "payload": payload}),
+                consume_event_ids=[ev.event_id],
+            )
+            return payload
+    dormant = find(recs, Kind.DORMANT)
+    now = self._clock()
+    if dormant is not None:
+        deadline = dormant.body.get("wake_at")
+        drafts: list[RecordDraft] = []
+    else:
+        deadline = now + float(timeout) if timeout is not None else None
+        drafts = [RecordDraft(Kind.DORMANT, {"pos": pos, "cmd": "wait", "name": event,
+                                             "reason": "event", "event": event,
+                                             "wake_at": deadline})]
+    if deadline is not None and now >= deadline:
+        self._journal.defer(RecordDraft(Kind.WAIT_TIMED_OUT, {"pos": pos, "cmd": "wait",
+                                                              "name": event}))
+        return None
+    raise Suspend(drafts, ready_at=deadline, waiting_event=event,
+                  reason=f"waiting for event {event!r}")
+
+
+def vouched(run: Run, ev: Event) -> str | None:
+    """The digest of ``ev`` if its seal verifies under a trusted key and memory has
+    not received it before; otherwise ``None``, with a refusal deferred to the next
+    commit (which consumes the event, so it never comes back)."""
+    if run._check_event is None:
+        return ""
+    digest, problem = run._check_event(ev)
+    if problem is None and digest is not None and digest in received(run):
+        problem = "memory already holds an event with this digest (a replayed copy)"
+    if problem is None:
+        assert digest is not None
+        received(run).add(digest)
+        return digest
+    run._journal.defer(
+        RecordDraft(Kind.EVENT_REFUSED, {"event_id": ev.event_id, "name": ev.name,
+                                         "event_hash": digest, "reason": problem}),
+        consume_event_ids=[ev.event_id],
+    )
+    run.refused.append((ev.event_id, ev.name, problem))
+    return None
+
+
+def received(run: Run) -> set[str]:
+    """Digests of the events memory holds as received (read once, then kept)."""
+    if run._digests is None:
+        found = {str(rec.body["event_hash"]) for recs in run._history.values()
+                 for rec in recs if rec.kind == _EVENT_RECEIVED}
+        found.update(str(body["event_hash"]) for body in run._children.values()
+                     if body.get("event_hash"))
+        found.update(run._refined)
+        found.discard("None")
+        run._digests = found
+    return run._digests
+
+
+async def _inbox(run: Run, name: str) -> Sequence[Event]:
+    """The pending events, for a wait for ``name``: the inbox as the worker read it
+    before running the agent, the first time and if it holds such an event (usually
+    the one that woke the object), else as the store has it now."""
+    pending, run._pending = run._pending, ()
+    for ev in pending:
+        if ev.name == name and ev.event_id not in run._consumed:
+            return pending
+    return await run._load_events()
