@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from perdure.errors import ConfigurationError
+from perdure.stores._urls import redact_url
 from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow, Store
 
 __all__ = [
@@ -114,11 +115,3 @@ def _open_postgres(url: str, query: str) -> Store:
     return PostgresStore(conninfo, pool_size=pool_size, connect_timeout=timeout,
                          idle_tx_timeout=idle_tx, url=url)
 
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for banners, logs and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))
