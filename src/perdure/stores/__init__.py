@@ -31,6 +31,8 @@ def open_store(url: str) -> Store:
     query options ``pool_size``, ``connect_timeout_s`` and ``idle_tx_timeout_s``
     (default 30: the server ends a session left idle inside a transaction, such as
     a frozen node's, so its row locks do not block other nodes); the rest go to libpq.
+    ``memory:`` or ``memory://NAME``: a new, empty in-memory store, for tests (the name
+    is only shown in banners; see ``perdure.stores.memory``).
     """
     parts = urlsplit(url)
     shown = redact_url(url)
@@ -63,9 +65,18 @@ def open_store(url: str) -> Store:
         )
     if scheme in ("postgresql", "postgres"):
         return _open_postgres(url, parts.query)
+    if scheme == "memory":
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigurationError(
+                f"store URL {shown!r}: an in-memory store takes no path or options; "
+                "use memory: or memory://NAME"
+            )
+        from perdure.stores.memory import MemoryStore
+
+        return MemoryStore(url)
     raise ConfigurationError(
-        f"store URL {shown!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE "
-        "or postgresql://USER@HOST:PORT/DB"
+        f"store URL {shown!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE, "
+        "postgresql://USER@HOST:PORT/DB or memory:"
     )
 
 
