@@ -173,7 +173,6 @@ class Tables:
         self.inbox.setdefault(object_id, {})[self.last_event] = StoredEvent(
             self.last_event, object_id, name, bytes(payload), dedupe_key, float(now),
             bytes(seal))
-        self.woken.append(object_id)
         return True
 
     def wake_for_event(self, object_id: str, name: str, now: float) -> None:

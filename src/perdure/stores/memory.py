@@ -297,6 +297,7 @@ class MemoryStore:
             if not t.insert_event(object_id, name, payload, dedupe_key, now, seal):
                 return False
             t.wake_for_event(object_id, name, now)
+            t.woken.append(object_id)
             return True
 
     def pending_events(self, object_id: str) -> builtins.list[Event]:
