@@ -111,7 +111,7 @@ def _expected_columns() -> dict[str, tuple[str, ...]]:
                 if statement.strip():
                     conn.execute(statement)
         tables = [row[0] for row in conn.execute(Q["table_names"])]
-        return {table: tuple(row[0] for row in conn.execute(Q["table_columns"], (table,)))
+        return {table: tuple(row[1] for row in conn.execute(Q["table_columns"], (table,)))
                 for table in tables}
     finally:
         conn.close()
@@ -252,7 +252,7 @@ class SQLiteFile:
         with self._read() as conn:
             for table, columns in _expected_columns().items():
                 try:
-                    found = tuple(row[0] for row in conn.execute(Q["table_columns"], (table,)))
+                    found = tuple(row[1] for row in conn.execute(Q["table_columns"], (table,)))
                 except sqlite3.OperationalError as exc:
                     if not bad_text(exc):
                         raise

@@ -44,8 +44,10 @@ PRAGMA user_version={version};
 SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%';
 
 -- name: table_columns
--- A table's columns in order: the schema check compares them with the migrations'.
-SELECT name FROM pragma_table_info(?) ORDER BY cid;
+-- A table's columns in order (cid, name, type, notnull, dflt_value, pk): the schema check
+-- compares the names with the migrations'. Every column is read, so that text in the
+-- schema that is not UTF-8 (a damaged type, say) is found here.
+SELECT * FROM pragma_table_info(?) ORDER BY cid;
 
 -- name: register_node
 INSERT INTO nodes (node_id, public_key, created_at) VALUES (?, ?, ?)
