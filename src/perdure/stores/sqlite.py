@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import concurrent.futures
+import functools
 import json
 import logging
 import os
@@ -63,6 +64,12 @@ __all__ = ["SQLiteStore"]
 log = logging.getLogger("perdure.store")
 
 _TERMINAL = ("completed", "failed", "cancelled")
+
+
+@functools.cache
+def _control_flags(count: int) -> str:
+    """``control_flags`` for ``count`` object ids: its ``{marks}`` as that many ``?``."""
+    return _Q["control_flags"].format(marks=",".join("?" * count))
 
 
 def _ids(conn: sqlite3.Connection, params: dict[str, Any]) -> builtins.list[str]:
@@ -405,7 +412,7 @@ class SQLiteStore(SQLiteFile):
         """Epoch and control flags of the given objects, in one read."""
         if not object_ids:
             return {}
-        sql = _Q["control_flags"].format(marks=",".join("?" * len(object_ids)))
+        sql = _control_flags(len(object_ids))
         with self._read() as conn:
             rows = conn.execute(sql, tuple(object_ids)).fetchall()
         return {row[0]: (int(row[1]), bool(row[2]), bool(row[3])) for row in rows}
