@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 from pathlib import Path
 
 import perdure
+from perdure.stores.base import Writer
 from perdure.stores.memory import MemoryStore
+from perdure.stores.writers import ThreadWriter
 from tests.integration.engine_support import wait_until
 
 
@@ -44,5 +48,49 @@ def test_an_agent_runs_to_completion_on_a_memory_store(key_dir: Path) -> None:
         assert isinstance(app.store, MemoryStore)
         other = perdure.App(store=app.store, key_dir=key_dir)
         assert other.get("memory-parent").status == "completed"
+    finally:
+        app.close()
+
+
+class _ThreadOnlyStore(MemoryStore):
+    """A store that commits only on the write thread: the writer of a backend with
+    nothing better (it knows nothing of the event loop)."""
+
+    def writer(self, executor: concurrent.futures.Executor) -> Writer:
+        return ThreadWriter(self.apply, executor)
+
+
+def test_a_store_that_commits_on_the_write_thread_only_runs_agents(key_dir: Path) -> None:
+    """The engine needs no more of a store than a writer: one that hands every commit to
+    the write thread runs many objects, their appends still sharing commits."""
+    app = perdure.App(store=_ThreadOnlyStore(), key_dir=key_dir, poll_interval=0.01)
+
+    def square(x: int) -> int:
+        return x * x
+
+    @app.agent(name="squares")
+    async def squares(run: perdure.Run, n: int) -> int:
+        return sum([await run.step(square, i) for i in range(n)])
+
+    handles = [app.start("squares", 10, object_id=f"squares-{i}") for i in range(20)]
+    worker = app.worker(concurrency=20)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        loop = asyncio.get_running_loop()
+        try:
+            results = await asyncio.gather(
+                *(loop.run_in_executor(None, h.result, 20.0) for h in handles))
+        finally:
+            stop.set()
+            await task
+        assert results == [sum(i * i for i in range(10))] * 20
+
+    try:
+        asyncio.run(serve())
+        committer = worker.committer
+        assert committer.loop_commits == 0 and committer.commits < committer.appends
+        assert all(app.verify(h.object_id).ok for h in handles)
     finally:
         app.close()

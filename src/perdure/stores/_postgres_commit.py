@@ -3,10 +3,9 @@
 Appends that neither consume events nor signal go in one ``append`` statement (row
 updates, records and wake-ups together, run on its own as a transaction: the whole
 group commit is one round trip), on the write thread's pooled connection
-(``apply_plain``) or on the event loop's asynchronous one (the store's
-``apply_async``, with ``batch_params``).
-An append that consumes events or signals gets a savepoint of its own
-(``apply_alone``), but a lone one that consumes events can go on the loop in a
+(``apply_plain``) or on the event loop's asynchronous one (the store's ``apply_async``,
+with ``batch_params``). An append that consumes events or signals gets a savepoint of
+its own (``apply_alone``), but a lone one that consumes events can go on the loop in a
 transaction of its own (``consume_async``). Every append is still judged on its own:
 one refused by its fence writes nothing.
 """
