@@ -137,13 +137,28 @@ class _FaultyStore:
         self._check(ops)
         return self._inner.apply(ops, *args)
 
-    def apply_now(self, ops: Sequence[Append], *args: Any) -> Any:
-        self._check(ops)
-        return self._inner.apply_now(ops, *args)
+    def writer(self, executor: Any) -> _FaultyWriter:
+        return _FaultyWriter(self._inner.writer(executor), self._check)
 
-    async def apply_async(self, ops: Sequence[Append], *args: Any) -> Any:
-        self._check(ops)
-        return await self._inner.apply_async(ops, *args)
+
+class _FaultyWriter:
+    """The inner store's writer, whose commit fails as ``check`` says (nothing written)."""
+
+    def __init__(self, inner: Any, check: Callable[[Sequence[Append]], None]) -> None:
+        self._inner = inner
+        self._check = check
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def write(self, loop: Any, ops: Sequence[Append], now: float, seals: Any,
+              done: Callable[[Any, BaseException | None], None]) -> None:
+        try:
+            self._check(ops)
+        except StoreError as exc:
+            done(None, exc)
+            return
+        self._inner.write(loop, ops, now, seals, done)
 
 
 

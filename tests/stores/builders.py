@@ -9,16 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from perdure.core.chain import Signer, seal
 from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft
 from perdure.stores.base import Append, NewObject
 
-__all__ = ["NOW", "Chain", "make_signer"]
+__all__ = ["NOW", "Chain", "make_signer", "sql_only"]
 
 NOW = 1_000_000.0
 """A fixed logical time: stores take ``now`` as an argument, so most tests need no clock."""
+
+
+def sql_only(place: str, why: str) -> None:
+    """Skip the test on the in-memory store (``place`` is the ``place`` fixture's URL),
+    saying why it needs a SQL backend."""
+    if place.startswith("memory:"):
+        pytest.skip(f"SQL backends only: {why}")
 
 
 def make_signer(node_id: str = "node-a") -> Signer:

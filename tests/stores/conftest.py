@@ -4,7 +4,10 @@ Each backend is a context manager that gives one test the URL of an empty place
 and disposes of it afterwards: a SQLite file, or a private PostgreSQL database
 cloned from a migrated template (``tests/pg.py``) and dropped on exit, so tests
 never see each other's rows. ``store`` opens it; ``open_again`` opens more stores
-on it, as other nodes would. ``PERDURE_TEST_BACKENDS`` selects the backends.
+on it, as other nodes would. ``PERDURE_TEST_BACKENDS`` selects the SQL backends;
+the in-memory store is always in: it needs nothing outside the test, and it shows
+that the contract holds without SQL. Nodes in one process share one in-memory store
+by sharing the object, so ``open_again`` gives the test's own store back there.
 """
 
 from __future__ import annotations
@@ -34,11 +37,18 @@ def _postgresql(folder: Path) -> Iterator[str]:
         yield url
 
 
+@contextlib.contextmanager
+def _memory(folder: Path) -> Iterator[str]:
+    del folder
+    yield "memory://contract"
+
+
 _ALL: dict[str, Callable[[Path], contextlib.AbstractContextManager[str]]] = {
     "sqlite": _sqlite,
     "postgresql": _postgresql,
+    "memory": _memory,
 }
-BACKENDS = {name: _ALL[name] for name in SELECTED}
+BACKENDS = {name: _ALL[name] for name in [*SELECTED, "memory"]}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -59,11 +69,14 @@ def store(place: str) -> Iterator[Store]:
 
 
 @pytest.fixture
-def open_again(place: str) -> Iterator[Callable[[], Store]]:
-    """Open more stores on the test's store (as other nodes do); closed after the test."""
+def open_again(place: str, store: Store) -> Iterator[Callable[[], Store]]:
+    """Open more stores on the test's store (as other nodes do); closed after the test.
+    An in-memory store is shared by sharing the object: the test's own store, then."""
     opened: list[Store] = []
 
     def open_one() -> Store:
+        if place.startswith("memory:"):
+            return store
         opened.append(open_store(place))
         return opened[-1]
 

@@ -1,4 +1,4 @@
-"""Group commit: many appends in one ``Store.apply``, on every backend.
+"""Group commit: many appends in one ``Store.apply`` or one writer's commit, on every backend.
 
 A node's committer hands a store every append submitted while the previous commit
 ran, for any number of objects, in submission order. Whatever the backend does to
@@ -11,14 +11,16 @@ signal another object mix with plain ones; every field of an append lands exactl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Sequence
 
 import pytest
 
-from perdure.core.chain import Signer, seal_commit, seal_ref
+from perdure.core.chain import CommitSeal, Signer, seal_commit, seal_ref
 from perdure.errors import CancelRequestedError, LeaseLostError
 from perdure.stores import Store
 from perdure.stores._rows import record_params
-from perdure.stores.base import Append, Route, Signal
+from perdure.stores.base import Append, Outcomes, Route, Signal
 from tests.stores.builders import NOW, Chain
 
 LEASE = NOW + 30.0
@@ -235,10 +237,41 @@ def test_commit_seals_go_in_with_careful_appends(store: Store, signer: Signer) -
 
 async def _apply_async(store: Store, ops: list[Append], now: float
                        ) -> list[BaseException | None] | None:
+    from perdure.stores.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
     try:
         return await store.apply_async(ops, now)
     finally:
         await store.close_async()
+
+
+async def _through_writer(store: Store, batches: list[list[Append]], now: float,
+                          seals: Sequence[CommitSeal] = ()) -> list[Outcomes]:
+    """Commit each batch through the store's writer, as a node's event loop does (its
+    write thread a pool of one thread); each batch's outcomes."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    loop = asyncio.get_running_loop()
+    await store.open_async()
+    try:
+        writer = store.writer(pool)
+        found = []
+        for ops in batches:
+            future: asyncio.Future[Outcomes] = loop.create_future()
+
+            def done(results: Outcomes | None, error: BaseException | None,
+                     future: asyncio.Future[Outcomes] = future) -> None:
+                if results is None:
+                    future.set_exception(error or RuntimeError("no outcome"))
+                else:
+                    future.set_result(results)
+
+            writer.write(loop, ops, now, seals, done)
+            found.append(await future)
+        return found
+    finally:
+        await store.close_async()
+        pool.shutdown()
 
 
 def test_apply_async_takes_plain_batches_and_leaves_the_rest(store: Store, signer: Signer,
@@ -246,14 +279,11 @@ def test_apply_async_takes_plain_batches_and_leaves_the_rest(store: Store, signe
     """PostgreSQL commits a batch of plain appends to distinct objects on the event loop,
     each judged on its own as ``apply`` would; a batch of several appends where one
     consumes an event, one that signals, two appends of one object, or a record conflict
-    is left to ``apply`` (``None``) with nothing written. SQLite leaves every batch to
-    its other paths."""
+    is left to ``apply`` (``None``) with nothing written."""
+    if not place.startswith("postgresql"):
+        pytest.skip("PostgreSQL's commit on an asynchronous connection")
     chains, epochs = _claimed(store, signer, "a", "b", "c")
     a, b, c = chains["a"], chains["b"], chains["c"]
-    if store.commit_mode != "async":
-        assert asyncio.run(_apply_async(store, [a.append(epochs["a"], a.peek(1))], NOW)) is None
-        assert store.records("a") == a.records
-        return
     plain = [a.append(epochs["a"], a.extend(1)), b.append(epochs["b"] - 1, b.peek(1)),
              c.append(epochs["c"], c.extend(2))]
     results = asyncio.run(_apply_async(store, plain, NOW + 1))
@@ -281,13 +311,13 @@ def test_apply_async_takes_plain_batches_and_leaves_the_rest(store: Store, signe
     assert store.records("c") == [*c.records, squatter]
 
 
-def test_apply_async_takes_a_lone_append_that_consumes_events(store: Store,
-                                                              signer: Signer) -> None:
+def test_apply_async_takes_a_lone_append_that_consumes_events(store: Store, signer: Signer,
+                                                              place: str) -> None:
     """An agent receiving what it waited for commits on the event loop too (PostgreSQL):
     the append and the consumption of its events go through together, or, when the
     epoch is stale or an event was already consumed, neither does."""
-    if store.commit_mode != "async":
-        pytest.skip("only PostgreSQL commits on the event loop")
+    if not place.startswith("postgresql"):
+        pytest.skip("PostgreSQL's commit on an asynchronous connection")
     chains, epochs = _claimed(store, signer, "a", "b")
     a, b = chains["a"], chains["b"]
     for name in ("go", "more"):
@@ -319,28 +349,42 @@ def test_apply_async_takes_a_lone_append_that_consumes_events(store: Store,
     assert row is not None and row.head_seq == b.head.seq
 
 
-def test_open_async_readies_the_loop_commit_and_can_be_called_again(store: Store,
-                                                                    signer: Signer) -> None:
-    """A worker opens its loop's commit path as it starts: calling it again changes
-    nothing, commits then go through, and ``close_async`` lets it go."""
-    chains, epochs = _claimed(store, signer, "a")
-    a = chains["a"]
+def test_a_writer_commits_through_its_loop_as_apply_does(store: Store, signer: Signer) -> None:
+    """However a store commits from a node's event loop (on the loop, awaited there, or on
+    the write thread), it opens and closes what the loop needs as often as a worker asks,
+    and each batch it commits is judged as ``apply`` judges it: the fenced-out append
+    writes nothing, and a batch mixing an event consumer, a signal and plain appends
+    lands whole, with its commit seal."""
+    chains, epochs = _claimed(store, signer, "a", "b", "c")
+    a, b, c = chains["a"], chains["b"], chains["c"]
+    store.send("a", "go", b"1", None, NOW)
+    (go,) = store.pending_events("a")
+    first = [a.append(epochs["a"], a.extend(1)), b.append(epochs["b"] - 1, b.peek(1)),
+             c.append(epochs["c"], c.extend(2))]
+    mixed_records = a.extend(1) + b.extend(1)
+    commit_seal, sealed = seal_commit(mixed_records, signer)
+    mixed = [a.append(epochs["a"], sealed[:1], consume_event_ids=(go.event_id,)),
+             b.append(epochs["b"], sealed[1:], signal=Signal("c", "hi", b"2", "hi-1")),
+             c.append(epochs["c"], [], status="dormant", phase="dormancy", ready_at=None,
+                      waiting_event="hi", release=True)]
+    a.records[-1], b.records[-1] = sealed
 
-    async def go() -> list[BaseException | None] | None:
-        await store.open_async()
-        await store.open_async()
-        try:
-            return await store.apply_async([a.append(epochs["a"], a.peek(1))], NOW)
-        finally:
-            await store.close_async()
+    async def go_through() -> tuple[list[Outcomes], list[Outcomes]]:
+        await store.open_async()  # a worker opens as it starts; once more changes nothing
+        one = await _through_writer(store, [first], NOW + 1)
+        return one, await _through_writer(store, [mixed], NOW + 2, [commit_seal])
 
-    results = asyncio.run(go())
-    if store.commit_mode == "async":
-        assert results == [None]
-        a.extend(1)
-    else:
-        assert results is None
-    assert store.records("a") == a.records
+    (outcomes,), (mixed_outcomes,) = asyncio.run(go_through())
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], LeaseLostError)
+    assert mixed_outcomes == [None, None, None]
+    for chain in (a, b, c):
+        assert store.records(chain.object_id) == chain.records
+    assert store.pending_events("a") == []
+    assert [e.name for e in store.pending_events("c")] == ["hi"]
+    row = store.get("c")
+    assert row is not None and row.ready_at == NOW + 2 and row.lease_owner is None
+    assert store.seals([commit_seal.digest]) == {commit_seal.digest: commit_seal}
 
 
 def _family(store: Store, signer: Signer) -> tuple[dict[str, Chain], dict[str, int]]:
@@ -359,14 +403,15 @@ def _family(store: Store, signer: Signer) -> tuple[dict[str, Chain], dict[str, i
     return chains, epochs
 
 
-@pytest.mark.parametrize("how", ["apply", "apply_async"])
+@pytest.mark.parametrize("how", ["apply", "writer"])
 def test_a_child_appending_in_its_parents_ending_batch_is_cancelled(
         store: Store, signer: Signer, how: str) -> None:
     """A parent that ends and cancels its children in the same batch (one statement on
-    PostgreSQL) as its children's own appends: the running child's step is written and
-    reports the cancel, the child that lets go in the batch is runnable now with its
-    cancel pending, a child that ended stays as it was, and an unrelated object in the
-    batch is untouched. Every row's head still matches its records."""
+    PostgreSQL), through ``apply`` or from the event loop, as its children's own
+    appends: the running child's step is written and reports the cancel, the child that
+    lets go in the batch is runnable now with its cancel pending, a child that ended
+    stays as it was, and an unrelated object in the batch is untouched. Every row's head
+    still matches its records."""
     chains, epochs = _family(store, signer)
     mum, busy, sleepy, other = (chains[k] for k in ("mum", "busy", "sleepy", "other"))
     batch = [
@@ -380,8 +425,7 @@ def test_a_child_appending_in_its_parents_ending_batch_is_cancelled(
     if how == "apply":
         results = store.apply(batch, NOW + 1)
     else:
-        got = asyncio.run(_apply_async(store, batch, NOW + 1))
-        results = store.apply(batch, NOW + 1) if got is None else got
+        (results,) = asyncio.run(_through_writer(store, [batch], NOW + 1))
     # The child's step is written; it reports the cancel when the store sees the parent's
     # end first (one statement), else its next commit will: either way it is pending.
     assert results[0] is None or isinstance(results[0], CancelRequestedError)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,7 +12,7 @@ from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsign
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
-from perdure.stores.base import Append, Signal, Store
+from perdure.stores.base import Append, Done, Outcomes, Signal, Store, Writer
 
 __all__ = ["Committer", "HistoryEnd", "Journal", "StoreUnavailable"]
 
@@ -35,29 +34,16 @@ class Committer:
     stored beside them, so many objects sharing a commit also share its signature
     while every record stays verifiable on its own.
 
-    Where the store can commit without waiting (``Store.apply_now``: SQLite, when no
-    other thread or process holds its write lock), the commit runs on the event loop
-    itself at the end of the loop's turn, so every append submitted during the turn
-    shares it. A local commit is short, and handing it to the write thread costs
-    more: the hop there and back, and the GIL, which the write thread must win back
-    from a busy loop after each statement and only gets when the loop's turn ends.
-    A refused inline commit (the lock is taken: the write thread is claiming, or another
-    process writes) goes to the write thread, which waits for the lock; a refusal costs
-    microseconds, so the next batch tries inline again. If inline commits grow slow
-    (their moving average passes ``INLINE_LIMIT``, as on a network disk), commits go to
-    the write thread, and the loop tries again after ``INLINE_RETRY`` of them.
+    How a commit is made is the store's business: its writer (``Store.writer``, given
+    the node's write thread for whatever must block) commits on the event loop itself,
+    awaits the commit on the loop, or hands it to the thread (``perdure.stores.writers``
+    has the ways). The committer only asks the writer whether its next commit will hold
+    the loop: such a commit starts at the end of the loop's turn, so that every append
+    submitted during the turn shares it (see ``_start`` for the others).
 
-    Where the store has an asynchronous driver (``Store.apply_async``: PostgreSQL), the
-    commit is awaited on the loop: the loop runs the next cohort's steps while the
-    server works, with no hop to a thread. Batches it declines (an append that signals,
-    several appends where one consumes events, a conflict) go to the write thread.
-
-    Signing is done on the event loop either way: it is one signature per commit,
-    and work handed to the write thread should be the store's alone.
+    Signing is done on the event loop whatever the writer: it is one signature per
+    commit, and work handed to the write thread should be the store's alone.
     """
-
-    INLINE_LIMIT = 0.005  # seconds: slower inline commits (moving average) go to the thread
-    INLINE_RETRY = 64  # commits on the write thread before trying inline ones again
 
     def __init__(
         self,
@@ -66,28 +52,29 @@ class Committer:
         clock: Callable[[], float] = time.time,
         signer: Signer | None = None,
     ) -> None:
-        self._store = store
-        self._executor = executor
+        # replay-check builds a committer on no store: its journal never commits
+        self._writer: Writer = _NoStore() if store is None else store.writer(executor)
         self._clock = clock
         self._signer = signer
         self._pending: list[tuple[Append, asyncio.Future[list[Record]]]] = []
         self._flushing = False  # a commit is in flight
         self._deferred = False  # a start is scheduled for the loop's next turn
         self._target = 1  # appends to wait for before an idle committer starts a commit
-        mode = getattr(store, "commit_mode", "thread")
-        self._inline = mode == "inline"  # commit on the loop (``apply_now``), not the thread
-        self._async = mode == "async"  # await ``apply_async`` on the loop
-        self._inline_cost = 0.0  # moving average of inline commit times, seconds
-        self._thread_commits = 0  # since the committer last left inline commits
-        self._commit_task: asyncio.Task[None] | None = None  # apply_async in flight
+        self._batch: list[tuple[Append, asyncio.Future[list[Record]]]] = []  # in flight
+        self._loop: asyncio.AbstractEventLoop | None = None  # of the commit in flight
+        self._done = self._settle  # what the writer calls back (bound once, not per commit)
         self.commits = 0
         self.appends = 0
-        self.loop_commits = 0  # of ``commits``, those made or awaited on the event loop
 
     @property
     def signs(self) -> bool:
         """Whether this committer signs records (as it starts each commit)."""
         return self._signer is not None
+
+    @property
+    def loop_commits(self) -> int:
+        """Of ``commits``, those made or awaited on the event loop."""
+        return self._writer.loop_commits
 
     async def submit(self, op: Append) -> list[Record]:
         """Apply ``op`` durably; its records as stored (signed).
@@ -98,7 +85,7 @@ class Committer:
         future: asyncio.Future[list[Record]] = loop.create_future()
         self._pending.append((op, future))
         if not self._flushing:
-            if len(self._pending) >= self._target and not self._inline:
+            if len(self._pending) >= self._target and not self._writer.holds_loop:
                 self._start(loop)
             elif not self._deferred:
                 self._deferred = True
@@ -113,105 +100,34 @@ class Committer:
             self._start(loop)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Commit every pending append as one: on the loop itself, awaited on the loop,
-        or on the write thread (see the class).
+        """Commit every pending append as one, through the store's writer.
 
         When a commit settles, the appends waiting and the submitters it woke are two
         cohorts; the next commit starts once it holds half of them both (at the
         latest at the end of the loop's turn), and the rest go in the one after, while
-        it runs. So the loop runs the steps of one cohort while the write thread
-        commits the other's, and the cohorts stay even. Starting at the first append
-        instead keeps commits of one append alternating with commits of all the rest;
-        waiting for everyone leaves one thread idle while the other works.
+        it runs. So the loop runs the steps of one cohort while the store commits the
+        other's, and the cohorts stay even. Starting at the first append instead keeps
+        commits of one append alternating with commits of all the rest; waiting for
+        everyone leaves one side idle while the other works. A commit that holds the
+        loop starts at the end of the loop's turn instead, with everything submitted
+        during it.
 
-        When the commit is done, ``_settle`` wakes the submitters and starts the next
-        batch if appends queued up meanwhile. No task per append and no intermediate
-        future: this is paid on every step.
+        When the commit is done, the writer calls ``_settle``, which wakes the
+        submitters and starts the next batch if appends queued up meanwhile. No task per
+        append and no intermediate future: this is paid on every step.
         """
         batch, self._pending = self._pending, []
         self._flushing = True
+        self._batch, self._loop = batch, loop
         ops = [op for op, _ in batch]
         seals = self._signed(ops)
-        now = self._clock()
-        if self._inline and self._commit_inline(loop, batch, ops, now, seals):
-            return
-        if self._async:  # the task is kept: the loop holds only weak references to tasks
-            self._commit_task = loop.create_task(self._commit_async(loop, batch, ops, now,
-                                                                    seals))
-            return
-        self._to_thread(loop, batch, ops, now, seals)
+        self._writer.write(loop, ops, self._clock(), seals, self._done)
 
-    def _to_thread(self, loop: asyncio.AbstractEventLoop,
-                   batch: list[tuple[Append, asyncio.Future[list[Record]]]],
-                   ops: list[Append], now: float, seals: list[CommitSeal]) -> None:
-        """Hand the batch to the write thread, which settles it on the loop when done."""
-
-        def work() -> None:
-            try:
-                results = self._store.apply(ops, now, seals)
-                outcome = (results, [list(op.records) for op in ops])
-            except BaseException as exc:  # noqa: BLE001 - handed to the loop, raised there
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(self._settle, loop, batch, None, exc)
-                return
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._settle, loop, batch, outcome, None)
-
-        try:
-            self._executor.submit(work)
-        except RuntimeError as exc:  # the executor shut down: the node is stopping
-            self._settle(loop, batch, None, exc)
-
-    async def _commit_async(self, loop: asyncio.AbstractEventLoop,
-                            batch: list[tuple[Append, asyncio.Future[list[Record]]]],
-                            ops: list[Append], now: float, seals: list[CommitSeal]) -> None:
-        """Await the store's asynchronous commit; a batch it leaves goes to the thread."""
-        try:
-            results = await self._store.apply_async(ops, now, seals)
-        except Exception as exc:  # noqa: BLE001 - each submitter gets it, as from the thread
-            self._settle(loop, batch, None, exc)
-            return
-        except BaseException as exc:  # cancelled as the loop closes: nobody is left waiting
-            self._settle(loop, batch, None, exc)
-            raise
+    def _settle(self, results: Outcomes | None, error: BaseException | None) -> None:
+        """The writer's report of the batch in flight: wake its submitters."""
+        batch, loop = self._batch, self._loop
+        assert loop is not None, "a commit settles on the loop that started it"
         if results is None:
-            self._to_thread(loop, batch, ops, now, seals)
-        else:
-            self.loop_commits += 1
-            self._settle(loop, batch, (results, [list(op.records) for op in ops]), None)
-
-    def _commit_inline(self, loop: asyncio.AbstractEventLoop,
-                       batch: list[tuple[Append, asyncio.Future[list[Record]]]],
-                       ops: list[Append], now: float, seals: list[CommitSeal]) -> bool:
-        """Commit ``batch`` on the loop if the store can without waiting; ``False``
-        (nothing written) sends this batch to the write thread."""
-        began = time.perf_counter()
-        try:
-            results = self._store.apply_now(ops, now, seals)
-        except Exception as exc:  # noqa: BLE001 - each submitter gets it, as from the thread
-            self._settle(loop, batch, None, exc)
-            return True
-        except BaseException as exc:
-            self._settle(loop, batch, None, exc)
-            raise
-        if results is None:  # the lock is taken: this batch waits on the write thread
-            return False
-        self.loop_commits += 1
-        self._inline_cost = 0.8 * self._inline_cost + 0.2 * (time.perf_counter() - began)
-        if self._inline_cost > self.INLINE_LIMIT:
-            self._inline = False
-            self._thread_commits = 0
-        self._settle(loop, batch, (results, [list(op.records) for op in ops]), None)
-        return True
-
-    def _settle(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        batch: list[tuple[Append, asyncio.Future[list[Record]]]],
-        outcome: tuple[list[BaseException | None], list[list[Record]]] | None,
-        error: BaseException | None,
-    ) -> None:
-        if outcome is None:
             # StoreError for the expected failures; anything else is a bug that must
             # still reach each submitter instead of leaving it waiting.
             for _, future in batch:
@@ -220,21 +136,16 @@ class Committer:
         else:
             self.commits += 1
             self.appends += len(batch)
-            if not self._inline:
-                self._thread_commits += 1
-                if self._thread_commits >= self.INLINE_RETRY:
-                    self._inline, self._inline_cost = True, self.INLINE_LIMIT / 2
-            results, stored = outcome
-            for (_, future), failure, records in zip(batch, results, stored, strict=True):
+            for (op, future), failure in zip(batch, results, strict=True):
                 if future.done():
                     continue
                 if failure is None:
-                    future.set_result(records)
+                    future.set_result(list(op.records))
                 else:
                     future.set_exception(failure)
         self._flushing = False
         self._target = max(1, (len(self._pending) + len(batch)) // 2)
-        if len(self._pending) >= self._target and not self._inline:
+        if len(self._pending) >= self._target and not self._writer.holds_loop:
             self._start(loop)
         elif self._pending and not self._deferred:
             self._deferred = True
@@ -262,6 +173,19 @@ class Committer:
                 # builds it and only awaits the outcome): sign its records in place.
                 op.records = [rec if rec.signature else next(done) for rec in op.records]
         return seals
+
+
+class _NoStore:
+    """The writer of a committer without a store (replay-check's): nothing commits."""
+
+    holds_loop = False
+    loop_commits = 0
+
+    def write(self, loop: asyncio.AbstractEventLoop, ops: Sequence[Append], now: float,
+              seals: Sequence[CommitSeal], done: Done) -> None:
+        """Refuse the batch: there is no store to write it to."""
+        del loop, ops, now, seals
+        done(None, StoreError("this committer has no store; nothing was written"))
 
 
 @dataclass

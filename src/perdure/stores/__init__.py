@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from perdure.errors import ConfigurationError
+from perdure.stores._urls import redact_url
 from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow, Store
 
 __all__ = [
@@ -30,6 +31,8 @@ def open_store(url: str) -> Store:
     query options ``pool_size``, ``connect_timeout_s`` and ``idle_tx_timeout_s``
     (default 30: the server ends a session left idle inside a transaction, such as
     a frozen node's, so its row locks do not block other nodes); the rest go to libpq.
+    ``memory:`` or ``memory://NAME``: a new, empty in-memory store, for tests (the name
+    is only shown in banners; see ``perdure.stores.memory``).
     """
     parts = urlsplit(url)
     shown = redact_url(url)
@@ -62,9 +65,18 @@ def open_store(url: str) -> Store:
         )
     if scheme in ("postgresql", "postgres"):
         return _open_postgres(url, parts.query)
+    if scheme == "memory":
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ConfigurationError(
+                f"store URL {shown!r}: an in-memory store takes no path or options; "
+                "use memory: or memory://NAME"
+            )
+        from perdure.stores.memory import MemoryStore
+
+        return MemoryStore(url)
     raise ConfigurationError(
-        f"store URL {shown!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE "
-        "or postgresql://USER@HOST:PORT/DB"
+        f"store URL {shown!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE, "
+        "postgresql://USER@HOST:PORT/DB or memory:"
     )
 
 
@@ -114,11 +126,3 @@ def _open_postgres(url: str, query: str) -> Store:
     return PostgresStore(conninfo, pool_size=pool_size, connect_timeout=timeout,
                          idle_tx_timeout=idle_tx, url=url)
 
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for banners, logs and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user, _, host = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{user.partition(':')[0]}:***@{host}"))

@@ -18,6 +18,7 @@ __all__ = [
     "checked_chain",
     "claim_from_row",
     "create_params",
+    "list_query",
     "notices_cancel",
     "object_row",
     "record_from_row",
@@ -25,6 +26,7 @@ __all__ = [
     "seal_from_row",
     "seal_params",
 ]
+
 
 def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[str]]
                ) -> ObjectRow:
@@ -53,6 +55,19 @@ def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[s
         updated_at=data["updated_at"],
         requires=tuple(decode_names(data["requires"])) if data.get("requires") else (),
     )
+
+
+def list_query(*, status: str | None, agent: str | None, parent: str | None) -> str:
+    """The name of the ``list_*`` query for these filters: the one led by a filter an
+    index serves (children by parent, then status, then agent); every other filter the
+    query matches as given or, when ``None``, not at all."""
+    if parent is not None:
+        return "list_children"
+    if status is not None:
+        return "list_by_status"
+    if agent is not None:
+        return "list_by_agent"
+    return "list_objects"
 
 
 def claim_from_row(row: Sequence[Any]) -> Claim:

@@ -1,17 +1,27 @@
-"""The one ``Store`` protocol every backend implements, and the rows it trades in.
+"""The ``Store`` protocol every backend implements, its roles, and the rows it trades in.
 
 A store keeps rows, records, leases, timers and an inbox. It knows nothing of
 agents: it never runs user code and never interprets a record body. Every write
 a node makes while it holds an object is conditional on the fencing epoch it
 claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
+
+``Store`` is the union of small role protocols, one per concern: ``Nodes`` (node
+keys, trust items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
+commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Inbox``
+(events) and ``Writes`` (fenced group commits). How a node's event loop gets its
+commits made (on the loop, awaited on it, or on a thread) is hidden behind the
+``Writer`` a store hands out; ``perdure.stores.writers`` holds the ones a backend
+can opt into.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import concurrent.futures
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from perdure.core.chain import CommitSeal
 from perdure.core.records import GENESIS_HASH, Record
@@ -19,13 +29,22 @@ from perdure.core.records import GENESIS_HASH, Record
 __all__ = [
     "Append",
     "Claim",
+    "Done",
     "Event",
+    "Inbox",
+    "Leases",
     "NewObject",
     "NodeInfo",
+    "Nodes",
     "ObjectRow",
+    "Objects",
+    "Outcomes",
+    "Records",
     "Route",
     "Signal",
     "Store",
+    "Writer",
+    "Writes",
 ]
 
 
@@ -173,25 +192,16 @@ class Append:
     cancel_children: bool = False  # ask the object's live children to cancel, atomically
 
 
-class Store(Protocol):
-    """Narrow storage interface: rows, records, leases, timers, inbox, node keys."""
+#: One outcome per append of a commit: ``None`` (written) or the error refusing it
+#: (``LeaseLostError``; ``CancelRequestedError``, see ``Append``).
+Outcomes: TypeAlias = builtins.list[BaseException | None]
+#: How a ``Writer`` reports a commit: ``done(outcomes, None)``, or ``done(None, error)``
+#: when the commit failed as a whole (``StoreError``: nothing of it can be trusted written).
+Done: TypeAlias = Callable[[Outcomes | None, BaseException | None], None]
 
-    url: str
-    #: How a worker's event loop commits its appends: ``"inline"`` (``apply_now``, on the
-    #: loop itself), ``"async"`` (``apply_async``, awaited on the loop) or ``"thread"``
-    #: (``apply`` on the write thread only).
-    commit_mode: str
 
-    def close(self) -> None:
-        """Release connections."""
-
-    async def open_async(self) -> None:
-        """Make ready what the running event loop needs for ``apply_async`` (its
-        connection), so that the first commit does not wait for it; a worker calls this
-        as it starts. ``StoreError`` if the store cannot be reached."""
-
-    async def close_async(self) -> None:
-        """Release what the running event loop holds (``apply_async``'s connection)."""
+class Nodes(Protocol):
+    """Node identities and what they publish: public keys, trust items, heartbeats."""
 
     def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
         """Record a node's public key; ``NodeIdentityError`` if the id has another key."""
@@ -205,6 +215,17 @@ class Store(Protocol):
 
     def trust_items(self) -> builtins.list[tuple[str, bytes]]:
         """Every trust item as ``(kind, body)``, oldest first."""
+
+    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
+                  now: float) -> None:
+        """Note that ``node_id`` is alive and what it serves (for humans and routing notes)."""
+
+    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
+        """Nodes whose last heartbeat is at or after ``since``."""
+
+
+class Objects(Protocol):
+    """Index rows: creating objects and finding them."""
 
     def create(self, new: NewObject, now: float) -> bool:
         """Insert an object and its first record; ``False`` if the id already exists."""
@@ -220,8 +241,12 @@ class Store(Protocol):
         agent: str | None = None,
         parent: str | None = None,
         limit: int = 100,
-    ) -> list[ObjectRow]:
+    ) -> builtins.list[ObjectRow]:
         """Rows matching the filters, newest first."""
+
+
+class Records(Protocol):
+    """Memory: an object's records, and the commit seals that sign shared commits."""
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
@@ -235,6 +260,10 @@ class Store(Protocol):
     def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
         """The stored commit seals among ``digests``, by digest (missing ones left out)."""
 
+
+class Leases(Protocol):
+    """Claims and leases, timers, control flags, and wake-ups of idle nodes."""
+
     def claim(self, owner: str, now: float, lease_until: float, limit: int,
               route: Route | None = None) -> builtins.list[Claim]:
         """Lease up to ``limit`` runnable objects that ``route`` can serve, bumping epochs."""
@@ -242,31 +271,37 @@ class Store(Protocol):
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend a lease still held at ``epoch``; ``None`` if it was lost."""
 
-    def apply(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
-              ) -> builtins.list[BaseException | None]:
-        """Apply fenced appends in one commit; per op ``None`` or the error refusing it.
+    def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
+        """Live leases whose owner starts with ``owner_prefix``: ``(object_id, owner, epoch)``."""
 
-        ``seals`` are stored in the same commit, whether or not every append goes
-        through (a commit seal only vouches for the hashes it lists).
-        """
+    def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
+        """End a lease now if ``owner`` still holds it at ``epoch`` (its process is gone)."""
 
-    def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
-                  ) -> builtins.list[BaseException | None] | None:
-        """``apply``, on the calling thread, if it needs no waiting on anyone: ``None``
-        (nothing written) when the backend would have to wait for a lock, or never
-        commits on the caller's thread.
+    def next_ready_at(self) -> float | None:
+        """Earliest ``ready_at`` among runnable objects, for idle workers to sleep until."""
 
-        A worker's event loop calls it so that a short local commit costs no hop to the
-        write thread and back; it falls back to ``apply`` on the write thread on ``None``.
-        """
+    def control(
+        self,
+        object_id: str,
+        now: float,
+        *,
+        paused: bool | None = None,
+        cancel: bool = False,
+        unpark: bool = False,
+    ) -> ObjectRow:
+        """Set pause/cancel flags or unpark; returns the updated row."""
 
-    async def apply_async(self, ops: Sequence[Append], now: float,
-                          seals: Sequence[CommitSeal] = ()
-                          ) -> builtins.list[BaseException | None] | None:
-        """``apply``, awaited on the running event loop without blocking it; ``None``
-        (nothing written) for a batch it leaves to ``apply`` on the write thread, or
-        always where the backend has no asynchronous driver.
-        """
+    def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
+        """``{object_id: (epoch, cancel_requested, paused)}`` for the ids that exist."""
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """Push wake-ups: call ``callback(object_id)`` when an object may have become
+        runnable; returns a function that stops it, or ``None`` if this backend cannot
+        push (nodes then poll)."""
+
+
+class Inbox(Protocol):
+    """Events waiting to be folded into an object's memory."""
 
     def send(
         self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float,
@@ -282,37 +317,69 @@ class Store(Protocol):
     def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""
 
-    def control(
-        self,
-        object_id: str,
-        now: float,
-        *,
-        paused: bool | None = None,
-        cancel: bool = False,
-        unpark: bool = False,
-    ) -> ObjectRow:
-        """Set pause/cancel flags or unpark; returns the updated row."""
 
-    def next_ready_at(self) -> float | None:
-        """Earliest ``ready_at`` among runnable objects, for idle workers to sleep until."""
+class Writer(Protocol):
+    """What commits one node's batches of appends from its event loop.
 
-    def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
-        """Live leases whose owner starts with ``owner_prefix``: ``(object_id, owner, epoch)``."""
+    The node's committer hands it one batch at a time, on the event loop's thread, and
+    learns the outcome through ``done``. Whether the commit runs on the loop itself, is
+    awaited on it, or goes to the node's write thread is the writer's business; the
+    committer only asks whether the next commit will hold the loop (``holds_loop``).
+    """
 
-    def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
-        """End a lease now if ``owner`` still holds it at ``epoch`` (its process is gone)."""
+    @property
+    def holds_loop(self) -> bool:
+        """Whether the next commit runs on the event loop and holds it until done: the
+        committer then starts it at the end of the loop's turn, so that every append
+        submitted during the turn shares it; otherwise a commit starts as soon as it has
+        its share of the waiting appends."""
 
-    def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
-        """``{object_id: (epoch, cancel_requested, paused)}`` for the ids that exist."""
+    @property
+    def loop_commits(self) -> int:
+        """How many commits this writer made on the event loop, or awaited there."""
 
-    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
-        """Push wake-ups: call ``callback(object_id)`` when an object may have become
-        runnable; returns a function that stops it, or ``None`` if this backend cannot
-        push (nodes then poll)."""
+    def write(self, loop: asyncio.AbstractEventLoop, ops: Sequence[Append], now: float,
+              seals: Sequence[CommitSeal], done: Done) -> None:
+        """Commit ``ops`` and ``seals`` as ``Writes.apply`` does, and call ``done`` once,
+        on ``loop``'s thread, with the outcome; possibly before returning. Every failure
+        goes to ``done`` (``StoreError`` for the expected ones); a ``BaseException`` that
+        is not an ``Exception`` goes to ``done`` and is raised too."""
 
-    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float) -> None:
-        """Note that ``node_id`` is alive and what it serves (for humans and routing notes)."""
 
-    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
-        """Nodes whose last heartbeat is at or after ``since``."""
+class Writes(Protocol):
+    """Fenced group commits: every write a node makes to an object it holds."""
+
+    def apply(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+              ) -> Outcomes:
+        """Apply fenced appends in one commit, on the calling thread (waiting for locks as
+        need be); per op ``None`` or the error refusing it.
+
+        ``seals`` are stored in the same commit, whether or not every append goes
+        through (a commit seal only vouches for the hashes it lists).
+        """
+
+    def writer(self, executor: concurrent.futures.Executor) -> Writer:
+        """The writer of a node's event loop. ``executor`` is the node's write thread,
+        where whatever must block can run; ``ThreadWriter(self.apply, executor)`` is the
+        writer of a store with nothing better."""
+
+    async def open_async(self) -> None:
+        """Make ready what the running event loop's commits need (a connection of its
+        own, say), so that the first commit does not wait for it; a worker calls this as
+        it starts. ``StoreError`` if the store cannot be reached."""
+
+    async def close_async(self) -> None:
+        """Release what the running event loop's commits held."""
+
+
+class Store(Nodes, Objects, Records, Leases, Inbox, Writes, Protocol):
+    """Narrow storage interface: rows, records, leases, timers, inbox, node keys.
+
+    Every role above, plus ``url`` (shown in banners and errors, password masked) and
+    ``close``.
+    """
+
+    url: str
+
+    def close(self) -> None:
+        """Release connections."""

@@ -2,6 +2,30 @@
 -- Lease times are decided by the database clock (db_now below); timers (ready_at)
 -- are the nodes' wall-clock times.
 
+-- name: idle_tx_timeout
+-- Per connection: the server ends a session left idle inside a transaction after this
+-- many milliseconds (a frozen node's), so that its row locks do not block other nodes.
+SELECT set_config('idle_in_transaction_session_timeout', %s, false);
+
+-- name: migration_lock
+-- Held until the migrating transaction ends: nodes starting at once migrate in turn.
+SELECT pg_advisory_xact_lock(%s);
+
+-- name: create_migrations_table
+CREATE TABLE IF NOT EXISTS perdure_migrations (
+    version INTEGER PRIMARY KEY, name TEXT NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
+
+-- name: applied_migrations
+SELECT version FROM perdure_migrations;
+
+-- name: note_migration
+INSERT INTO perdure_migrations (version, name) VALUES (%s, %s);
+
+-- name: listen
+-- The wake-up channel: pg_notify('perdure_wake', object_id) below wakes idle nodes.
+LISTEN perdure_wake;
+
 -- name: register_node
 INSERT INTO nodes (node_id, public_key, created_at) VALUES (%s, %s, %s)
 ON CONFLICT (node_id) DO NOTHING;
@@ -45,6 +69,45 @@ SELECT digest, node_id, hashes, signature FROM seals WHERE digest = ANY(%s);
 
 -- name: get_object
 SELECT * FROM objects WHERE object_id = %s;
+
+-- name: list_objects
+-- Rows for people, newest first; a filter given as NULL matches every row. The three
+-- blocks after this one are the same query led by a filter an index serves, as in
+-- SQLite's queries (where the planner needs them).
+SELECT * FROM objects
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(phase)s::text IS NULL OR phase = %(phase)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s)
+ORDER BY created_at DESC, object_id
+LIMIT %(limit)s;
+
+-- name: list_children
+SELECT * FROM objects
+WHERE parent_id = %(parent)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(phase)s::text IS NULL OR phase = %(phase)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+ORDER BY created_at DESC, object_id
+LIMIT %(limit)s;
+
+-- name: list_by_status
+SELECT * FROM objects
+WHERE status = %(status)s
+  AND (%(phase)s::text IS NULL OR phase = %(phase)s)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s)
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s)
+ORDER BY created_at DESC, object_id
+LIMIT %(limit)s;
+
+-- name: list_by_agent
+SELECT * FROM objects
+WHERE agent = %(agent)s
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(phase)s::text IS NULL OR phase = %(phase)s)
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s)
+ORDER BY created_at DESC, object_id
+LIMIT %(limit)s;
 
 -- name: records_after
 SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash,

@@ -1,5 +1,54 @@
 -- Named queries of the SQLite store: one block per `-- name:` line.
 
+-- name: journal_mode_wal
+PRAGMA journal_mode=WAL;
+
+-- name: synchronous
+-- {level} is FULL, NORMAL, EXTRA or OFF (checked by the store): a pragma takes no
+-- parameters.
+PRAGMA synchronous={level};
+
+-- name: foreign_keys_on
+PRAGMA foreign_keys=ON;
+
+-- name: begin
+-- Every write transaction: take the write lock now, so that concurrent processes queue
+-- on it (busy timeout) instead of failing when a read turns into a write.
+BEGIN IMMEDIATE;
+
+-- name: commit
+COMMIT;
+
+-- name: rollback
+ROLLBACK;
+
+-- name: savepoint
+-- One append of a group commit, undone alone when it is refused.
+SAVEPOINT op;
+
+-- name: rollback_to_savepoint
+ROLLBACK TO op;
+
+-- name: release
+RELEASE op;
+
+-- name: user_version
+-- The schema version: the number of the last migration applied.
+PRAGMA user_version;
+
+-- name: set_user_version
+-- {version} is a migration's number (a pragma takes no parameters).
+PRAGMA user_version={version};
+
+-- name: table_names
+SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%';
+
+-- name: table_columns
+-- A table's columns in order (cid, name, type, notnull, dflt_value, pk): the schema check
+-- compares the names with the migrations'. Every column is read, so that text in the
+-- schema that is not UTF-8 (a damaged type, say) is found here.
+SELECT * FROM pragma_table_info(?) ORDER BY cid;
+
 -- name: register_node
 INSERT INTO nodes (node_id, public_key, created_at) VALUES (?, ?, ?)
 ON CONFLICT (node_id) DO NOTHING;
@@ -38,6 +87,45 @@ SELECT digest, node_id, hashes, signature FROM seals WHERE digest = ?;
 
 -- name: get_object
 SELECT * FROM objects WHERE object_id = ?;
+
+-- name: list_objects
+-- Rows for people, newest first; a filter given as NULL matches every row. The three
+-- blocks after this one are the same query led by a filter an index serves: SQLite plans
+-- a statement before it sees the values, so each gets the statement that can use it.
+SELECT * FROM objects
+WHERE (:status IS NULL OR status = :status)
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:parent IS NULL OR parent_id = :parent)
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: list_children
+SELECT * FROM objects
+WHERE parent_id = :parent
+  AND (:status IS NULL OR status = :status)
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: list_by_status
+SELECT * FROM objects
+WHERE status = :status
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:parent IS NULL OR parent_id = :parent)
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: list_by_agent
+SELECT * FROM objects
+WHERE agent = :agent
+  AND (:status IS NULL OR status = :status)
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:parent IS NULL OR parent_id = :parent)
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
 
 -- name: records_after
 SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash,
@@ -219,6 +307,10 @@ WHERE lease_owner LIKE :prefix ESCAPE '\' AND lease_expires > :now;
 -- name: expire_lease
 UPDATE objects SET lease_expires = :now, updated_at = :now
 WHERE object_id = :object_id AND epoch = :epoch AND lease_owner = :owner;
+
+-- name: control_flags
+-- {marks} is one "?" per object id.
+SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id IN ({marks});
 
 -- name: heartbeat
 UPDATE nodes SET serves = :serves, capabilities = :caps, seen_at = :now

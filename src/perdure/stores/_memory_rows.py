@@ -1,0 +1,284 @@
+"""The in-memory store's tables, and its writes as the SQL stores' statements make them.
+
+Rows hold what the SQL schema's columns hold (a hash as hex, a record as the columns
+it is stored in); each write below is one of the SQLite store's statements done on
+Python values, with the same conditions and the same columns set, so that a test
+on the in-memory store means what it would on a file. Callers hold the store's lock.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perdure.core.chain import CommitSeal
+from perdure.errors import CancelRequestedError, LeaseLostError
+from perdure.stores._rows import notices_cancel, record_params
+from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow, Route
+
+__all__ = ["TERMINAL", "NodeRow", "Row", "StoredEvent", "Tables", "apply_one"]
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+def _time(value: float | None) -> float | None:
+    """A time as a REAL column keeps it."""
+    return None if value is None else float(value)
+
+
+@dataclass(slots=True)
+class Row:
+    """An object's row, column for column (``objects`` in the SQL schema)."""
+
+    object_id: str
+    agent: str
+    agent_version: str
+    ready_at: float | None
+    head_seq: int
+    head_hash: str
+    parent_id: str | None
+    created_at: float
+    updated_at: float
+    requires: tuple[str, ...]
+    order: int  # when it was created, for ties in a claim's order
+    status: str = "ready"
+    phase: str = "instantiated"
+    epoch: int = 0
+    lease_owner: str | None = None
+    lease_expires: float | None = None
+    waiting_event: str | None = None
+    paused: bool = False
+    cancel_requested: bool = False
+    parked: bool = False
+    note: str | None = None
+    result: bytes | None = None
+    avoid: builtins.list[str] = field(default_factory=builtins.list)
+    crashes: int = 0
+    crash_seq: int | None = None
+
+    def value(self) -> ObjectRow:
+        """The row as the store hands it out."""
+        return ObjectRow(
+            self.object_id, self.agent, self.agent_version, self.status, self.phase,
+            self.epoch, self.lease_owner, self.lease_expires, self.ready_at,
+            self.waiting_event, self.paused, self.cancel_requested, self.parked, self.note,
+            self.head_seq, self.head_hash, self.result, self.parent_id, self.created_at,
+            self.updated_at, self.requires)
+
+    def claim(self) -> Claim:
+        """The lease the row holds now, as ``claim`` and ``renew`` return it."""
+        assert self.lease_expires is not None
+        return Claim(self.object_id, self.epoch, self.lease_expires, self.cancel_requested,
+                     self.paused, self.crashes)
+
+    def claimable(self, now: float, route: Route) -> bool:
+        """``claim_candidates``: runnable now, and ``route`` can serve it (any node may
+        finish a cancel)."""
+        if (self.ready_at is None or self.ready_at > now
+                or (self.paused and not self.cancel_requested)
+                or (self.lease_expires is not None and self.lease_expires > now)):
+            return False
+        return self.cancel_requested or (
+            (route.serves is None or f"{self.agent}@{self.agent_version}" in route.serves)
+            and all(name in route.capabilities for name in self.requires)
+            and route.node_id not in self.avoid)
+
+
+@dataclass(slots=True)
+class StoredEvent:
+    """An event in the inbox, and the record that consumed it (``None``: pending)."""
+
+    event_id: int
+    object_id: str
+    name: str
+    payload: bytes
+    dedupe_key: str | None
+    sent_at: float
+    seal: bytes
+    consumed_seq: int | None = None
+
+    def value(self) -> Event:
+        """The event as the store hands it out."""
+        return Event(self.event_id, self.object_id, self.name, self.payload, self.dedupe_key,
+                     self.sent_at, self.seal)
+
+
+@dataclass(slots=True)
+class NodeRow:
+    """A registered node: its key, and what its last heartbeat said."""
+
+    public_key: bytes
+    created_at: float
+    serves: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+    seen_at: float | None = None
+
+
+@dataclass(slots=True)
+class Tables:
+    """Everything a memory store holds."""
+
+    objects: dict[str, Row] = field(default_factory=dict)
+    records: dict[str, dict[int, tuple[Any, ...]]] = field(default_factory=dict)  # by seq
+    seals: dict[bytes, CommitSeal] = field(default_factory=dict)
+    inbox: dict[str, dict[int, StoredEvent]] = field(default_factory=dict)  # by event id
+    dedupe: set[tuple[str, str]] = field(default_factory=set)
+    last_event: int = 0
+    nodes: dict[str, NodeRow] = field(default_factory=dict)
+    trust: dict[str, tuple[float, str, bytes]] = field(default_factory=dict)
+    woken: builtins.list[str] = field(default_factory=builtins.list)  # to tell subscribers
+
+    def create(self, new: NewObject, now: float) -> bool:
+        """``insert_object`` and ``insert_record``: ``False`` if the id is taken."""
+        if new.object_id in self.objects:
+            return False
+        now = float(now)
+        self.objects[new.object_id] = Row(
+            new.object_id, new.agent, new.agent_version, _time(new.ready_at), new.first.seq,
+            new.first.hash, new.parent_id, now, now, tuple(sorted(new.requires)),
+            len(self.objects))
+        self.records.setdefault(new.object_id, {})[new.first.seq] = record_params(new.first)
+        self.woken.append(new.object_id)
+        return True
+
+    def claim(self, owner: str, now: float, lease_until: float, limit: int, route: Route
+              ) -> builtins.list[Claim]:
+        """``claim_candidates`` (oldest ready first), then ``claim_one`` for each."""
+        rows = sorted((row for row in self.objects.values() if row.claimable(now, route)),
+                      key=lambda row: (row.ready_at, row.order))
+        claims = []
+        for row in rows[:limit]:
+            # A lease that lapsed instead of being let go: its worker died (or lost the
+            # store) while it ran the object. Deaths at the same head count up; any other
+            # claim resets.
+            row.crashes = (0 if row.lease_owner is None
+                           else row.crashes + 1 if row.crash_seq == row.head_seq else 1)
+            row.crash_seq = row.head_seq
+            row.epoch += 1
+            row.lease_owner, row.lease_expires = owner, float(lease_until)
+            row.status, row.phase, row.updated_at = "running", "evaluation", float(now)
+            claims.append(row.claim())
+        return claims
+
+    def insert_event(self, object_id: str, name: str, payload: bytes, dedupe_key: str | None,
+                     now: float, seal: bytes) -> bool:
+        """``insert_event``: ``False`` (nothing queued) for a ``dedupe_key`` seen before."""
+        if dedupe_key is not None:
+            if (object_id, dedupe_key) in self.dedupe:
+                return False
+            self.dedupe.add((object_id, dedupe_key))
+        self.last_event += 1
+        self.inbox.setdefault(object_id, {})[self.last_event] = StoredEvent(
+            self.last_event, object_id, name, bytes(payload), dedupe_key, float(now),
+            bytes(seal))
+        return True
+
+    def wake_for_event(self, object_id: str, name: str, now: float) -> None:
+        """``wake_for_event``: a released object waiting for ``name`` is runnable now; so
+        is any released object for a control event (a name starting with ``perdure:``)."""
+        row = self.objects.get(object_id)
+        if (row is not None and row.lease_owner is None
+                and (row.waiting_event == name or name.startswith("perdure:"))
+                and (row.ready_at is None or row.ready_at > now)
+                and row.status not in TERMINAL):
+            row.ready_at = float(now)
+
+    def pending(self, object_id: str, name: str) -> bool:
+        """Whether an event named ``name`` waits in the object's inbox."""
+        return any(event.name == name and event.consumed_seq is None
+                   for event in self.inbox.get(object_id, {}).values())
+
+    def cancel_children(self, parent_id: str, now: float) -> None:
+        """``cancel_children``: a parent that terminates asks its live children to cancel."""
+        for row in self.objects.values():
+            if row.parent_id == parent_id and row.status not in TERMINAL:
+                row.cancel_requested, row.updated_at = True, now
+                row.ready_at = now if row.ready_at is None else min(row.ready_at, now)
+                self.woken.append(row.object_id)
+
+
+def _refusal(t: Tables, op: Append, records: Sequence[tuple[Any, ...]]
+             ) -> BaseException | None:
+    """Why ``op`` writes nothing (``append_update``'s fence, a record conflict, an event
+    consumed already), or ``None`` when it goes through."""
+    row = t.objects.get(op.object_id)
+    expected = op.records[0].seq - 1 if op.records else None
+    if (row is None or row.epoch != op.epoch
+            or (expected is not None and row.head_seq != expected)
+            # Nothing is appended to memory that holds its terminal record.
+            or (op.records and row.status in TERMINAL)
+            # A completion is refused while a cancel is pending: the node writes the cancel.
+            or (op.unless_cancelled and row.cancel_requested)):
+        if (op.unless_cancelled and row is not None and row.epoch == op.epoch
+                and row.cancel_requested):
+            return CancelRequestedError(f"object {op.object_id!r}: a cancel was requested; "
+                                        "the completion was not written")
+        return LeaseLostError(
+            f"object {op.object_id!r}: epoch {op.epoch} no longer holds the lease "
+            "(another node took it over); this node stops touching it")
+    stored = t.records.get(op.object_id, {})
+    seqs = [rec[1] for rec in records]
+    if len(set(seqs)) != len(seqs) or any(seq in stored for seq in seqs):
+        return LeaseLostError(f"object {op.object_id!r}: another node appended first")
+    inbox = t.inbox.get(op.object_id, {})
+    seen: set[int] = set()
+    for event_id in op.consume_event_ids:
+        assert op.records, "consuming an event needs the record that receives it"
+        event = inbox.get(event_id)
+        if event is None or event.consumed_seq is not None or event_id in seen:
+            return LeaseLostError(
+                f"object {op.object_id!r}: event {event_id} was consumed by another node")
+        seen.add(event_id)
+    return None
+
+
+def apply_one(t: Tables, op: Append, now: float, records: Sequence[tuple[Any, ...]]
+              ) -> BaseException | None:
+    """Apply one fenced append (``records``: its records' stored columns) as the SQLite
+    store's ``_apply_one`` does, or write nothing; its outcome."""
+    refused = _refusal(t, op, records)
+    if refused is not None:
+        return refused
+    row = t.objects[op.object_id]
+    if row.cancel_requested and op.status not in TERMINAL:
+        # A cancel asked for while the node ran must not be lost when it lets go.
+        row.ready_at = now
+    elif op.waiting_event is not None and t.pending(op.object_id, op.waiting_event):
+        row.ready_at = now
+    else:
+        row.ready_at = _time(op.ready_at)
+    if op.records:
+        row.head_seq, row.head_hash = op.records[-1].seq, op.records[-1].hash
+    row.status, row.phase, row.waiting_event = op.status, op.phase, op.waiting_event
+    if op.result is not None:
+        row.result = bytes(op.result)
+    if op.release:
+        row.lease_owner = row.lease_expires = None
+    row.parked, row.note, row.updated_at = op.parked, op.note, now
+    if op.requires is not None:
+        row.requires = tuple(sorted(op.requires))
+    if op.clear_avoid:
+        row.avoid = []
+    elif op.avoid_node is not None:
+        row.avoid = [*row.avoid, op.avoid_node]
+    cancel = row.cancel_requested and notices_cancel(op)
+    stored = t.records.setdefault(op.object_id, {})
+    for rec in records:
+        stored[rec[1]] = rec
+    inbox = t.inbox.get(op.object_id, {})
+    for event_id in op.consume_event_ids:
+        inbox[event_id].consumed_seq = op.records[-1].seq
+    if op.signal is not None:
+        sig = op.signal
+        t.insert_event(sig.object_id, sig.name, sig.payload, sig.dedupe_key, now, sig.seal)
+        t.wake_for_event(sig.object_id, sig.name, now)
+        t.woken.append(sig.object_id)
+    if op.cancel_children:
+        t.cancel_children(op.object_id, now)
+    if op.release and row.ready_at is not None and row.ready_at <= now:
+        t.woken.append(op.object_id)
+    if cancel:
+        return CancelRequestedError(f"object {op.object_id!r}: a cancel was requested")
+    return None

@@ -1,0 +1,349 @@
+"""In-memory store: the whole ``Store`` contract in this process's memory, for tests.
+
+``open_store("memory:")`` (or ``memory://NAME``, the name a label shown in banners)
+gives a new, empty store each time; two Apps share one by being given the same
+``MemoryStore`` object. Nothing is persisted: the store lives as long as the object,
+and ``close`` drops its contents. It keeps every promise the SQL stores keep (fenced
+appends, leases and epochs, the inbox, signals, cancel flags, commit seals, trust
+items, heartbeats) under one lock, so that a worker's threads can share it, and pushes
+wake-ups to subscribers as PostgreSQL does. Leases and timers are judged by the
+``now`` a node passes, as on SQLite.
+
+The rows live in ``_memory_rows``; this module is the store's roles.
+"""
+
+from __future__ import annotations
+
+import builtins
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+
+from perdure.core.chain import CommitSeal
+from perdure.core.records import GENESIS_HASH, Record
+from perdure.errors import (
+    NodeIdentityError,
+    ObjectNotFoundError,
+    ObjectTerminatedError,
+    StoreError,
+)
+from perdure.stores._memory_rows import TERMINAL, NodeRow, Tables, apply_one
+from perdure.stores._rows import checked_chain, record_from_row, record_params
+from perdure.stores.base import (
+    Append,
+    Claim,
+    Event,
+    NewObject,
+    NodeInfo,
+    ObjectRow,
+    Outcomes,
+    Route,
+    Writer,
+)
+from perdure.stores.writers import InlineWriter
+
+__all__ = ["MemoryStore"]
+
+log = logging.getLogger("perdure.store")
+
+
+class MemoryStore:
+    """A ``Store`` in this process's memory, shared by every thread that holds it.
+
+    For tests and trying things out: nothing survives the object (see the module).
+    """
+
+    def __init__(self, url: str = "memory:") -> None:
+        self.url = url
+        self._lock = threading.Lock()
+        self._tables: Tables | None = Tables()
+        self._listeners: builtins.list[Callable[[str], None]] = []
+
+    # -- the lock, and wake-ups ----------------------------------------------------
+
+    @contextlib.contextmanager
+    def _held(self, *, wait: bool = True) -> Iterator[Tables]:
+        """The tables, under the store's lock; ``StoreError`` once the store is closed.
+        Wake-ups noted meanwhile go out once the lock is let go."""
+        if not self._lock.acquire(blocking=wait):
+            raise _Busy
+        try:
+            tables = self._tables
+            if tables is None:
+                raise StoreError(f"store {self.url} is closed; open a new one")
+            yield tables
+            woken, tables.woken = tables.woken, []
+        finally:
+            self._lock.release()
+        for object_id in woken:
+            for listener in builtins.list(self._listeners):
+                try:
+                    listener(object_id)
+                except Exception:  # the write stands: a subscriber's failure is its own
+                    log.exception("a wake-up subscriber failed", extra={"action": "wake_failed"})
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(object_id)`` whenever an object may have become runnable
+        (on the thread that made it so); returns ``stop``."""
+        self._listeners.append(callback)
+
+        def stop() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(callback)
+
+        return stop
+
+    def close(self) -> None:
+        """Drop everything: the store cannot be used afterwards."""
+        with self._lock:
+            self._tables = None
+        self._listeners.clear()
+
+    # -- nodes ---------------------------------------------------------------------
+
+    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
+        """Record a node's public key; refuse a second, different key for the same id."""
+        with self._held() as t:
+            node = t.nodes.setdefault(node_id, NodeRow(bytes(public_key), float(now)))
+        if node.public_key != public_key:
+            raise NodeIdentityError(
+                f"node id {node_id!r} is registered in {self.url} with a different public key; "
+                "give this node another id or restore its key directory"
+            )
+
+    def public_keys(self) -> dict[str, bytes]:
+        """All registered node keys."""
+        with self._held() as t:
+            return {node_id: node.public_key for node_id, node in t.nodes.items()}
+
+    def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
+        """Keep a trust item (certificate or revocation) under ``item_id``, once."""
+        with self._held() as t:
+            t.trust.setdefault(item_id, (float(now), kind, bytes(body)))
+
+    def trust_items(self) -> builtins.list[tuple[str, bytes]]:
+        """Every trust item as ``(kind, body)``, oldest first."""
+        with self._held() as t:
+            items = sorted((created, item_id, kind, body)
+                           for item_id, (created, kind, body) in t.trust.items())
+        return [(kind, body) for _, _, kind, body in items]
+
+    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
+                  now: float) -> None:
+        """Record that ``node_id`` is alive, what it serves and what it can do."""
+        with self._held() as t:
+            node = t.nodes.get(node_id)
+            if node is not None:
+                node.serves, node.capabilities = tuple(sorted(serves)), tuple(sorted(capabilities))
+                node.seen_at = float(now)
+
+    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
+        """Nodes seen since ``since``."""
+        with self._held() as t:
+            return [NodeInfo(node_id, node.serves, node.capabilities, node.seen_at)
+                    for node_id, node in sorted(t.nodes.items())
+                    if node.seen_at is not None and node.seen_at >= since]
+
+    # -- objects and records -------------------------------------------------------
+
+    def create(self, new: NewObject, now: float) -> bool:
+        """Insert the object row and its first record, together."""
+        with self._held() as t:
+            return t.create(new, now)
+
+    def get(self, object_id: str) -> ObjectRow | None:
+        """The object's row, or ``None``."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            return None if row is None else row.value()
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        phase: str | None = None,
+        agent: str | None = None,
+        parent: str | None = None,
+        limit: int = 100,
+    ) -> builtins.list[ObjectRow]:
+        """Rows matching the filters, newest first."""
+        with self._held() as t:
+            rows = [row for row in t.objects.values()
+                    if (status is None or row.status == status)
+                    and (phase is None or row.phase == phase)
+                    and (agent is None or row.agent == agent)
+                    and (parent is None or row.parent_id == parent)]
+            rows.sort(key=lambda row: row.object_id)
+            rows.sort(key=lambda row: row.created_at, reverse=True)
+            return [row.value() for row in (rows if limit < 0 else rows[:limit])]
+
+    def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
+        """Records after ``after_seq``, decoded from their stored columns."""
+        with self._held() as t:
+            # Written in seq order (each append follows the head), so kept in it.
+            rows = [row for seq, row in t.records.get(object_id, {}).items() if seq > after_seq]
+        return [record_from_row(row) for row in rows]
+
+    def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
+              ) -> builtins.list[Record]:
+        """Records after ``after_seq``, links and hashes checked from ``start_hash``."""
+        return checked_chain(object_id, None, after_seq, start_hash,
+                             lambda: self.records(object_id, after_seq))
+
+    def seals(self, digests: Sequence[bytes]) -> dict[bytes, CommitSeal]:
+        """The stored commit seals among ``digests``, by digest."""
+        with self._held() as t:
+            return {digest: t.seals[digest] for digest in digests if digest in t.seals}
+
+    # -- leases ----------------------------------------------------------------------
+
+    def claim(self, owner: str, now: float, lease_until: float, limit: int,
+              route: Route | None = None) -> builtins.list[Claim]:
+        """Lease up to ``limit`` runnable objects ``route`` can serve, oldest first."""
+        if limit <= 0:
+            return []
+        with self._held() as t:
+            return t.claim(owner, now, lease_until, limit, route or Route())
+
+    def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
+        """Extend the lease if still held at ``epoch``."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            if row is None or row.epoch != epoch or row.lease_owner is None:
+                return None
+            row.lease_expires = float(lease_until)
+            return row.claim()
+
+    def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
+        """Live leases whose owner starts with ``owner_prefix``."""
+        with self._held() as t:
+            return [(row.object_id, row.lease_owner, row.epoch) for row in t.objects.values()
+                    if row.lease_owner is not None and row.lease_owner.startswith(owner_prefix)
+                    and row.lease_expires is not None and row.lease_expires > now]
+
+    def expire_lease(self, object_id: str, owner: str, epoch: int, now: float) -> bool:
+        """End a lease at once when its holder is known to be dead."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            if row is None or row.epoch != epoch or row.lease_owner != owner:
+                return False
+            row.lease_expires = row.updated_at = float(now)
+            return True
+
+    def next_ready_at(self) -> float | None:
+        """Earliest time an object becomes claimable: its ready time, or its lease
+        expiry if later."""
+        with self._held() as t:
+            due = [row.ready_at if row.lease_expires is None
+                   else max(row.ready_at, row.lease_expires)
+                   for row in t.objects.values()
+                   if row.ready_at is not None and (not row.paused or row.cancel_requested)]
+        return min(due) if due else None
+
+    def control(
+        self,
+        object_id: str,
+        now: float,
+        *,
+        paused: bool | None = None,
+        cancel: bool = False,
+        unpark: bool = False,
+    ) -> ObjectRow:
+        """Pause, resume, cancel or unpark an object."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self.url}")
+            if row.status in TERMINAL:
+                raise ObjectTerminatedError(f"object {object_id!r} has already {row.status}")
+            now = float(now)
+            if paused is not None:
+                row.paused, row.updated_at = paused, now
+                if not paused and row.status == "paused":
+                    row.status = "ready"
+            if cancel:
+                row.cancel_requested, row.updated_at = True, now
+                row.ready_at = now if row.ready_at is None else min(row.ready_at, now)
+            if unpark and row.parked:
+                row.parked, row.note, row.ready_at, row.status = False, None, now, "ready"
+                row.updated_at, row.crashes = now, 0
+            if cancel or unpark or paused is False:
+                t.woken.append(object_id)
+            return row.value()
+
+    def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
+        """Epoch and control flags of the given objects, in one read."""
+        with self._held() as t:
+            return {oid: (row.epoch, row.cancel_requested, row.paused)
+                    for oid in object_ids if (row := t.objects.get(oid)) is not None}
+
+    # -- inbox -------------------------------------------------------------------------
+
+    def send(
+        self, object_id: str, name: str, payload: bytes, dedupe_key: str | None, now: float,
+        seal: bytes = b"",
+    ) -> bool:
+        """Queue an event; wake the object if it waits for that name or it is ``perdure:…``."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self.url}")
+            if row.status in TERMINAL:
+                raise ObjectTerminatedError(
+                    f"object {object_id!r} has {row.status}; event {name!r} was not delivered"
+                )
+            if not t.insert_event(object_id, name, payload, dedupe_key, now, seal):
+                return False
+            t.wake_for_event(object_id, name, now)
+            t.woken.append(object_id)
+            return True
+
+    def pending_events(self, object_id: str) -> builtins.list[Event]:
+        """Unconsumed events in arrival order."""
+        with self._held() as t:
+            return [event.value() for event in t.inbox.get(object_id, {}).values()
+                    if event.consumed_seq is None]
+
+    # -- commits -------------------------------------------------------------------------
+
+    def apply(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+              ) -> Outcomes:
+        """Apply fenced appends and store ``seals``, all at once under the lock; each
+        append is checked in full before anything of it is written, so a refused one
+        writes nothing and the others go through."""
+        with self._held() as t:
+            return self._apply(t, ops, now, seals)
+
+    def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
+                  ) -> Outcomes | None:
+        """``apply``, or ``None`` (nothing written) if another thread holds the lock."""
+        try:
+            with self._held(wait=False) as t:
+                return self._apply(t, ops, now, seals)
+        except _Busy:
+            return None
+
+    @staticmethod
+    def _apply(t: Tables, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal]
+               ) -> Outcomes:
+        for seal in seals:
+            t.seals.setdefault(seal.digest, seal)
+        return [apply_one(t, op, float(now), [record_params(rec) for rec in op.records])
+                for op in ops]
+
+    def writer(self, executor: concurrent.futures.Executor) -> Writer:
+        """Commits on the event loop itself, or on the write thread while another thread
+        holds the store (see ``InlineWriter``)."""
+        return InlineWriter(self.apply_now, self.apply, executor)
+
+    async def open_async(self) -> None:
+        """Nothing to open."""
+
+    async def close_async(self) -> None:
+        """Nothing to release."""
+
+
+class _Busy(Exception):  # noqa: N818 - internal control flow
+    """The lock is taken and the caller asked not to wait for it."""
