@@ -13,7 +13,7 @@ SQLite ``synchronous=NORMAL``, PostgreSQL), on fresh databases:
   start-up and claiming are not counted;
 * ``concurrent``: M objects of K trivial steps each on one worker; total steps per
   second from the first step to the last, and the group-commit factor (appends per
-  commit, counted by the worker's ``Committer``);
+  commit, counted by a ``perdure.hooks.Counters`` told of commits and ends);
 * ``group_floor``: the floor for many objects sharing commits: 25 hand-written
   ``INSERT``s per commit, rows of 50 objects in turn, into the floor's table (rows
   clustered by object, as memory is). Each commit then writes a page per object it
@@ -56,6 +56,7 @@ from bench.common import (
     median_of,
     pick_backends,
 )
+from perdure.hooks import CommitBatch, Counters, ObjectTerminated
 
 
 class Clock:
@@ -113,21 +114,25 @@ def _register(app: perdure.App) -> Callable[..., Any]:
 async def _drive(app: perdure.App, concurrency: int, objects: int, timeout: float) -> Any:
     """Run one worker on this loop until ``objects`` objects have finished."""
     worker = app.worker(concurrency=concurrency)
+    # Told of ends and commits only: the steps themselves are measured with nobody
+    # listening to them, as a node runs by default.
+    counts = Counters()
+    counts.attach(worker.hooks, ObjectTerminated, CommitBatch)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     deadline = time.monotonic() + timeout
     try:
-        while worker.completed < objects:
+        while counts.completed < objects:
             if task.done():
                 task.result()
                 raise RuntimeError("worker stopped before the objects finished")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{worker.completed}/{objects} objects finished in {timeout}s")
+                raise TimeoutError(f"{counts.completed}/{objects} objects finished in {timeout}s")
             await asyncio.sleep(0.002)
     finally:
         stop.set()
         await task
-    return worker
+    return worker, counts
 
 
 def _run_objects(
@@ -138,7 +143,7 @@ def _run_objects(
         agent = _register(app)
         handles = [app.start(agent, steps) for _ in range(objects)]
         Clock.stamps = []
-        worker = asyncio.run(_drive(app, concurrency, objects, timeout=600))
+        _worker, counts = asyncio.run(_drive(app, concurrency, objects, timeout=600))
         stamps = Clock.stamps
         for handle in handles:
             if handle.result(timeout=5) != steps:
@@ -146,12 +151,12 @@ def _run_objects(
         verified = bool(app.verify(handles[0].object_id).ok)
     if len(stamps) != objects * steps:
         raise RuntimeError(f"expected {objects * steps} steps to run, saw {len(stamps)}")
-    return stamps, worker, verified
+    return stamps, counts, verified
 
 
 def sequential(db: Database, folder: Path, steps: int, floor: dict[str, Any]) -> dict[str, Any]:
     """One object, ``steps`` trivial steps, timed inside the agent."""
-    stamps, _worker, verified = _run_objects(db, folder, 1, steps, concurrency=1)
+    stamps, _counts, verified = _run_objects(db, folder, 1, steps, concurrency=1)
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     per_step = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     return {
@@ -172,9 +177,9 @@ def concurrent(
     db: Database, folder: Path, objects: int, steps: int, floor_rate: float
 ) -> dict[str, Any]:
     """``objects`` objects of ``steps`` steps each on one worker, all at once."""
-    stamps, worker, verified = _run_objects(db, folder, objects, steps, concurrency=objects)
+    stamps, counts, verified = _run_objects(db, folder, objects, steps, concurrency=objects)
     rate = (len(stamps) - 1) / (stamps[-1] - stamps[0])
-    commits, appends = worker.committer.commits, worker.committer.appends
+    commits, appends = counts.commits, counts.appends
     return {
         "objects": objects,
         "steps_per_object": steps,

@@ -19,10 +19,11 @@ from tests.test_public_api import MODULES, PACKAGE_DIR
 # ``Exception``s that never leave the module defining them (caught there, or, for the
 # demo, by the demo's own story runner): internal control flow, not errors for people.
 PRIVATE_EXCEPTIONS = {
-    "perdure.stores.postgres:_Refused",
-    "perdure.stores.postgres:_RetryWithSavepoints",
-    "perdure.stores.sqlite:_Busy",
-    "perdure.stores.sqlite:_RetryWithSavepoints",
+    "perdure.stores._postgres_commit:Refused",
+    "perdure.stores._postgres_commit:RetryWithSavepoints",
+    "perdure.stores._sqlite_file:Busy",
+    "perdure.stores._sqlite_commit:RetryWithSavepoints",
+    "perdure.stores.memory:_Busy",
     "perdure.engine.failures:_TooLarge",
     "perdure.engine.failures:_Refused",
     "perdure.demo.story:DemoError",
@@ -59,7 +60,7 @@ def test_the_walk_finds_the_classes() -> None:
     found = {f"{cls.__module__}:{cls.__qualname__}" for cls in _perdure_exception_classes()}
     assert {"perdure.errors:PerdureError", "perdure.errors:LeaseLostError",
             "perdure.engine.signals:Suspend", "perdure.engine.journal:HistoryEnd",
-            "perdure.stores.sqlite:_Busy"} <= found
+            "perdure.stores._sqlite_file:Busy"} <= found
 
 
 def test_every_exception_class_is_an_error_or_a_signal() -> None:

@@ -45,6 +45,7 @@ from perdure.errors import (
     UnknownAgentError,
 )
 from perdure.handle import Handle, ObjectInfo, info_from_row
+from perdure.hooks import Hooks
 from perdure.inspect import waiting_note
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
@@ -118,6 +119,10 @@ class App:
         self.poll_interval = poll_interval
         self.capabilities = frozenset(capabilities or ())
         self._agents: dict[str, AgentDef] = {}
+        #: What this App's workers tell listeners: objects claimed, steps recorded,
+        #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
+        #: ``perdure.hooks``). Nothing is built for them while nobody listens.
+        self.hooks = Hooks()
         self._lock = threading.RLock()
         self._registered = False
 
@@ -212,6 +217,7 @@ class App:
             capabilities=self.capabilities | frozenset(capabilities or ()),
         )
         clone._agents = dict(self._agents)
+        clone.hooks = self.hooks  # its listeners hear the clone's workers too
         return clone
 
     def publish(self, item: Certificate | Revocation) -> None:
@@ -590,7 +596,7 @@ class App:
         return Worker(store=self.store, signer=signer, policy=self.policy,
                       agents=self._agents, settings=settings, capabilities=self.capabilities,
                       verifier=self._identity.verifier(self.store),
-                      anchors=self.anchors)
+                      anchors=self.anchors, hooks=self.hooks)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
                     corrupt_retry: float = CORRUPT_RETRY_SECONDS) -> None:

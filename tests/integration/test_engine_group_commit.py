@@ -11,6 +11,7 @@ from pathlib import Path
 
 import perdure
 from perdure.engine.worker import Worker
+from perdure.hooks import Counters
 
 AppFactory = Callable[..., perdure.App]
 
@@ -40,6 +41,8 @@ def test_concurrent_objects_share_commits(make_app: AppFactory) -> None:
 
     handles = [app.start("busy", i, object_id=f"busy-{i:02d}") for i in range(OBJECTS)]
     worker: Worker = app.worker(concurrency=OBJECTS)
+    counts = Counters()
+    counts.attach(worker.hooks)
 
     async def serve_until_done() -> None:
         stop = asyncio.Event()
@@ -58,8 +61,8 @@ def test_concurrent_objects_share_commits(make_app: AppFactory) -> None:
     asyncio.run(serve_until_done())
 
     committer = worker.committer
-    assert committer.appends >= OBJECTS * (STEPS + 1), "every step and every end was appended"
-    assert committer.commits < committer.appends, "appends were batched into shared commits"
+    assert counts.appends >= OBJECTS * (STEPS + 1), "every step and every end was appended"
+    assert counts.commits < counts.appends, "appends were batched into shared commits"
     # SQLite: the loop commits itself while nobody else writes (not every time: while the
     # write thread claims or renews, a commit goes there); PostgreSQL: the loop awaits
     # every plain batch on its own asynchronous connection.
@@ -90,6 +93,8 @@ def test_steps_go_on_while_another_process_holds_the_write_lock(make_sqlite_app:
 
     handle = app.start("ticker", 400, object_id="ticker")
     worker: Worker = app.worker(concurrency=4)
+    counts = Counters()
+    counts.attach(worker.hooks)
     loop_stalls: list[float] = []
 
     def hold_lock(held: threading.Event) -> None:
@@ -128,5 +133,5 @@ def test_steps_go_on_while_another_process_holds_the_write_lock(make_sqlite_app:
     assert max(loop_stalls) < 0.3, loop_stalls
     assert sorted(set(ran)) == list(range(400)) and len(ran) == 400
     committer = worker.committer
-    assert 0 < committer.loop_commits < committer.commits
+    assert 0 < committer.loop_commits < counts.commits
     assert app.verify("ticker").ok

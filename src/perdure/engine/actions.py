@@ -35,6 +35,7 @@ from perdure.errors import (
     SerializationError,
     StoreError,
 )
+from perdure.hooks import ObjectDormant, ObjectWoke
 from perdure.stores.base import Claim, Event
 
 __all__ = ["HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
@@ -80,6 +81,10 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
             "reason": reason, "code": "worker_died", "crashes": claim.crashes}))
         return None
     run = _new_run(node, claim, journal, records, facts, events)
+    if node.hooks.active and facts.dormancy is not None:
+        waited = facts.dormancy
+        late = None if waited.wake_at is None else max(0.0, node.clock() - waited.wake_at)
+        node.hooks.emit(ObjectWoke(node.signer.node_id, oid, waited.reason, late))
     active = node.active.get(oid)
     if active is not None:
         active.run = run
@@ -99,6 +104,9 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
                              running=False, waiting_event=sus.waiting_event, release=True,
                              consume_event_ids=sus.consume_event_ids,
                              requires=sus.requires, avoid_node=sus.avoid_node)
+        if node.hooks.active:
+            node.hooks.emit(ObjectDormant(node.signer.node_id, oid, _suspended_for(sus),
+                                          sus.ready_at))
     except Park as parking:
         err = parking.error
         record = parking.record
@@ -246,7 +254,19 @@ async def dormancy(node: Node, claim: Claim, records: list[Record], decision: De
     await journal.commit([], status=status, phase=Phase.DORMANCY, ready_at=ready_at,
                          running=False, waiting_event=event, release=True,
                          parked=status is Status.PARKED)
+    if node.hooks.active:
+        node.hooks.emit(ObjectDormant(node.signer.node_id, claim.object_id,
+                                      decision.code.value, ready_at))
     return None
+
+
+def _suspended_for(sus: Suspend) -> str:
+    """What a suspended agent waits for, from its dormancy record (``sleep``, ``event``,
+    ``retry``, ``children``, ``gather``)."""
+    for draft in sus.drafts:
+        if draft.kind == Kind.DORMANT:
+            return str(draft.body.get("reason", "waiting"))
+    return "event" if sus.waiting_event else "waiting"
 
 
 async def terminate(node: Node, claim: Claim, records: list[Record], decision: Decision,

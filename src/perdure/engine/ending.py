@@ -20,6 +20,7 @@ from perdure.engine.leases import cancel_pending
 from perdure.engine.lineage import parent_signal
 from perdure.engine.node import Node
 from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismError
+from perdure.hooks import ObjectTerminated
 
 __all__ = ["finish", "finish_failed", "park"]
 
@@ -42,6 +43,7 @@ async def finish(node: Node, journal: Journal, records: list[Record], body: dict
     # record a crash kept from being written), so the request is never lost.
     children = node.policy.cancel_children
     completing = status is Status.COMPLETED
+    ended = status
     try:
         try:
             await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
@@ -57,6 +59,7 @@ async def finish(node: Node, journal: Journal, records: list[Record], body: dict
                 raise
             raise CancelRequestedError(journal.object_id) from None
     except CancelRequestedError:
+        ended = Status.CANCELLED
         cancelled = {"outcome": Status.CANCELLED.value,
                      "reason": "cancelled before the completion was recorded (the agent "
                                "had returned)"}
@@ -66,7 +69,9 @@ async def finish(node: Node, journal: Journal, records: list[Record], body: dict
                              signal=parent_signal(node, records, cancelled),
                              cancel_children=children)
     node.held.drop(journal.object_id)
-    node.completed += 1
+    if node.hooks.active:
+        node.hooks.emit(ObjectTerminated(node.signer.node_id, journal.object_id,
+                                         ended.value, node.clock() - journal.claimed_at))
 
 
 async def finish_failed(node: Node, journal: Journal, records: list[Record],

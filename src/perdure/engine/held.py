@@ -27,8 +27,6 @@ class HeldRecords:
         self.limit = limit
         self._items: OrderedDict[str, list[Record]] = OrderedDict()
         self._size = 0
-        self.hits = 0
-        self.misses = 0
 
     def get(self, object_id: str) -> list[Record] | None:
         """The held records of ``object_id`` (oldest first), or ``None``."""

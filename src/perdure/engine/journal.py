@@ -12,6 +12,7 @@ from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsign
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
+from perdure.hooks import CommitBatch, Hooks
 from perdure.stores.base import Append, Done, Outcomes, Signal, Store, Writer
 
 __all__ = ["Committer", "HistoryEnd", "Journal", "StoreUnavailable"]
@@ -51,6 +52,8 @@ class Committer:
         executor: concurrent.futures.Executor,
         clock: Callable[[], float] = time.time,
         signer: Signer | None = None,
+        *,
+        hooks: Hooks | None = None,
     ) -> None:
         # replay-check builds a committer on no store: its journal never commits
         self._writer: Writer = _NoStore() if store is None else store.writer(executor)
@@ -63,8 +66,9 @@ class Committer:
         self._batch: list[tuple[Append, asyncio.Future[list[Record]]]] = []  # in flight
         self._loop: asyncio.AbstractEventLoop | None = None  # of the commit in flight
         self._done = self._settle  # what the writer calls back (bound once, not per commit)
-        self.commits = 0
-        self.appends = 0
+        self._hooks = hooks if hooks is not None else Hooks()
+        self._node_id = signer.node_id if signer is not None else ""
+        self._began = 0.0  # when the commit in flight started (timed only for listeners)
 
     @property
     def signs(self) -> bool:
@@ -73,7 +77,7 @@ class Committer:
 
     @property
     def loop_commits(self) -> int:
-        """Of ``commits``, those made or awaited on the event loop."""
+        """Commits made or awaited on the event loop (the others went to the thread)."""
         return self._writer.loop_commits
 
     async def submit(self, op: Append) -> list[Record]:
@@ -121,6 +125,8 @@ class Committer:
         self._batch, self._loop = batch, loop
         ops = [op for op, _ in batch]
         seals = self._signed(ops)
+        if self._hooks.active:
+            self._began = time.perf_counter()
         self._writer.write(loop, ops, self._clock(), seals, self._done)
 
     def _settle(self, results: Outcomes | None, error: BaseException | None) -> None:
@@ -134,8 +140,11 @@ class Committer:
                 if not future.done():
                     future.set_exception(error or RuntimeError("commit failed"))
         else:
-            self.commits += 1
-            self.appends += len(batch)
+            if self._hooks.active:
+                self._hooks.emit(CommitBatch(
+                    self._node_id, len(batch), sum(len(op.records) for op, _ in batch),
+                    sum(failure is not None for failure in results),
+                    time.perf_counter() - self._began))
             for (op, future), failure in zip(batch, results, strict=True):
                 if future.done():
                     continue
@@ -210,6 +219,8 @@ class Journal:
     claimed_at: float
     #: Told ``(seq, hash)`` of the head the node leaves the object at (its seen heads).
     anchor: Callable[[int, str], None] | None = None
+    #: The node's hooks: commands tell them what they record (when anyone listens).
+    hooks: Hooks | None = None
 
     def __post_init__(self) -> None:
         self.buffer: list[RecordDraft] = []

@@ -12,10 +12,12 @@ refused with a record saying why.
 from __future__ import annotations
 
 import logging
+import time
 
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.node import Node
 from perdure.errors import IntegrityError, RecordDecodeError
+from perdure.hooks import ObjectClaimed
 from perdure.stores.base import Event, ObjectRow
 
 __all__ = ["checked_memory", "event_refusal", "pending_events"]
@@ -23,7 +25,8 @@ __all__ = ["checked_memory", "event_refusal", "pending_events"]
 log = logging.getLogger("perdure.worker")
 
 
-async def checked_memory(node: Node, oid: str) -> tuple[list[Record], ObjectRow | None]:
+async def checked_memory(node: Node, oid: str, epoch: int = 0
+                         ) -> tuple[list[Record], ObjectRow | None]:
     """The object's whole chain, vouched for, and its row.
 
     Links and hashes are checked up to the head the row records; the newest record's
@@ -34,6 +37,7 @@ async def checked_memory(node: Node, oid: str) -> tuple[list[Record], ObjectRow 
     Raises ``IntegrityError`` or ``RecordDecodeError`` when the stored chain cannot
     be vouched for.
     """
+    began = time.perf_counter()
     held = node.held.get(oid)
     if held is not None:
         last = held[-1]
@@ -46,15 +50,19 @@ async def checked_memory(node: Node, oid: str) -> tuple[list[Record], ObjectRow 
                      oid, exc, extra={"action": "held_records_dropped"})
             node.held.drop(oid)
         else:
-            node.held.hits += 1
             node.held.put(oid, records)
+            if node.hooks.active:
+                node.hooks.emit(ObjectClaimed(node.signer.node_id, oid, epoch, len(tail),
+                                              True, time.perf_counter() - began))
             return records, row
-    node.held.misses += 1
     records = await node.read(node.store.chain, oid)
     if not records:
         raise IntegrityError(oid, 1, "object has no records")
     row = await node.read(_vouch, node, oid, records, 0)
     node.held.put(oid, records)
+    if node.hooks.active:
+        node.hooks.emit(ObjectClaimed(node.signer.node_id, oid, epoch, len(records), False,
+                                      time.perf_counter() - began))
     return records, row
 
 

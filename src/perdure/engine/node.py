@@ -38,6 +38,7 @@ from perdure.engine.run import Run
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.verifier import Verifier
 from perdure.errors import StoreError
+from perdure.hooks import Hooks
 from perdure.stores.base import Claim, Route, Store
 
 __all__ = ["Active", "Node"]
@@ -69,6 +70,7 @@ class Node:
         anchors: HeadAnchors,
         clock: Callable[[], float] = time.time,
         capabilities: frozenset[str] = frozenset(),
+        hooks: Hooks | None = None,
     ) -> None:
         self.store = store
         self.verifier = verifier
@@ -91,11 +93,12 @@ class Node:
         )
         #: The step executor every run of this node gets (user code on the code pool).
         self.run_step = StepRunner(self.code_pool).run
-        self.committer = Committer(store, self.write_pool, clock, signer)
+        #: What this node tells listeners (``perdure.hooks``); inactive: no cost.
+        self.hooks = hooks if hooks is not None else Hooks()
+        self.committer = Committer(store, self.write_pool, clock, signer, hooks=self.hooks)
         self.active: dict[str, Active] = {}
         self.held = HeldRecords(settings.held_records)
         self.store_down = False
-        self.completed = 0  # objects this node terminated
 
     # -- store access off the event loop --------------------------------------------
 
@@ -143,6 +146,7 @@ class Node:
             clock=self.clock,
             claimed_at=self.clock(),
             anchor=lambda seq, digest: note(oid, genesis, seq, digest),
+            hooks=self.hooks,
         )
 
     async def release(self, claim: Claim, *, ready_at: float | None, status: Status,

@@ -35,6 +35,7 @@ from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.verifier import Verifier
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
+from perdure.hooks import Hooks, IntegrityFailure, LeaseLost
 from perdure.stores.base import Claim, Event, Store
 
 __all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
@@ -57,11 +58,15 @@ class Worker:
         anchors: HeadAnchors | None = None,
         clock: Callable[[], float] = time.time,
         capabilities: frozenset[str] = frozenset(),
+        hooks: Hooks | None = None,
     ) -> None:
         node = Node(store=store, signer=signer, policy=policy, agents=agents,
                     settings=settings, verifier=verifier,
                     anchors=anchors if anchors is not None else HeadAnchors(None),
-                    clock=clock, capabilities=capabilities)
+                    clock=clock, capabilities=capabilities,
+                    hooks=hooks if hooks is not None else Hooks())
+        #: Where this node tells what happens to the objects it runs (``perdure.hooks``).
+        self.hooks = node.hooks
         self.node = node
         self.store = store
         self.verifier = verifier
@@ -79,11 +84,6 @@ class Worker:
         self.committer = node.committer
         self.held = node.held
         self._wake = asyncio.Event()
-
-    @property
-    def completed(self) -> int:
-        """Objects this node terminated since it started."""
-        return self.node.completed
 
     # -- the loop ---------------------------------------------------------------
 
@@ -241,6 +241,8 @@ class Worker:
             await self._cycle(claim)
         except LeaseLostError as exc:
             log.warning("stopped %s: %s", oid, exc, extra={"action": "lease_lost"})
+            if node.hooks.active:
+                node.hooks.emit(LeaseLost(self.signer.node_id, oid, claim.epoch))
         except StoreUnavailable as exc:
             node.store_failed(exc.cause)
         except StoreError as exc:
@@ -259,13 +261,16 @@ class Worker:
         oid = claim.object_id
         node = self.node
         try:
-            records, row = await checked_memory(node, oid)
+            records, row = await checked_memory(node, oid, claim.epoch)
         except (IntegrityError, RecordDecodeError) as exc:
             # Never run code on memory that could not be vouched for, and never loop on it.
             log.error("integrity failure: parked %s without running it: %s", oid, exc,
                       extra={"action": "integrity_failure", "object_id": oid,
                              "seq": getattr(exc, "seq", None)})
             node.held.drop(oid)
+            if node.hooks.active:
+                node.hooks.emit(IntegrityFailure(self.signer.node_id, oid,
+                                                 int(getattr(exc, "seq", 0) or 0), str(exc)))
             hint = "" if "perdure verify" in str(exc) else f"; run `perdure verify {oid}`"
             await node.release(
                 claim, ready_at=None, status=Status.PARKED, parked=True,

@@ -39,7 +39,9 @@ from perdure.engine.commands.step_failures import (
     retry_not_due,
 )
 from perdure.engine.context import StepInfo
+from perdure.engine.signals import Park, Suspend
 from perdure.errors import CannotDo
+from perdure.hooks import StepRecorded
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
@@ -162,8 +164,14 @@ async def step(
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
         latency = time.perf_counter() - began
         policy = retry or opts.get("retry") or DEFAULT_RETRY
-        raise await record_failure(self, base, attempt, failures, policy, exc, latency,
-                                   key) from None
+        try:
+            error = await record_failure(self, base, attempt, failures, policy, exc, latency,
+                                         key)
+        except (Suspend, Park):  # recorded: the object waits for its retry, or parks
+            _told(self, step_name, pos, False, latency)
+            raise
+        _told(self, step_name, pos, False, latency)
+        raise error from None
     # Record: the result as memory holds it.
     self._poisoned_at = False  # a step ran to its end on this claim: the worker lived
     latency = round(time.perf_counter() - began, 6)
@@ -173,7 +181,16 @@ async def step(
     recorded = result if type(result) in _SCALARS else decode(result_bytes)
     await self._journal.commit([done_draft(base, attempt, latency, recorded, result_bytes)],
                                **routing_reset(self))
+    _told(self, step_name, pos, True, latency)
     return recorded
+
+
+def _told(run: Run, step_name: str, pos: int | str, ok: bool, latency: float) -> None:
+    """Tell the node's hooks that a step was recorded (nothing when nobody listens)."""
+    hooks = run._journal.hooks
+    if hooks is not None and hooks.active:
+        hooks.emit(StepRecorded(run._journal.signer.node_id, run.object_id, step_name,
+                                str(pos), ok, latency))
 
 
 def qualname(fn: Callable[..., Any]) -> str:
