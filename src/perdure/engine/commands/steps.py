@@ -162,16 +162,9 @@ async def step(
     except CannotDo as exc:
         cannot_do(self, step_name, pos, exc.reason)
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
-        latency = time.perf_counter() - began
         policy = retry or opts.get("retry") or DEFAULT_RETRY
-        try:
-            error = await record_failure(self, base, attempt, failures, policy, exc, latency,
-                                         key)
-        except (Suspend, Park):  # recorded: the object waits for its retry, or parks
-            _told(self, step_name, pos, False, latency)
-            raise
-        _told(self, step_name, pos, False, latency)
-        raise error from None
+        raise await _failed(self, base, attempt, failures, policy, exc,
+                            time.perf_counter() - began, key) from None
     # Record: the result as memory holds it.
     self._poisoned_at = False  # a step ran to its end on this claim: the worker lived
     latency = round(time.perf_counter() - began, 6)
@@ -183,6 +176,21 @@ async def step(
                                **routing_reset(self))
     _told(self, step_name, pos, True, latency)
     return recorded
+
+
+async def _failed(run: Run, base: dict[str, Any], attempt: int, failures: Sequence[Record],
+                  policy: RetryPolicy, exc: Exception, latency: float,
+                  key: str) -> BaseException:
+    """Record a step's failure (``record_failure``) and tell the hooks; returns the error
+    the agent gets, or raises the signal that makes the object wait or park."""
+    step_name, pos = str(base["name"]), base["pos"]
+    try:
+        error = await record_failure(run, base, attempt, failures, policy, exc, latency, key)
+    except (Suspend, Park):  # recorded: the object waits for its retry, or parks
+        _told(run, step_name, pos, False, latency)
+        raise
+    _told(run, step_name, pos, False, latency)
+    return error
 
 
 def _told(run: Run, step_name: str, pos: int | str, ok: bool, latency: float) -> None:
