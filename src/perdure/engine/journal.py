@@ -13,7 +13,7 @@ from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
 from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
 from perdure.hooks import CommitBatch, Hooks
-from perdure.stores.base import Append, Done, Outcomes, Signal, Store, Writer
+from perdure.stores.base import Append, Outcomes, Signal, Store, Writer
 
 __all__ = ["Committer", "HistoryEnd", "Journal", "StoreUnavailable"]
 
@@ -55,8 +55,7 @@ class Committer:
         *,
         hooks: Hooks | None = None,
     ) -> None:
-        # replay-check builds a committer on no store: its journal never commits
-        self._writer: Writer = _NoStore() if store is None else store.writer(executor)
+        self._writer: Writer = store.writer(executor)
         self._clock = clock
         self._signer = signer
         self._pending: list[tuple[Append, asyncio.Future[list[Record]]]] = []
@@ -182,19 +181,6 @@ class Committer:
                 # builds it and only awaits the outcome): sign its records in place.
                 op.records = [rec if rec.signature else next(done) for rec in op.records]
         return seals
-
-
-class _NoStore:
-    """The writer of a committer without a store (replay-check's): nothing commits."""
-
-    holds_loop = False
-    loop_commits = 0
-
-    def write(self, loop: asyncio.AbstractEventLoop, ops: Sequence[Append], now: float,
-              seals: Sequence[CommitSeal], done: Done) -> None:
-        """Refuse the batch: there is no store to write it to."""
-        del loop, ops, now, seals
-        done(None, StoreError("this committer has no store; nothing was written"))
 
 
 @dataclass
