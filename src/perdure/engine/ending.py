@@ -14,7 +14,7 @@ from typing import Any
 
 from perdure.core.bodies import Terminated
 from perdure.core.lifecycle import Phase, Status
-from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.records import Record, RecordDraft
 from perdure.engine.failures import error_body
 from perdure.engine.journal import Journal
 from perdure.engine.leases import cancel_pending
@@ -65,7 +65,7 @@ async def finish(node: Node, journal: Journal, records: list[Record], ended_as: 
         ended = Status.CANCELLED
         cancelled = Terminated.cancelled("cancelled before the completion was recorded (the "
                                          "agent had returned)").encode()
-        await journal.commit([RecordDraft(Kind.TERMINATED, cancelled)],
+        await journal.commit([RecordDraft(ended_as.kind, cancelled)],
                              status=Status.CANCELLED, phase=Phase.TERMINATION, ready_at=None,
                              running=False, release=True,
                              signal=parent_signal(node, records, cancelled),

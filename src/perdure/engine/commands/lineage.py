@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from perdure.core.bodies import Delegated, Dormant
+from perdure.core.bodies import ChildFinished, Delegated, Dormant
 from perdure.core.codec import decode, detached
 from perdure.core.intent import Context
 from perdure.core.lifecycle import Status
@@ -64,7 +64,7 @@ _URGENT: tuple[type[PerdureSignal], ...] = (
 
 
 def child_finished_body(payload: bytes, event_id: int, digest: str | None = None
-                        ) -> dict[str, Any] | None:
+                        ) -> ChildFinished | None:
     """The ``child_finished`` record body for a child's terminal signal, or ``None``."""
     try:
         body = decode(payload)
@@ -72,10 +72,7 @@ def child_finished_body(payload: bytes, event_id: int, digest: str | None = None
         return None
     if not isinstance(body, dict) or "child_id" not in body:
         return None
-    extra: dict[str, Any] = {"event_id": event_id}
-    if digest:
-        extra["event_hash"] = digest
-    return {**body, **extra}
+    return ChildFinished.signalled(body, event_id, digest)
 
 
 class ChildHandle:
@@ -160,11 +157,12 @@ async def join(self: Run, *children: ChildHandle | str) -> list[Any]:
             digest = vouched(self, ev)
             if digest is None:
                 continue
-            body = child_finished_body(ev.payload, ev.event_id, digest)
+            finished = child_finished_body(ev.payload, ev.event_id, digest)
             consume.append(ev.event_id)
-            if body is not None and str(body["child_id"]) not in self._children:
-                self._children[str(body["child_id"])] = body
-                drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
+            if finished is not None and finished.child_id not in self._children:
+                body = finished.encode()
+                self._children[finished.child_id] = body
+                drafts.append(RecordDraft(finished.kind, body))
     waiting = [c for c in ids if c not in self._children]
     if waiting:
         self._boundary()
