@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from perdure._gc import gc_paused
+from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
 from perdure.core.codec import decode, encode
 from perdure.core.cycle import Action, Decision, MemoryFacts
 from perdure.core.intent import Context, Intent
@@ -77,8 +78,8 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
         reason = (f"the worker died {claim.crashes} times in a row while running this "
                   f"object after record #{records[-1].seq}; fix the cause, then run "
                   f"`perdure resume {oid}`")
-        await park(journal, RuntimeError(reason), RecordDraft(Kind.PARKED, {
-            "reason": reason, "code": "worker_died", "crashes": claim.crashes}))
+        await park(journal, RuntimeError(reason),
+                   Parked(reason, "worker_died", claim.crashes).draft())
         return None
     run = _new_run(node, claim, journal, records, facts, events)
     if node.hooks.active and facts.dormancy is not None:
@@ -95,8 +96,7 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
         except SerializationError as exc:
             await finish_failed(node, journal, records, exc)
             return None
-        await finish(node, journal, records,
-                     {"outcome": Status.COMPLETED.value, "result": decode(result_bytes)},
+        await finish(node, journal, records, Terminated.completed(decode(result_bytes)),
                      status=Status.COMPLETED, result=result_bytes)
     except Suspend as sus:
         await journal.commit(sus.drafts, status=Status(sus.status), phase=Phase.DORMANCY,
@@ -112,18 +112,15 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
         record = parking.record
         if record is None and isinstance(err, NonDeterminismError):
             log.error("parked %s: %s", oid, err, extra={"action": "parked_nondeterminism"})
-            record = RecordDraft(Kind.NONDETERMINISM, {
-                "reason": str(err), "position": err.position, "recorded": err.recorded,
-                "found": err.found, "agent_version": agent.version})
+            record = Nondeterminism(str(err), err.position, err.recorded, err.found,
+                                    agent.version).draft()
         await park(journal, err, record)
     except CancelRequestedError:
-        await finish(node, journal, records,
-                     {"outcome": Status.CANCELLED.value, "reason": "cancelled"},
+        await finish(node, journal, records, Terminated.cancelled("cancelled"),
                      status=Status.CANCELLED)
     except DeadlineExceeded as exc:
-        await finish(node, journal, records, {
-            "outcome": Status.FAILED.value, "reason": "deadline passed",
-            "error": {"type": "perdure:DeadlineExceeded", "message": str(exc)}},
+        await finish(node, journal, records, Terminated.failed(
+            "deadline passed", {"type": "perdure:DeadlineExceeded", "message": str(exc)}),
             status=Status.FAILED)
     except (LeaseLostError, StoreUnavailable, asyncio.CancelledError):
         raise
@@ -220,12 +217,13 @@ async def _refine(node: Node, journal: Journal, facts: MemoryFacts,
         try:
             changes = decode(event.payload)
             intent = intent.refined(dict(changes))
-            drafts.append(RecordDraft(Kind.INTENT_REFINED, {
-                "intent": intent.to_body(), "changes": changes, "event_id": event.event_id,
-                "event_hash": digest}))
+            # A seal that verifies always gives a digest (``check_event``).
+            assert digest is not None
+            drafts.append(IntentRefined(intent, changes, event_id=event.event_id,
+                                        event_hash=digest).draft())
         except (ValueError, TypeError) as exc:
-            drafts.append(RecordDraft(Kind.PROGRESS, {
-                "fields": {"refinement_rejected": str(exc), "event_id": event.event_id}}))
+            drafts.append(Progress({"refinement_rejected": str(exc),
+                                    "event_id": event.event_id}).draft())
     # A refined ``requires`` must reach the row too: claims route by it.
     routed = any(d.kind == Kind.INTENT_REFINED and "requires" in d.body["changes"]
                  for d in drafts)
@@ -276,9 +274,10 @@ async def terminate(node: Node, claim: Claim, records: list[Record], decision: D
     if facts.terminated is not None:
         await node.release(claim, ready_at=None, status=outcome, phase=Phase.TERMINATION)
         return None
-    body: dict[str, Any] = {"outcome": outcome.value, "reason": decision.reason}
-    if outcome is not Status.CANCELLED:
-        body["error"] = {"type": "perdure:Terminated", "message": decision.reason}
+    # A terminate decision ends an object failed or cancelled, never completed.
+    body = (Terminated.cancelled(decision.reason) if outcome is Status.CANCELLED else
+            Terminated(outcome.value, reason=decision.reason,
+                       error={"type": "perdure:Terminated", "message": decision.reason}))
     journal = node.journal(claim, records)
     await finish(node, journal, records, body, status=outcome)
     return None

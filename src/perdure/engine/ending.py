@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from perdure.core.bodies import Terminated
 from perdure.core.lifecycle import Phase, Status
-from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.records import Record, RecordDraft
 from perdure.engine.failures import error_body
 from perdure.engine.journal import Journal
 from perdure.engine.leases import cancel_pending
@@ -27,13 +28,15 @@ __all__ = ["finish", "finish_failed", "park"]
 log = logging.getLogger("perdure.worker")
 
 
-async def finish(node: Node, journal: Journal, records: list[Record], body: dict[str, Any], *,
+async def finish(node: Node, journal: Journal, records: list[Record], ended_as: Terminated, *,
                  status: Status, result: bytes | None = None) -> None:
-    """Write the terminal record, signalling the parent in the same transaction.
+    """Write the terminal record (``ended_as``), signalling the parent in the same
+    transaction.
 
     A completion is written only if no cancel is pending: an object whose agent
     returns while a cancel waits ends cancelled.
     """
+    body = ended_as.encode()
     error = body.get("error")
     note = None
     if status is Status.FAILED and isinstance(error, dict):
@@ -46,7 +49,7 @@ async def finish(node: Node, journal: Journal, records: list[Record], body: dict
     ended = status
     try:
         try:
-            await journal.commit([RecordDraft(Kind.TERMINATED, body)], status=status,
+            await journal.commit([RecordDraft(ended_as.kind, body)], status=status,
                                  phase=Phase.TERMINATION, ready_at=None, running=False,
                                  release=True, result=result, note=note,
                                  unless_cancelled=completing,
@@ -60,10 +63,9 @@ async def finish(node: Node, journal: Journal, records: list[Record], body: dict
             raise CancelRequestedError(journal.object_id) from None
     except CancelRequestedError:
         ended = Status.CANCELLED
-        cancelled = {"outcome": Status.CANCELLED.value,
-                     "reason": "cancelled before the completion was recorded (the agent "
-                               "had returned)"}
-        await journal.commit([RecordDraft(Kind.TERMINATED, cancelled)],
+        cancelled = Terminated.cancelled("cancelled before the completion was recorded (the "
+                                         "agent had returned)").encode()
+        await journal.commit([RecordDraft(ended_as.kind, cancelled)],
                              status=Status.CANCELLED, phase=Phase.TERMINATION, ready_at=None,
                              running=False, release=True,
                              signal=parent_signal(node, records, cancelled),
@@ -77,8 +79,7 @@ async def finish(node: Node, journal: Journal, records: list[Record], body: dict
 async def finish_failed(node: Node, journal: Journal, records: list[Record],
                         exc: BaseException) -> None:
     """End the object as failed by ``exc`` (the agent's own exception)."""
-    await finish(node, journal, records, {"outcome": Status.FAILED.value,
-                                          "reason": "agent raised", "error": error_body(exc)},
+    await finish(node, journal, records, Terminated.failed("agent raised", error_body(exc)),
                  status=Status.FAILED)
 
 

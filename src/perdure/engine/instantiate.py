@@ -6,10 +6,11 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.bodies import Instantiated
 from perdure.core.chain import Signer, seal
 from perdure.core.codec import encode
 from perdure.core.intent import Context, Intent
-from perdure.core.records import GENESIS_HASH, Kind, RecordDraft
+from perdure.core.records import GENESIS_HASH
 from perdure.stores.base import NewObject
 
 if TYPE_CHECKING:
@@ -62,8 +63,7 @@ def instantiate(
         )
     encode(intent.to_body(), what="agent arguments")
     first = seal(
-        RecordDraft(Kind.INSTANTIATED, {"intent": intent.to_body(),
-                                        "context": context.to_body()}),
+        Instantiated(intent, context).draft(),
         object_id=object_id, seq=1, prev_hash=GENESIS_HASH, trace_id=context.trace_id,
         ts_us=int(now * 1_000_000), policy_ref=policy_ref, signer=signer,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from perdure.core.bodies import Progress
 from perdure.core.codec import encode
 from perdure.core.intent import Context
 from perdure.core.lifecycle import Phase
@@ -84,12 +85,12 @@ async def fold_children(node: Node, journal: Journal, records: list[Record],
         if refused is not None:
             drafts.append(refused)
             continue
-        body = child_finished_body(event.payload, event.event_id, digest)
-        if body is not None and str(body["child_id"]) not in known:
-            known.add(str(body["child_id"]))
-            drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
+        finished = child_finished_body(event.payload, event.event_id, digest)
+        if finished is not None and finished.child_id not in known:
+            known.add(finished.child_id)
+            drafts.append(finished.draft())
     if not drafts:
-        drafts.append(RecordDraft(Kind.PROGRESS, {"fields": {
-            "ignored_child_signals": [e.event_id for e in signals]}}))
+        drafts.append(Progress({"ignored_child_signals": [e.event_id for e in signals]}
+                               ).draft())
     return await journal.commit(drafts, phase=Phase.DELEGATION,
                                 consume_event_ids=[e.event_id for e in signals])

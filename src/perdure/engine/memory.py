@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
-from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.bodies import EventRefused
+from perdure.core.records import Record, RecordDraft
 from perdure.engine.node import Node
 from perdure.errors import IntegrityError, RecordDecodeError
 from perdure.hooks import ObjectClaimed
@@ -112,6 +113,4 @@ def event_refusal(node: Node, event: Event) -> tuple[str | None, RecordDraft | N
     log.error("refused event %r #%d for %s: %s", event.name, event.event_id,
               event.object_id, problem,
               extra={"action": "integrity_failure", "object_id": event.object_id})
-    return digest, RecordDraft(Kind.EVENT_REFUSED, {
-        "event_id": event.event_id, "name": event.name, "event_hash": digest,
-        "reason": problem})
+    return digest, EventRefused(event.event_id, event.name, digest, problem).draft()

@@ -50,6 +50,7 @@ from perdure.core.bodies.steps import (
     Value,
 )
 from perdure.core.bodies.waits import (
+    NO_RESULT,
     OUTCOMES,
     ChildFinished,
     Delegated,
@@ -65,6 +66,7 @@ from perdure.errors import RecordDecodeError
 __all__ = [
     "BODY_TYPES",
     "JSON",
+    "NO_RESULT",
     "OUTCOMES",
     "Body",
     "CapabilityMissing",

@@ -13,11 +13,25 @@ from typing import Any, ClassVar
 from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
 from perdure.core.records import Kind
 
-__all__ = ["OUTCOMES", "ChildFinished", "Delegated", "Dormant", "EventReceived",
+__all__ = ["NO_RESULT", "OUTCOMES", "ChildFinished", "Delegated", "Dormant", "EventReceived",
            "EventRefused", "WaitTimedOut", "Woke"]
 
 OUTCOMES = ("completed", "failed", "cancelled")
 """How an object can end: the ``outcome`` of ``terminated`` and ``child_finished``."""
+
+
+class _NoResult:
+    """The type of ``NO_RESULT``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NO_RESULT"
+
+
+NO_RESULT: Any = _NoResult()
+"""The ``result`` of a ``ChildFinished`` whose child's signal said ``completed`` and
+carried no result (perdure's own signals always carry one): the key is left out."""
 
 # What a dormant body holds beside pos, cmd, reason and wake_at, by the command that
 # went dormant.
@@ -209,23 +223,63 @@ class Delegated(Body):
 class ChildFinished(Body):
     """Child ``child_id`` ended (``outcome``), as its signal, inbox event ``event_id``,
     said: a completed child's ``result`` (which may be null), a failed one's ``error``;
-    ``event_hash`` is the signal seal's digest (absent on records from before seals)."""
+    ``event_hash`` is the signal seal's digest (absent on records from before seals).
+
+    The body is the signal's payload with ``event_id`` and ``event_hash`` added, so a
+    signal in another shape than perdure's (``signalled`` builds the body of any) keeps
+    what it carried: keys beyond the named ones, or a named key holding another type
+    (a ``child_id`` that is not a string, an ``error`` that is not an object, a result
+    of an outcome other than ``completed``), are in ``others``, written as they are over
+    the named ones; a completed signal with no result has ``result`` ``NO_RESULT``.
+    Perdure's own signals need neither, and ``decode`` refuses a body that would.
+    """
 
     kind: ClassVar[Kind] = Kind.CHILD_FINISHED
     child_id: str
-    outcome: str
+    outcome: str | None  # one of OUTCOMES (None: left out, for a signal without one)
     event_id: int
     result: JSON = None
     error: dict[str, JSON] | None = None
     event_hash: str | None = None
+    others: dict[str, JSON] | None = None
+
+    @classmethod
+    def signalled(cls, payload: dict[str, Any], event_id: int, event_hash: str | None
+                  ) -> ChildFinished:
+        """The body for a child's terminal signal ``payload`` (a JSON object holding a
+        ``child_id``), inbox event ``event_id``, whose seal's digest is ``event_hash``
+        (left out when empty): the payload's keys, then ``event_id`` and the digest."""
+        others = dict(payload)
+        child_id = others.pop("child_id")
+        if type(child_id) is not str:
+            others["child_id"] = child_id  # written over the named one
+            child_id = str(child_id)
+        outcome = others.pop("outcome", None)
+        if (outcome is not None and type(outcome) is not str) or (
+                outcome is None and "outcome" in payload):
+            others["outcome"] = outcome
+            outcome = None
+        result = others.pop("result", NO_RESULT) if outcome == "completed" else None
+        error = others.pop("error", None)
+        if "error" in payload and type(error) is not dict:
+            others["error"] = error
+            error = None
+        others.pop("event_id", None)
+        if event_hash:
+            others.pop("event_hash", None)
+        return cls(child_id, outcome, event_id, result, error, event_hash or None,
+                   others or None)
 
     def encode(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"child_id": self.child_id, "outcome": self.outcome}
-        if self.outcome == "completed":
+        body: dict[str, Any] = {"child_id": self.child_id}
+        put(body, "outcome", self.outcome)
+        if self.outcome == "completed" and self.result is not NO_RESULT:
             body["result"] = self.result
         put(body, "error", self.error)
         body["event_id"] = self.event_id
         put(body, "event_hash", self.event_hash)
+        if self.others:
+            body.update(self.others)
         return body
 
     @classmethod

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.bodies import IntentRefined, Patched
 from perdure.core.codec import decode, encode
 from perdure.core.intent import Intent
-from perdure.core.records import Kind, RecordDraft
+from perdure.core.records import Kind
 from perdure.engine.commands.positions import find
 
 if TYPE_CHECKING:
@@ -49,9 +50,7 @@ async def refine(self: Run, **changes: Any) -> Intent:
         return recorded
     self._boundary()
     refined = self._intent.refined(dict(changes))
-    await self._journal.commit([RecordDraft(Kind.INTENT_REFINED, {
-        "pos": key, "cmd": "refine", "intent": refined.to_body(),
-        "changes": encode_json(changes)})],
+    await self._journal.commit([IntentRefined(refined, encode_json(changes), pos=key).draft()],
         requires=tuple(refined.requires) if "requires" in changes else None)
     self._intent = refined
     return refined
@@ -78,15 +77,14 @@ def patched(self: Run, name: str) -> bool:
     if decided is not None:
         if decided and not recs:
             self._key()  # new work on the new path: recorded as every call before
-            self._journal.defer(RecordDraft(Kind.PATCHED, {"pos": key, "cmd": "patch",
-                                                           "name": name}))
+            self._journal.defer(Patched(key, name).draft())
         return decided
     if recs:
         self._patches[name] = False  # memory from before the patch: the old path
         return False
     self._patches[name] = True
     self._key()
-    self._journal.defer(RecordDraft(Kind.PATCHED, {"pos": key, "cmd": "patch", "name": name}))
+    self._journal.defer(Patched(key, name).draft())
     return True
 
 

@@ -19,6 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.bodies import ChildFinished, Delegated, Dormant
 from perdure.core.codec import decode, detached
 from perdure.core.intent import Context
 from perdure.core.lifecycle import Status
@@ -63,7 +64,7 @@ _URGENT: tuple[type[PerdureSignal], ...] = (
 
 
 def child_finished_body(payload: bytes, event_id: int, digest: str | None = None
-                        ) -> dict[str, Any] | None:
+                        ) -> ChildFinished | None:
     """The ``child_finished`` record body for a child's terminal signal, or ``None``."""
     try:
         body = decode(payload)
@@ -71,10 +72,7 @@ def child_finished_body(payload: bytes, event_id: int, digest: str | None = None
         return None
     if not isinstance(body, dict) or "child_id" not in body:
         return None
-    extra: dict[str, Any] = {"event_id": event_id}
-    if digest:
-        extra["event_hash"] = digest
-    return {**body, **extra}
+    return ChildFinished.signalled(body, event_id, digest)
 
 
 class ChildHandle:
@@ -123,9 +121,7 @@ async def delegate(self: Run, agent: Callable[..., Any] | str, *args: Any,
             f"cannot delegate to {child_id!r} at command #{key}: this object delegated to "
             f"it already at command #{earlier}; give each child its own object_id")
     version = await self._spawn(agent, tuple(args), dict(kwargs), child_id, self._context)
-    await self._journal.commit([RecordDraft(Kind.DELEGATED, {
-        "pos": key, "cmd": "delegate", "name": name, "child_id": child_id,
-        "version": version})])
+    await self._journal.commit([Delegated(key, name, child_id, version).draft()])
     self._journal.delegated.append(child_id)
     return ChildHandle(self, child_id)
 
@@ -161,18 +157,17 @@ async def join(self: Run, *children: ChildHandle | str) -> list[Any]:
             digest = vouched(self, ev)
             if digest is None:
                 continue
-            body = child_finished_body(ev.payload, ev.event_id, digest)
+            finished = child_finished_body(ev.payload, ev.event_id, digest)
             consume.append(ev.event_id)
-            if body is not None and str(body["child_id"]) not in self._children:
-                self._children[str(body["child_id"])] = body
-                drafts.append(RecordDraft(Kind.CHILD_FINISHED, body))
+            if finished is not None and finished.child_id not in self._children:
+                body = finished.encode()
+                self._children[finished.child_id] = body
+                drafts.append(RecordDraft(finished.kind, body))
     waiting = [c for c in ids if c not in self._children]
     if waiting:
         self._boundary()
         if find(recs, Kind.DORMANT) is None:
-            drafts.append(RecordDraft(Kind.DORMANT, {
-                "pos": key, "cmd": "join", "name": ",".join(ids), "reason": "children",
-                "children": ids, "event": CHILD_EVENT, "wake_at": None}))
+            drafts.append(Dormant.join(key, ids, CHILD_EVENT).draft())
         raise Suspend(drafts, ready_at=None, waiting_event=CHILD_EVENT, children=ids,
                       consume_event_ids=consume,
                       reason=f"waiting for {len(waiting)} child object(s)")
@@ -256,11 +251,11 @@ def _combined(key: int | str, recs: Sequence[Record], suspends: Sequence[Suspend
                   Status.DORMANT)
     routed = next((sus for sus in suspends if sus.requires or sus.avoid_node), None)
     if status == Status.DORMANT:
-        body = {"pos": key, "cmd": "gather", "reason": "gather", "wake_at": ready_at,
-                "event": events[0] if events else None, "children": children}
+        dormant = Dormant.gather(key, ready_at, events[0] if events else None, children)
+        body = dormant.encode()
         last = [r for r in recs if r.kind == Kind.DORMANT]
         if not last or {k: last[-1].body.get(k) for k in body} != body:
-            drafts.append(RecordDraft(Kind.DORMANT, body))
+            drafts.append(RecordDraft(dormant.kind, body))
     return Suspend(
         drafts, ready_at=ready_at, waiting_event=events[0] if events else None,
         status=status, reason="; ".join(sus.reason for sus in suspends),

@@ -18,9 +18,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, classify, next_delay
+from perdure.core.bodies import (
+    CapabilityMissing,
+    Dormant,
+    Parked,
+    StepFailed,
+    StepInDoubt,
+)
 from perdure.core.codec import decode, encode
 from perdure.core.lifecycle import Status
-from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.records import Kind, Record
 from perdure.engine.commands.positions import find
 from perdure.engine.failures import error_body, rebuild_error
 from perdure.engine.signals import Park, Suspend
@@ -64,10 +71,7 @@ async def check_started(run: Run, step_name: str, pos: int | str, key: str,
     record that it is in doubt and raise ``StepInDoubtError``, never run it again."""
     started = [r for r in recs if r.kind == Kind.STEP_STARTED]
     if len(started) > len(failures) and pos not in run._started_here:
-        await run._journal.commit(
-            [RecordDraft(Kind.STEP_IN_DOUBT, {"pos": pos, "cmd": "step", "name": step_name,
-                                              "key": key})]
-        )
+        await run._journal.commit([StepInDoubt(pos, step_name, key).draft()])
         raise StepInDoubtError(step_name, key)
 
 
@@ -91,9 +95,8 @@ def poisoned(run: Run, step_name: str, pos: int | str) -> NoReturn:
     reason = (f"the worker died {run._crashes} times in a row inside step "
               f"{step_name!r} (position {pos}); fix the cause, then run "
               f"`perdure resume {run.object_id}`")
-    raise Park(RuntimeError(reason), RecordDraft(Kind.PARKED, {
-        "reason": reason, "code": "worker_died", "step": step_name, "step_pos": pos,
-        "crashes": run._crashes}))
+    raise Park(RuntimeError(reason),
+               Parked(reason, "worker_died", run._crashes, step_name, pos).draft())
 
 
 def check_capabilities(run: Run, step_name: str, pos: int | str,
@@ -114,9 +117,8 @@ def lacking(run: Run, step_name: str, pos: int | str, needs: frozenset[str]) -> 
     refusal = f"{node_id}:lacks:{','.join(missing)}"
     drafts = []
     if refusal not in run._refusals:
-        drafts.append(RecordDraft(Kind.CAPABILITY_MISSING, {
-            "refusal": refusal, "node": node_id, "capabilities": missing,
-            "step": step_name, "step_pos": pos, "at": run._clock()}))
+        drafts.append(CapabilityMissing.lacking(node_id, missing, step_name, pos,
+                                                run._clock()).draft())
     raise Suspend(drafts, ready_at=run._clock(), status=Status.READY,
                   requires=tuple(sorted(set(run._intent.requires) | needs)),
                   reason=f"node {node_id} lacks {', '.join(missing)} for {step_name}")
@@ -129,16 +131,16 @@ def cannot_do(run: Run, step_name: str, pos: int | str, reason: str) -> NoReturn
     refusal = f"{node_id}:cannot:{step_name}"
     drafts = []
     if refusal not in run._refusals:
-        drafts.append(RecordDraft(Kind.CAPABILITY_MISSING, {
-            "refusal": refusal, "node": node_id, "cannot_do": step_name,
-            "reason": reason, "step_pos": pos, "at": run._clock()}))
+        drafts.append(CapabilityMissing.cannot(node_id, step_name, reason, pos,
+                                               run._clock()).draft())
     raise Suspend(drafts, ready_at=run._clock(), status=Status.READY, avoid_node=node_id,
                   reason=f"node {node_id} cannot do {step_name}: {reason}")
 
 
 async def record_failure(
     run: Run,
-    base: dict[str, Any],
+    pos: int | str,
+    step_name: str,
     attempt: int,
     previous: Sequence[Record],
     policy: RetryPolicy,
@@ -169,30 +171,20 @@ async def record_failure(
     ]
     history.append(Failure(attempt, error_class, latency, retry_after))
     delay = next_delay(history, policy, salt=key)
-    body = {
-        **base,
-        "attempt": attempt,
-        "error": error_body(exc),
-        "error_class": str(error_class),
-        "latency": round(latency, 6),
-        "retry_after": retry_after,
-        "final": delay is None,
-    }
+    error = error_body(exc)
     if delay is None:
-        body["error"] = decode(encode(body["error"], what="step failure"))
-        await run._journal.commit([RecordDraft(Kind.STEP_FAILED, body)])
-        return rebuild_error(base["name"], dict(body["error"]))
+        error = decode(encode(error, what="step failure"))
+        await run._journal.commit([StepFailed(
+            pos, step_name, attempt, error, str(error_class), round(latency, 6), retry_after,
+            final=True).draft()])
+        return rebuild_error(step_name, dict(error))
     retry_at = run._clock() + delay
-    body["retry_at"] = retry_at
     raise Suspend(
         [
-            RecordDraft(Kind.STEP_FAILED, body),
-            RecordDraft(
-                Kind.DORMANT,
-                {"pos": base["pos"], "cmd": "step", "name": base["name"], "reason": "retry",
-                 "wake_at": retry_at},
-            ),
+            StepFailed(pos, step_name, attempt, error, str(error_class), round(latency, 6),
+                       retry_after, final=False, retry_at=retry_at).draft(),
+            Dormant.retry(pos, step_name, retry_at).draft(),
         ],
         ready_at=retry_at,
-        reason=f"retry {base['name']} in {delay:.3f}s",
+        reason=f"retry {step_name} in {delay:.3f}s",
     ) from exc

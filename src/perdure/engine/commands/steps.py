@@ -26,8 +26,9 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from perdure.core.backoff import RetryPolicy
+from perdure.core.bodies import StepDone, StepStarted
 from perdure.core.codec import decode, detached, encode
-from perdure.core.records import Kind, Record, RecordDraft, step_done_bytes
+from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.positions import branch
 from perdure.engine.commands.step_failures import (
     cannot_do,
@@ -145,13 +146,12 @@ async def step(
     opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
     check_capabilities(self, step_name, pos, requires, opts)
     attempt = len(failures) + 1
-    base = {"pos": pos, "cmd": CMD, "name": step_name}
     if monotonic() - self._journal.flags_at > FLAGS_FRESH:  # else the last commit's
         await fresh_flags(self)
         self._boundary()  # no step starts once a cancel (or pause) is known
     if self._poisoned_at:
         poisoned(self, step_name, pos)
-    first = durable_first(self, base, attempt, key, idempotent, opts)
+    first = durable_first(self, pos, step_name, attempt, key, idempotent, opts)
     if first is not None:
         await self._journal.commit(first)
     info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
@@ -163,7 +163,7 @@ async def step(
         cannot_do(self, step_name, pos, exc.reason)
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
         policy = retry or opts.get("retry") or DEFAULT_RETRY
-        raise await _failed(self, base, attempt, failures, policy, exc,
+        raise await _failed(self, pos, step_name, attempt, failures, policy, exc,
                             time.perf_counter() - began, key) from None
     # Record: the result as memory holds it.
     self._poisoned_at = False  # a step ran to its end on this claim: the worker lived
@@ -172,20 +172,21 @@ async def step(
     # so the first run and every replay see exactly the same thing. A scalar comes
     # back from JSON as itself.
     recorded = result if type(result) in _SCALARS else decode(result_bytes)
-    await self._journal.commit([done_draft(base, attempt, latency, recorded, result_bytes)],
-                               **routing_reset(self))
+    await self._journal.commit(
+        [done_draft(pos, step_name, attempt, latency, recorded, result_bytes)],
+        **routing_reset(self))
     _told(self, step_name, pos, True, latency)
     return recorded
 
 
-async def _failed(run: Run, base: dict[str, Any], attempt: int, failures: Sequence[Record],
-                  policy: RetryPolicy, exc: Exception, latency: float,
-                  key: str) -> BaseException:
+async def _failed(run: Run, pos: int | str, step_name: str, attempt: int,
+                  failures: Sequence[Record], policy: RetryPolicy, exc: Exception,
+                  latency: float, key: str) -> BaseException:
     """Record a step's failure (``record_failure``) and tell the hooks; returns the error
     the agent gets, or raises the signal that makes the object wait or park."""
-    step_name, pos = str(base["name"]), base["pos"]
     try:
-        error = await record_failure(run, base, attempt, failures, policy, exc, latency, key)
+        error = await record_failure(run, pos, step_name, attempt, failures, policy, exc,
+                                     latency, key)
     except (Suspend, Park):  # recorded: the object waits for its retry, or parks
         _told(run, step_name, pos, False, latency)
         raise
@@ -228,7 +229,7 @@ def recorded_result(recs: Sequence[Record]) -> Any:
     return _NOT_RECORDED
 
 
-def durable_first(run: Run, base: dict[str, Any], attempt: int, key: str,
+def durable_first(run: Run, pos: int | str, step_name: str, attempt: int, key: str,
                   idempotent: bool | None, opts: Mapping[str, Any]) -> list[RecordDraft] | None:
     """What must be durable before the step's body runs (``None``: nothing).
 
@@ -243,20 +244,18 @@ def durable_first(run: Run, base: dict[str, Any], attempt: int, key: str,
     if idempotent is None:
         idempotent = bool(opts.get("idempotent", True))
     if not idempotent:
-        run._started_here.add(base["pos"])
-        return [RecordDraft(Kind.STEP_STARTED, {**base, "attempt": attempt, "key": key})]
+        run._started_here.add(pos)
+        return [StepStarted(pos, step_name, attempt, key).draft()]
     if run._journal.volatile:
         return []
     return None
 
 
-def done_draft(base: dict[str, Any], attempt: int, latency: float, recorded: Any,
+def done_draft(pos: int | str, step_name: str, attempt: int, latency: float, recorded: Any,
                result_bytes: bytes) -> RecordDraft:
     """The ``step_done`` record: its body's bytes put together around the result's,
     encoded once (``records.step_done_bytes``)."""
-    return RecordDraft(
-        Kind.STEP_DONE, {**base, "attempt": attempt, "latency": latency, "result": recorded},
-        step_done_bytes(attempt, latency, base["name"], base["pos"], result_bytes))
+    return StepDone(pos, step_name, attempt, latency, recorded).draft(result_bytes)
 
 
 async def fresh_flags(run: Run) -> None:

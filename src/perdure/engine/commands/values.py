@@ -15,10 +15,11 @@ from __future__ import annotations
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from perdure.core.bodies import Progress, Value
 from perdure.core.codec import detached
-from perdure.core.records import Kind, RecordDraft
+from perdure.core.records import Kind
 from perdure.engine.commands.positions import find
 
 if TYPE_CHECKING:
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["now", "progress", "random", "recorded_value", "uuid"]
 
 
-def recorded_value(run: Run, cmd: str, make: Callable[[], Any]) -> Any:
+def recorded_value(run: Run, cmd: Literal["now", "uuid", "random"],
+                   make: Callable[[], Any]) -> Any:
     """The value memory holds for command ``cmd`` at the next position, or ``make()``'s,
     recorded with the next commit."""
     pos, recs = run._take(cmd, None)
@@ -35,7 +37,7 @@ def recorded_value(run: Run, cmd: str, make: Callable[[], Any]) -> Any:
     if rec is not None:
         return detached(rec.body["value"])
     value = make()
-    run._journal.defer(RecordDraft(Kind.VALUE, {"pos": pos, "cmd": cmd, "value": value}))
+    run._journal.defer(Value(pos, cmd, value).draft())
     return value
 
 
@@ -65,4 +67,4 @@ async def progress(self: Run, **fields: Any) -> None:
     """
     if self.replaying:
         return
-    self._journal.defer(RecordDraft(Kind.PROGRESS, {"fields": fields}), volatile=False)
+    self._journal.defer(Progress(fields).draft(), volatile=False)

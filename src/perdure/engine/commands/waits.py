@@ -17,6 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.bodies import (
+    Dormant,
+    EventReceived,
+    EventRefused,
+    WaitTimedOut,
+    Woke,
+)
 from perdure.core.codec import decode, detached
 from perdure.core.names import check_name
 from perdure.core.records import Kind, RecordDraft
@@ -44,18 +51,17 @@ async def sleep(self: Run, seconds: float) -> None:
     if dormant is not None:
         wake_at = float(dormant.body["wake_at"])
         if now >= wake_at:
-            self._journal.defer(RecordDraft(Kind.WOKE, {"pos": pos, "cmd": "sleep"}))
+            self._journal.defer(Woke(pos).draft())
             return
         self._boundary()
         raise Suspend([], ready_at=wake_at, reason="sleeping")
     self._boundary()
     if seconds <= 0:
-        self._journal.defer(RecordDraft(Kind.WOKE, {"pos": pos, "cmd": "sleep"}))
+        self._journal.defer(Woke(pos).draft())
         return
     wake_at = now + float(seconds)
     raise Suspend(
-        [RecordDraft(Kind.DORMANT, {"pos": pos, "cmd": "sleep", "reason": "sleep",
-                                    "wake_at": wake_at, "seconds": float(seconds)})],
+        [Dormant.sleep(pos, wake_at, float(seconds)).draft()],
         ready_at=wake_at,
         reason=f"sleep {seconds}s",
     )
@@ -90,10 +96,7 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> An
             # the event consumed: until then it stays in the inbox, and a crash
             # before that commit delivers it again on replay.
             self._journal.defer(
-                RecordDraft(Kind.EVENT_RECEIVED, {"pos": pos, "cmd": "wait", "name": event,
-                                                  "event_id": ev.event_id,
-                                                  "event_hash": digest,
-                                                  "payload": payload}),
+                EventReceived(pos, event, ev.event_id, payload, digest).draft(),
                 consume_event_ids=[ev.event_id],
             )
             return payload
@@ -104,12 +107,9 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> An
         drafts: list[RecordDraft] = []
     else:
         deadline = now + float(timeout) if timeout is not None else None
-        drafts = [RecordDraft(Kind.DORMANT, {"pos": pos, "cmd": "wait", "name": event,
-                                             "reason": "event", "event": event,
-                                             "wake_at": deadline})]
+        drafts = [Dormant.wait(pos, event, deadline).draft()]
     if deadline is not None and now >= deadline:
-        self._journal.defer(RecordDraft(Kind.WAIT_TIMED_OUT, {"pos": pos, "cmd": "wait",
-                                                              "name": event}))
+        self._journal.defer(WaitTimedOut(pos, event).draft())
         return None
     raise Suspend(drafts, ready_at=deadline, waiting_event=event,
                   reason=f"waiting for event {event!r}")
@@ -129,8 +129,7 @@ def vouched(run: Run, ev: Event) -> str | None:
         received(run).add(digest)
         return digest
     run._journal.defer(
-        RecordDraft(Kind.EVENT_REFUSED, {"event_id": ev.event_id, "name": ev.name,
-                                         "event_hash": digest, "reason": problem}),
+        EventRefused(ev.event_id, ev.name, digest, problem).draft(),
         consume_event_ids=[ev.event_id],
     )
     run.refused.append((ev.event_id, ev.name, problem))
