@@ -106,6 +106,11 @@ class SyncRun:
         ids = [c.child_id if isinstance(c, SyncChildHandle) else c for c in children]
         return self._call(self._run.join(*ids))
 
+    def model(self, client: Any, request: Any = None, **options: Any) -> Any:
+        """See ``Run.model``: the same arguments, without ``await``; a
+        ``perdure.llm.ModelReply``."""
+        return self._call(self._run.model(client, request, **options))
+
     def progress(self, **fields: Any) -> None:
         """See ``Run.progress``."""
         self._call(self._run.progress(**fields))
