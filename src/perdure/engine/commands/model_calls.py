@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, next_delay
 from perdure.core.bodies import Dormant, ModelCall, ModelFailed
-from perdure.core.records import Kind, Record
+from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.positions import find
 from perdure.engine.commands.steps import fresh_flags
 from perdure.engine.journal import HistoryEnd
@@ -71,6 +71,7 @@ __all__ = [
     "Route",
     "call",
     "error_of",
+    "failure_of",
     "reply_of",
     "request_of",
     "routes_of",
@@ -260,7 +261,7 @@ def _final_error(recs: Sequence[Record], body: Mapping[str, Any]) -> ModelCallEr
     return error_of(body, salvage.text if salvage is not None else "")
 
 
-def _failure_of(exc: Exception, request: ModelRequest) -> tuple[CallFailure, str, int]:
+def failure_of(exc: Exception, request: ModelRequest) -> tuple[CallFailure, str, int]:
     """What a client's exception means: the failure, the text a stream delivered, and
     how many chunks."""
     if isinstance(exc, ModelCallError):
@@ -327,24 +328,27 @@ class Attempts:
         """Try clients until one answers (recorded), the call rests (dormant) or fails."""
         while True:
             route, skipped = self.choose()
-            sent = route.request(self.request)
-            began = time.perf_counter()
-            try:
-                reply = await self.send(route, sent)
-                refusal = reply_failure(reply)
-                if refusal is not None:
-                    raise ModelCallError(refusal, model=sent.model,
-                                         provider=route.client.provider)
-            except Exception as exc:  # noqa: BLE001 - recorded, then acted on as memory says
-                failure, partial, chunks = _failure_of(exc, sent)
-                await self.failed(route, sent, failure, time.perf_counter() - began, chunks,
-                                  partial)
-                continue
-            return await self.record(route, sent, reply, skipped)
+            reply = await self.attempt_on(route, skipped)
+            if reply is not None:
+                return reply
 
-    async def send(self, route: Route, sent: ModelRequest) -> ModelReply:
-        """One attempt: ``sent`` to ``route``'s client, the whole reply back."""
-        return await route.client.complete(sent)
+    async def attempt_on(self, route: Route, skipped: list[dict[str, Any]]
+                         ) -> ModelReply | None:
+        """One attempt on ``route``: the reply, recorded; ``None`` when it failed (the
+        failure is recorded; a streaming call overrides this: ``model_streams``)."""
+        sent = route.request(self.request)
+        began = time.perf_counter()
+        try:
+            reply = await route.client.complete(sent)
+            refusal = reply_failure(reply)
+            if refusal is not None:
+                raise ModelCallError(refusal, model=sent.model, provider=route.client.provider)
+        except Exception as exc:  # noqa: BLE001 - recorded, then acted on as memory says
+            failure, partial, chunks = failure_of(exc, sent)
+            await self.failed(route, sent, failure, time.perf_counter() - began, chunks,
+                              partial)
+            return None
+        return await self.record(route, sent, reply, skipped)
 
     async def failed(self, route: Route, sent: ModelRequest, failure: CallFailure,
                      latency: float, chunks: int, partial: str = "") -> None:
@@ -376,10 +380,10 @@ class Attempts:
         self.run._journal.defer(body.draft(), volatile=False)
 
     async def record(self, route: Route, sent: ModelRequest, reply: ModelReply,
-                     skipped: list[dict[str, Any]],
-                     recovery: dict[str, Any] | None = None) -> ModelReply:
-        """Record the reply (with the messages memory does not hold yet) and return it
-        as memory holds it."""
+                     skipped: list[dict[str, Any]], recovery: dict[str, Any] | None = None,
+                     before: Sequence[RecordDraft] = ()) -> ModelReply:
+        """Record the reply (with the messages memory does not hold yet, after the
+        records ``before``) and return it as memory holds it."""
         memory = ModelMemory.of(self.run)
         split = split_request(sent, memory.last)
         answer = split_reply(reply)
@@ -399,6 +403,6 @@ class Attempts:
                          split.body, blobs, answer.body,
                          None if cost is None else str(cost), dict(attributes),
                          tuple(skipped), recovery)
-        await self.run._journal.commit([body.draft()])
+        await self.run._journal.commit([*before, body.draft()])
         memory.learn(body.encode())
         return join_reply(answer.body, memory.blobs)
