@@ -387,10 +387,13 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     if as_json:
         records = app.history(object_id)
         children = app.list(parent=object_id, limit=1000)
-        _print_json({"object": _info_json(info),
-                     "records": [_record_json(rec) for rec in records],
-                     "children": [_info_json(child) for child in reversed(children)],
-                     "usage": usage_totals(records).to_json()})
+        document = {"object": _info_json(info),
+                    "records": [_record_json(rec) for rec in records],
+                    "children": [_info_json(child) for child in reversed(children)]}
+        totals = usage_totals(records)
+        if totals.calls or totals.failed_attempts:  # it made model calls
+            document["usage"] = totals.to_json()
+        _print_json(document)
         return
     width = out.width
     head = [Text(text, style=style) for text, style in view.headline(info)]
