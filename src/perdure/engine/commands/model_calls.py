@@ -134,9 +134,11 @@ def routes_of(clients: ModelClient | Sequence[ModelClient | tuple[ModelClient, s
         return [Route(0, clients)]
     routes = []
     for index, entry in enumerate(clients):
-        if isinstance(entry, tuple):
-            client, model = entry
-            routes.append(Route(index, client, str(model)))
+        if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+            routes.append(Route(index, entry[0], entry[1]))
+        elif isinstance(entry, str) or not hasattr(entry, "complete"):
+            raise ConfigurationError(f"run.model takes clients, or a list of clients and "
+                                     f"(client, model) pairs, not {entry!r} at {index}")
         else:
             routes.append(Route(index, entry))
     if not routes:
