@@ -191,12 +191,32 @@ def _perdure_classes(annotation: object) -> set[type]:
     return found
 
 
+def _llm_names() -> dict[str, object]:
+    """The public names of ``perdure.llm`` (the ``perdure[llm]`` extra's package, which
+    ``run.model`` takes and gives types of), or none without the extra."""
+    try:
+        llm = importlib.import_module("perdure.llm")
+    except PerdureError:
+        return {}
+    return {name: getattr(llm, name) for name in llm.__all__}
+
+
+LLM_NAMES = _llm_names()
+
+
+def _exported(found: type) -> bool:
+    """Whether a caller can import ``found`` by its name from ``perdure`` or, for a
+    model call's types, from ``perdure.llm``."""
+    name = found.__name__
+    return getattr(perdure, name, None) is found or LLM_NAMES.get(name) is found
+
+
 def _annotation(owner: object, name: str, value: object) -> object:
     """An annotation as written (a string, under ``from __future__ import annotations``),
     evaluated where it was written."""
     if not isinstance(value, str):
         return value
-    namespace = {**vars(typing), **vars(collections.abc), **vars(perdure),
+    namespace = {**vars(typing), **vars(collections.abc), **vars(perdure), **LLM_NAMES,
                  **getattr(owner, "__globals__", {}),
                  **vars(sys.modules[getattr(owner, "__module__", "perdure")])}
     return eval(value, namespace)
@@ -228,9 +248,9 @@ def test_every_type_the_api_returns_is_exported(cls: type) -> None:
                 returned[name] = _perdure_classes(_annotation(klass, name, value))
     for name, classes in returned.items():
         for found in classes:
-            assert getattr(perdure, found.__name__, None) is found, (
+            assert _exported(found), (
                 f"{cls.__name__}.{name} gives {found.__module__}.{found.__name__}, "
-                "which perdure does not export")
+                "which neither perdure nor perdure.llm exports")
 
 
 def test_module_level_functions_return_exported_types() -> None:

@@ -17,6 +17,7 @@ from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
 from perdure.core.trust import Certificate, KeyRing, Revocation
+from perdure.core.usage import UsageTotals
 from perdure.engine.anchors import HeadAnchors
 from perdure.engine.context import StepInfo, current_step
 from perdure.engine.replay import ReplayReport
@@ -110,6 +111,7 @@ __all__ = [
     "SyncChildHandle",
     "SyncRun",
     "UnknownAgentError",
+    "UsageTotals",
     "Verifier",
     "VerifyReport",
     "Worker",

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from perdure._identity import NodeIdentity, TrustSpec, publish
 from perdure._keys import default_key_dir, public_bytes
@@ -28,6 +28,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
 from perdure.core.trust import Certificate, Revocation, seal_event
+from perdure.core.usage import UsageTotals, usage_totals
 from perdure.engine.anchors import HeadAnchors, rollback_problem
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
@@ -49,6 +50,9 @@ from perdure.hooks import Hooks
 from perdure.inspect import waiting_note
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
+
+if TYPE_CHECKING:
+    from perdure.llm import PriceTable
 
 __all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
 
@@ -86,6 +90,9 @@ class App:
     roots files or key folders; see ``docs/howto/keys-and-trust.md``); by default, the
     key folder's ``roots`` file, which on one machine is made on first use with a root
     of its own. ``key_passphrase`` opens a passphrase-protected node key.
+
+    ``prices`` (a ``perdure.llm.PriceTable``) costs the model calls of this node's
+    agents (``run.model``), unless a call brings its own table.
     """
 
     def __init__(
@@ -100,6 +107,7 @@ class App:
         capabilities: set[str] | frozenset[str] | None = None,
         trust: TrustSpec | None = None,
         key_passphrase: str | bytes | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         if node_id is not None:
             check_object_id(node_id, "node id")
@@ -118,6 +126,7 @@ class App:
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
         self.capabilities = frozenset(capabilities or ())
+        self.prices = prices
         self._agents: dict[str, AgentDef] = {}
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
@@ -215,6 +224,7 @@ class App:
             lease_seconds=lease_seconds if lease_seconds is not None else self.lease_seconds,
             poll_interval=poll_interval if poll_interval is not None else self.poll_interval,
             capabilities=self.capabilities | frozenset(capabilities or ()),
+            prices=self.prices,
         )
         clone._agents = dict(self._agents)
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
@@ -467,6 +477,15 @@ class App:
         self.get(object_id)
         return self.store.records(object_id)
 
+    def usage(self, object_id: str, *, lineage: bool = False) -> UsageTotals:
+        """What the object's model calls (``run.model``) used and cost, from its memory;
+        with ``lineage=True``, rolled up over the object and all its descendants."""
+        totals = usage_totals(self.history(object_id))
+        if lineage:
+            for child in self.list(parent=object_id, limit=10_000):
+                totals = totals + self.usage(child.object_id, lineage=True)
+        return totals
+
     def verify(self, object_id: str, *,
                anchors: Mapping[str, tuple[int, str]] | None = None) -> VerifyReport:
         """Walk the object's chain and every record's signature; the report names the
@@ -591,6 +610,7 @@ class App:
             poll_interval=self.poll_interval,
             drain_seconds=drain_seconds,
             held_records=held_records,
+            model_prices=self.prices,
         )
         signer = self._ensure_node()
         return Worker(store=self.store, signer=signer, policy=self.policy,

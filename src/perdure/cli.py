@@ -31,6 +31,7 @@ from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
+from perdure.core.usage import usage_totals
 from perdure.errors import (
     AgentFailedError,
     ConfigurationError,
@@ -386,9 +387,13 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     if as_json:
         records = app.history(object_id)
         children = app.list(parent=object_id, limit=1000)
-        _print_json({"object": _info_json(info),
-                     "records": [_record_json(rec) for rec in records],
-                     "children": [_info_json(child) for child in reversed(children)]})
+        document = {"object": _info_json(info),
+                    "records": [_record_json(rec) for rec in records],
+                    "children": [_info_json(child) for child in reversed(children)]}
+        totals = usage_totals(records)
+        if totals.calls or totals.failed_attempts:  # it made model calls
+            document["usage"] = totals.to_json()
+        _print_json(document)
         return
     width = out.width
     head = [Text(text, style=style) for text, style in view.headline(info)]
@@ -401,7 +406,8 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     if asks:
         out.print(Text(asks))
     table = Table(box=None, pad_edge=False)
-    rows = view.timeline(app.history(object_id))
+    records = app.history(object_id)
+    rows = view.timeline(records)
     widths = [max([len(col), *(len(str(row[i])) for row in rows)])
               for i, col in enumerate(("seq", "time", "node", "kind"))]
     for col, width_ in zip(("seq", "time", "node", "kind"), widths, strict=True):
@@ -413,6 +419,9 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
             what = what[: room - 1] + "…"
         table.add_row(*(Text(cell) for cell in (seq, time_, node, kind, what)))  # not markup
     out.print(table)
+    ledger = view.usage(usage_totals(records))
+    if ledger:
+        out.print(Text(ledger))
     children = app.list(parent=object_id, limit=1000)
     if children:
         out.print(f"children ({len(children)}):")

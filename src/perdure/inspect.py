@@ -7,6 +7,8 @@ terminal's width is the caller's business (the CLI does it with rich).
 
 - ``describe(record)``: one record in words, and whether it is shown whole; the "what"
   column of ``perdure show``. ``timeline(records)`` is the whole table.
+- ``usage(totals)``: what an object's model calls used and cost, in words (the
+  ledger line of ``perdure show``; ``perdure.core.usage`` totals memory).
 - ``failure(records)``: why a failed object failed (``Type: message``, or the reason).
 - ``waiting_note(info, nodes)``: why a runnable object waits (no live node serves it).
 - ``waiting_for(info)``: what a dormant object asks for before it goes on.
@@ -25,6 +27,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from perdure.core.bodies import (
@@ -34,6 +37,10 @@ from perdure.core.bodies import (
     EventReceived,
     Instantiated,
     IntentRefined,
+    ModelCall,
+    ModelChunks,
+    ModelFailed,
+    ModelRecovered,
     Nondeterminism,
     Progress,
     StepDone,
@@ -46,6 +53,7 @@ from perdure.core.bodies import (
 )
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
+from perdure.core.usage import UsageTotals
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
 from perdure.stores.base import NodeInfo
@@ -67,6 +75,7 @@ __all__ = [
     "object_parts",
     "short_type",
     "timeline",
+    "usage",
     "waiting_for",
     "waiting_note",
     "when",
@@ -173,6 +182,57 @@ def _progress(body: Progress) -> Line:
     return Line(_json(body.fields), False)
 
 
+def _dollars(cost: Decimal) -> str:
+    """An exact cost without trailing zeros: ``0.0025``, ``0``."""
+    return f"{cost.normalize():f}" if cost else "0"
+
+
+def _tokens(usage: Mapping[str, Any]) -> str:
+    cached = usage.get("cached_input_tokens")
+    text = f"{usage.get('input_tokens', 0)} in"
+    if cached:
+        text += f" ({cached} cached)"
+    return f"{text} + {usage.get('output_tokens', 0)} out"
+
+
+def _model_call(body: ModelCall) -> Line:
+    reply = body.reply
+    cost = f"${_dollars(Decimal(body.cost))}" if body.cost is not None else "cost unknown"
+    what = f"{len(reply.get('tool_calls', ()))} tool call(s) proposed" if reply.get(
+        "tool_calls") else f"finish {reply.get('finish_reason')}"
+    text = (f"#{body.pos} {body.name} via {body.provider} attempt {body.attempt}: {what}, "
+            f"{_tokens(reply.get('usage', {}))} tokens, {cost}, "
+            f"{float(reply.get('latency', 0.0)):.3f}s")
+    for skipped in body.skipped:
+        text += f"; skipped client {skipped.get('client')}: {skipped.get('reason')}"
+    if body.recovery is not None:
+        text += f"; stream recovered: {body.recovery.get('recovery')}"
+    return Line(text, bool(body.skipped))
+
+
+def _model_failed(body: ModelFailed) -> Line:
+    failure = body.failure
+    text = (f"#{body.pos} {body.name} via {body.provider} attempt {body.attempt}: "
+            f"{failure.get('reason')} [{failure.get('kind')}]")
+    text += " final" if body.final else (
+        f" client rests until {when(body.until)}" if body.until is not None else
+        " client gave up")
+    return Line(text, True)
+
+
+def _model_chunks(body: ModelChunks) -> Line:
+    chars = sum(len(str(c.get("text", ""))) for c in body.chunks)
+    last = body.start + len(body.chunks) - 1
+    return Line(f"#{body.pos} {body.name} attempt {body.attempt} stream chunks "
+                f"{body.start}-{last} ({chars} chars)", False)
+
+
+def _model_recovered(body: ModelRecovered) -> Line:
+    return Line(f"#{body.pos} {body.name} attempt {body.attempt}: {body.recovery} "
+                f"(policy {body.policy}) after {body.chunks} chunk(s), {body.chars} chars: "
+                f"{body.reason}", True)
+
+
 _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     Instantiated: _instantiated,
     StepStarted: _step, StepDone: _step, StepFailed: _step, StepInDoubt: _step,
@@ -183,6 +243,10 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     IntentRefined: _refined,
     Nondeterminism: _nondeterminism,
     Progress: _progress,
+    ModelCall: _model_call,
+    ModelFailed: _model_failed,
+    ModelChunks: _model_chunks,
+    ModelRecovered: _model_recovered,
 }
 
 
@@ -214,6 +278,23 @@ def timeline(records: Sequence[Record]) -> list[TimelineRow]:
     """The memory timeline of an object, one row per record."""
     return [TimelineRow(str(rec.seq), when(rec.ts)[11:], rec.node_id, str(rec.kind),
                         *describe(rec)) for rec in records]
+
+
+def usage(totals: UsageTotals) -> str | None:
+    """What model calls used and cost, in one line (``None`` when there were none)."""
+    if not totals.calls and not totals.failed_attempts:
+        return None
+    cached = f" ({totals.cached_input_tokens} cached)" if totals.cached_input_tokens else ""
+    text = (f"model calls: {totals.calls}, {totals.failed_attempts} failed attempt(s); "
+            f"tokens {totals.input_tokens} in{cached} + {totals.output_tokens} out; "
+            f"cost ${_dollars(totals.cost)}")
+    if totals.unpriced:
+        text += f" (+ {totals.unpriced} call(s) not priced)"
+    if totals.in_doubt_tokens:
+        text += f"; about {totals.in_doubt_tokens} tokens of lost attempts in doubt"
+    if totals.objects > 1:
+        text += f"; over {totals.objects} objects"
+    return text
 
 
 # -- explanations: why it failed, why it waits, what it asks --------------------------------

@@ -15,7 +15,7 @@ import perdure
 from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
-from perdure.engine.commands import intent, lineage, steps, values, waits
+from perdure.engine.commands import intent, lineage, model, steps, values, waits
 from perdure.engine.commands.lineage import _combined, _unwinding
 from perdure.engine.journal import StoreUnavailable
 from perdure.engine.replay import replay_check
@@ -39,6 +39,7 @@ COMMANDS = {
     "delegate": lineage.delegate,
     "join": lineage.join,
     "gather": lineage.gather,
+    "model": model.model,
 }
 
 # What agents see, as it was before the commands moved to their modules: the
@@ -50,6 +51,14 @@ SURFACE = {
     "Run.deprecate_patch": ("(name: 'str') -> 'None'", False),
     "Run.gather": ("(*branches: 'Awaitable[Any]') -> 'list[Any]'", True),
     "Run.join": ("(*children: 'ChildHandle | str') -> 'list[Any]'", True),
+    "Run.model": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, str]]', "
+                  "request: 'ModelRequest | None' = None, *, model: 'str | None' = None, "
+                  "messages: 'Sequence[Message]' = (), tools: 'Sequence[ToolSpec]' = (), "
+                  "params: 'ModelParams | None' = None, stream: 'bool' = False, "
+                  "name: 'str | None' = None, prices: 'PriceTable | None' = None, "
+                  "retry: 'RetryPolicy | None' = None, wait_up_to: 'float' = 10.0, "
+                  "recovery: 'Recovery | str' = 'continue', "
+                  "flush: 'FlushPolicy | None' = None) -> 'ModelReply'", True),
     "Run.now": ("() -> 'float'", True),
     "Run.patched": ("(name: 'str') -> 'bool'", False),
     "Run.progress": ("(**fields: 'Any') -> 'None'", True),
@@ -67,6 +76,9 @@ SURFACE = {
                          "-> 'SyncChildHandle'", False),
     "SyncRun.deprecate_patch": ("(name: 'str') -> 'None'", False),
     "SyncRun.join": ("(*children: 'SyncChildHandle | str') -> 'list[Any]'", False),
+    "SyncRun.model": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, "
+                      "str]]', request: 'ModelRequest | None' = None, **options: 'Any') "
+                      "-> 'ModelReply'", False),
     "SyncRun.now": ("() -> 'float'", False),
     "SyncRun.patched": ("(name: 'str') -> 'bool'", False),
     "SyncRun.progress": ("(**fields: 'Any') -> 'None'", False),

@@ -62,6 +62,10 @@ class Kind(StrEnum):
     EVENT_REFUSED = "event_refused"  # an inbox event whose seal did not verify
     PARKED = "parked"  # the object waits for a person (e.g. its step kept killing workers)
     TERMINATED = "terminated"
+    MODEL_CALL = "model_call"  # run.model: the reply a model gave (or a surfaced stream)
+    MODEL_FAILED = "model_failed"  # run.model: an attempt that failed, and when to retry
+    MODEL_CHUNKS = "model_chunks"  # run.model(stream=True): a batch of a streamed reply
+    MODEL_RECOVERED = "model_recovered"  # run.model: what was done with a cut stream
 
 
 @dataclass(frozen=True, slots=True)

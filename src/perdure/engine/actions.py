@@ -169,7 +169,8 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
                   step_executor=node.run_step, clock=node.clock,
                   spawn=spawn_child, capabilities=node.capabilities,
                   check_event=node.verifier.check_event, refresh_flags=flags,
-                  crashes=claim.crashes, max_crashes=node.policy.max_crashes)
+                  crashes=claim.crashes, max_crashes=node.policy.max_crashes,
+                  model_prices=node.settings.model_prices)
     run.cancel_requested = claim.cancel_requested
     return run
 

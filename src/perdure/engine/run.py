@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
 from perdure.engine.commands import intent as intent_commands
 from perdure.engine.commands import lineage, steps, values, waits
+from perdure.engine.commands import model as model_command
 from perdure.engine.commands.lineage import (
     CHILD_EVENT,
     ChildHandle,
@@ -40,6 +41,10 @@ from perdure.engine.sync_run import SyncChildHandle, SyncRun, is_async
 from perdure.engine.verifier import EventCheck
 from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismError
 from perdure.stores.base import Event
+
+if TYPE_CHECKING:
+    from perdure.engine.commands.model_calls import ModelMemory
+    from perdure.llm import PriceTable
 
 __all__ = [
     "CHILD_EVENT",
@@ -83,6 +88,7 @@ class Run:
         refresh_flags: Callable[[], Awaitable[None]] | None = None,
         crashes: int = 0,
         max_crashes: int | None = None,
+        model_prices: PriceTable | None = None,
     ) -> None:
         # What the node hands every command.
         self._journal = journal
@@ -96,6 +102,7 @@ class Run:
         self._clock = clock
         self._spawn = spawn
         self._capabilities = capabilities
+        self._model_prices = model_prices  # the App's price table for ``run.model``
         # The cursor and memory by position.
         self._pos = 0
         # A gather ran: commands may run in its branches. Until then every command is on
@@ -117,6 +124,7 @@ class Run:
         self._started_here: set[int | str] = set()
         self._consumed: set[int] = set()
         self._digests: set[str] | None = None
+        self._models: ModelMemory | None = None  # messages memory holds (``run.model``)
         #: Events refused on this claim: ``(event_id, name, reason)`` (the node logs them).
         self.refused: list[tuple[int, str, str]] = []
         self.cancel_requested = False
@@ -213,6 +221,7 @@ class Run:
     delegate = lineage.delegate
     join = lineage.join
     gather = lineage.gather
+    model = model_command.model
 
     # -- the cursor: what every command does first -----------------------------
 

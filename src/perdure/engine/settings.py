@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perdure.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from perdure.llm import PriceTable
 
 __all__ = ["AgentDef", "WorkerSettings"]
 
@@ -40,6 +43,8 @@ class WorkerSettings:
     # Records this node keeps of the objects it ran, so that claiming one again reads
     # and checks only what was appended since (0 turns it off). Roughly 1 KB each.
     held_records: int = 50_000
+    # The price table ``run.model`` costs calls with, unless a call brings its own.
+    model_prices: PriceTable | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

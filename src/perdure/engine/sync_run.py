@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from perdure.core.intent import Context, Intent
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
+    from perdure.llm import ModelClient, ModelReply, ModelRequest
 
 __all__ = ["SyncChildHandle", "SyncRun", "is_async"]
 
@@ -105,6 +106,11 @@ class SyncRun:
         """See ``Run.join``."""
         ids = [c.child_id if isinstance(c, SyncChildHandle) else c for c in children]
         return self._call(self._run.join(*ids))
+
+    def model(self, client: ModelClient | Sequence[ModelClient | tuple[ModelClient, str]],
+              request: ModelRequest | None = None, **options: Any) -> ModelReply:
+        """See ``Run.model``: the same arguments, without ``await``."""
+        return self._call(self._run.model(client, request, **options))
 
     def progress(self, **fields: Any) -> None:
         """See ``Run.progress``."""

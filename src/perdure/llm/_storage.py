@@ -39,6 +39,7 @@ __all__ = [
     "join_request",
     "message_hash",
     "request_hash",
+    "request_refs",
     "split_reply",
     "split_request",
     "tool_hash",
@@ -171,6 +172,19 @@ def split_request(request: ModelRequest, base: RequestRefs | None = None) -> Spl
         body["base"] = base.hash
     return SplitRequest(blobs, body, RequestRefs(digest, tuple(message_hashes),
                                                  tuple(tool_hashes)))
+
+
+def request_refs(body: Mapping[str, Any], base: RequestRefs | None = None) -> RequestRefs:
+    """The refs a ``split_request`` body names (the base of the next one), read without
+    the blobs and taking its recorded hash as it is (``join_request`` checks it).
+    ``ValueError`` when the base is not the one the body was split against."""
+    named_base = body.get("base")
+    if named_base != (base.hash if base is not None else None):
+        raise ValueError(f"stored model request was split against base {named_base!r}, "
+                         f"not {base.hash if base else None!r}")
+    return RequestRefs(str(body["hash"]),
+                       _decode_refs(body.get("messages", ()), base.messages if base else ()),
+                       _decode_refs(body.get("tools", ()), base.tools if base else ()))
 
 
 def join_request(body: Mapping[str, Any], blobs: Mapping[str, Any],

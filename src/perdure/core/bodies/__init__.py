@@ -23,7 +23,8 @@ intent arguments) are held as the body holds them, not copied.
 
 Where they live: ``fields`` (the ``Body`` base and the reader that checks each key),
 ``steps`` (steps, drawn values, patches, progress), ``waits`` (dormancy, timers,
-events, children) and ``objects`` (start, intent, routing, parking, end). Pure: no I/O.
+events, children), ``objects`` (start, intent, routing, parking, end) and ``models``
+(model calls: replies, failed attempts, stream batches, recoveries). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from perdure.core.bodies.fields import JSON, Body, BodyReader, MalformedBodyError, Position
+from perdure.core.bodies.models import ModelCall, ModelChunks, ModelFailed, ModelRecovered
 from perdure.core.bodies.objects import (
     CapabilityMissing,
     Instantiated,
@@ -77,6 +79,10 @@ __all__ = [
     "EventRefused",
     "Instantiated",
     "IntentRefined",
+    "ModelCall",
+    "ModelChunks",
+    "ModelFailed",
+    "ModelRecovered",
     "Nondeterminism",
     "Parked",
     "Patched",
@@ -99,7 +105,7 @@ RecordBody = (
     Instantiated | StepStarted | StepDone | StepFailed | StepInDoubt | Value | Dormant | Woke
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
-    | Terminated
+    | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -108,6 +114,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         Instantiated, StepStarted, StepDone, StepFailed, StepInDoubt, Value, Dormant, Woke,
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
+        ModelCall, ModelFailed, ModelChunks, ModelRecovered,
     )
 }
 """The body class of each record kind, by the kind's value."""

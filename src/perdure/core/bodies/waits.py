@@ -38,6 +38,7 @@ carried no result (perdure's own signals always carry one): the key is left out.
 _DORMANT_KEYS: dict[str, tuple[str, ...]] = {
     "sleep": ("seconds",),
     "step": ("name",),  # a retry of the step, due at wake_at
+    "model": ("name",),  # a retry of a model call, due at wake_at
     "wait": ("name", "event"),
     "join": ("name", "children", "event"),
     "gather": ("event", "children"),
@@ -50,8 +51,8 @@ class Dormant(Body):
     (``wake_at``, which holds null when only what it waits for can wake it) and for what.
 
     Which of ``name``, ``event``, ``children`` and ``seconds`` the body holds depends on
-    ``cmd``, as the constructors build them: ``sleep`` (seconds), ``step`` (a retry:
-    name), ``wait`` (name and event), ``join`` (name, children, event) and ``gather``
+    ``cmd``, as the constructors build them: ``sleep`` (seconds), ``step`` and ``model``
+    (a retry: name), ``wait`` (name and event), ``join`` (name, children, event) and ``gather``
     (event, null when no branch waits for one, and children).
     """
 
@@ -74,6 +75,11 @@ class Dormant(Body):
     def retry(cls, pos: Position, name: str, wake_at: float) -> Dormant:
         """Step ``name`` failed; its next attempt is due at ``wake_at``."""
         return cls(pos, "step", "retry", wake_at, name=name)
+
+    @classmethod
+    def model_retry(cls, pos: Position, name: str, wake_at: float) -> Dormant:
+        """Model call ``name`` failed; a client may be tried again at ``wake_at``."""
+        return cls(pos, "model", "retry", wake_at, name=name)
 
     @classmethod
     def wait(cls, pos: Position, event: str, wake_at: float | None) -> Dormant:

@@ -15,10 +15,13 @@ the ``Run`` (named ``self``); ``Run`` binds it as a method in one line
 - ``values``: ``run.now``, ``run.uuid``, ``run.random`` and ``run.progress``
 - ``lineage``: ``run.delegate``, ``run.join``, ``run.gather`` and ``ChildHandle``
 - ``intent``: ``run.refine``, ``run.patched`` and ``run.deprecate_patch``
+- ``model``: ``run.model`` (needs ``perdure[llm]``, imported at the first call), with
+  ``model_calls`` (replay, choosing a client, failures, recording the reply) and
+  ``model_streams`` (journaled streams and their recovery)
 - ``positions``: how positions are numbered (the main line, ``gather`` branches)
 
-A new command (a model call, a tool call, a resource) is one new module here and
-one line on ``Run``.
+A new command (a tool call, a resource) is one new module here and one line on
+``Run``.
 """
 
 __all__: list[str] = []
