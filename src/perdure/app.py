@@ -24,7 +24,7 @@ from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, ver
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
 from perdure.core.intent import Intent
-from perdure.core.lifecycle import Status
+from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
 from perdure.core.trust import Certificate, Revocation, seal_event
@@ -709,7 +709,7 @@ class App:
 def _row_against_memory(row: ObjectRow, last: Record) -> str | None:
     """Why the object's row (an index) says otherwise than its verified last record about
     how the object ended, or ``None``."""
-    terminal = row.status in ("completed", "failed", "cancelled")
+    terminal = row.status in TERMINAL_STATUSES
     if last.kind != Kind.TERMINATED:
         return (f"the object's row says {row.status} but its memory holds no terminal record"
                 if terminal else None)

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perdure.core.chain import CommitSeal
+from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.errors import CancelRequestedError, LeaseLostError
 from perdure.stores._rows import notices_cancel, record_params
 from perdure.stores.base import Append, Claim, Event, NewObject, ObjectRow, Route
 
 __all__ = ["TERMINAL", "NodeRow", "Row", "StoredEvent", "Tables", "apply_one"]
 
-TERMINAL = ("completed", "failed", "cancelled")
+TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
 
 
 def _time(value: float | None) -> float | None:

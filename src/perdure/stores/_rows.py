@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from perdure.core.chain import CommitSeal, check_links
+from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import Record, record_from_columns
 from perdure.stores.base import Append, Claim, NewObject, ObjectRow
 
@@ -98,7 +99,7 @@ def seal_from_row(row: Sequence[Any]) -> CommitSeal:
 def notices_cancel(op: Append) -> bool:
     """Whether a pending cancel is reported back for ``op`` once it is written: the node
     keeps running the object after it (not a release, not a terminal status)."""
-    return not op.release and op.status not in ("completed", "failed", "cancelled")
+    return not op.release and op.status not in TERMINAL_STATUSES
 
 
 def record_from_row(row: Sequence[Any]) -> Record:

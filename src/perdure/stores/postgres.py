@@ -24,6 +24,7 @@ from typing import Any
 
 from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
+from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ConfigurationError,
@@ -84,7 +85,7 @@ __all__ = ["PostgresStore"]
 
 log = logging.getLogger("perdure.store")
 
-_TERMINAL = ("completed", "failed", "cancelled")
+_TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
 # Rows per chunk when a claim streams an object's chain (libpq 17's chunked rows mode):
 # the next chunk travels while the node decodes this one, and the client never holds
 # one big result of a long history.

@@ -21,6 +21,7 @@ from typing import Any
 
 from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
+from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     NodeIdentityError,
@@ -63,7 +64,7 @@ __all__ = ["SQLiteStore"]
 
 log = logging.getLogger("perdure.store")
 
-_TERMINAL = ("completed", "failed", "cancelled")
+_TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
 
 
 @functools.cache
