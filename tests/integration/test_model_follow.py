@@ -43,16 +43,17 @@ def server() -> Iterator[ScriptedServer]:
         yield running
 
 
-def streamer(app: perdure.App, server: ScriptedServer) -> None:
-    """An agent streaming one call (continued if it breaks) and returning its text."""
+def streamer(app: perdure.App, server: ScriptedServer, recovery: str = "continue") -> None:
+    """An agent streaming one call (recovered as ``recovery`` says if it breaks) and
+    returning its text."""
 
     @app.agent(name="streamer")
     async def stream(run: perdure.Run) -> str:
         client = make_client("chat", server)
         try:
             reply = await run.model(client, model="gpt-4o", messages=[Message.user("Go")],
-                                    stream=True, flush=FlushPolicy(interval=0.03,
-                                                                   max_tokens=1000))
+                                    stream=True, recovery=recovery,
+                                    flush=FlushPolicy(interval=0.03, max_tokens=1000))
         finally:
             await client.aclose()
         return reply.text
@@ -122,6 +123,34 @@ def test_a_follower_sees_a_broken_stream_once_with_its_recovery(
     resumed = list(app.handle("f-1").stream(events[cut - 1].seq, timeout=TIMEOUT))
     assert text_of(events[:cut]) + text_of(resumed) == result
     assert [e.seq for e in events[cut:]] == [e.seq for e in resumed]
+
+
+@pytest.mark.parametrize("recovery", ["restart", "surface"])
+def test_after_a_restart_or_a_surface_the_marker_says_what_the_text_is(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, recovery: str) -> None:
+    """``restart``: the batches after the marker are the whole reply; ``surface``: none
+    follow it, and the batches before it are the reply. Each record once; a follower
+    whose ``stop`` is set ends."""
+    app = make_app()
+    server.script(ScriptedReply(text=TEXT, chunk_chars=4, chunk_delay=CHUNK_DELAY,
+                                drop_after=10), ScriptedReply(text=TEXT, chunk_chars=4))
+    streamer(app, server, recovery)
+    handle = app.start("streamer", object_id="f-5")
+    with app.background_worker():
+        result = handle.result(timeout=TIMEOUT)
+    events = list(make_app().handle("f-5").stream(timeout=TIMEOUT))
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs)) and events[-1].ended
+    [marker] = [i for i, e in enumerate(events) if e.kind == "model_recovered"]
+    assert events[marker].recovery == recovery
+    before, after = text_of(events[:marker]), text_of(events[marker:])
+    if recovery == "restart":
+        assert before == TEXT[:40] and after == result == TEXT
+    else:
+        assert before == result == TEXT[:40] and after == ""
+    stop = threading.Event()
+    stop.set()
+    assert [e.seq for e in handle.stream(stop=stop)] == seqs  # one read, then it stops
 
 
 def test_a_follower_stops_at_the_reply_and_the_async_one_matches(
