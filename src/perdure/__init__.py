@@ -50,6 +50,7 @@ from perdure.errors import (
     StoreError,
     UnknownAgentError,
 )
+from perdure.follow import StreamEvent
 from perdure.handle import Handle, ObjectInfo
 from perdure.stores.base import Store
 
@@ -108,6 +109,7 @@ __all__ = [
     "Store",
     "StoreCorruptError",
     "StoreError",
+    "StreamEvent",
     "SyncChildHandle",
     "SyncRun",
     "UnknownAgentError",

@@ -472,10 +472,11 @@ class App:
         note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)
 
-    def history(self, object_id: str) -> builtins.list[Record]:
-        """The object's memory, in order; ``RecordDecodeError`` if a record is damaged."""
-        self.get(object_id)
-        return self.store.records(object_id)
+    def history(self, object_id: str, *, after: int = 0) -> builtins.list[Record]:
+        """The object's memory, in order (only its records after seq ``after``, if
+        given); ``RecordDecodeError`` if a record is damaged."""
+        self.get(object_id, explain=False)
+        return self.store.records(object_id, after_seq=after)
 
     def usage(self, object_id: str, *, lineage: bool = False) -> UsageTotals:
         """What the object's model calls (``run.model``) used and cost, from its memory;

@@ -25,6 +25,7 @@ from rich.text import Text
 from perdure import __version__
 from perdure import inspect as view
 from perdure._cli_keys import keys
+from perdure._cli_tail import tail
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
 from perdure.app import App
@@ -602,6 +603,7 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
 
 
 cli.add_command(keys)
+cli.add_command(tail)
 
 
 @cli.command()

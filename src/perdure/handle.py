@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,7 @@ from perdure.errors import (
     AgentParkedError,
     ResultTimeoutError,
 )
+from perdure.follow import StreamEvent, Until, afollow, follow
 from perdure.stores.base import ObjectRow
 
 if TYPE_CHECKING:
@@ -150,6 +153,26 @@ class Handle:
             str(error.get("type", "unknown")),
             str(error.get("message", body.get("reason", ""))),
         )
+
+    def stream(self, after: int = 0, *, until: Until = "end", every: bool = False,
+               timeout: float | None = None, poll: float = 0.05,
+               stop: threading.Event | None = None) -> Iterator[StreamEvent]:
+        """Follow the object's memory as it is written, from any process: each model
+        record after seq ``after`` once, in order (a streamed call's ``model_chunks``
+        batches, a ``model_recovered`` marker where a crash cut a stream short, each
+        call's outcome), then the terminal record. ``every=True`` yields every record;
+        ``until="reply"`` stops after the first call's outcome; ``stop`` ends it when
+        set; past ``timeout`` seconds it raises ``ResultTimeoutError``. To go on after a
+        break, pass the last event's ``seq`` as ``after``. See ``perdure.follow``."""
+        return follow(self.app, self.object_id, after, until=until, every=every,
+                      timeout=timeout, poll=poll, stop=stop)
+
+    def astream(self, after: int = 0, *, until: Until = "end", every: bool = False,
+                timeout: float | None = None, poll: float = 0.05
+                ) -> AsyncIterator[StreamEvent]:
+        """``stream`` as an async iterator (``async for event in handle.astream()``)."""
+        return afollow(self.app, self.object_id, after, until=until, every=every,
+                       timeout=timeout, poll=poll)
 
     def pause(self) -> None:
         """See ``App.pause``."""

@@ -1,0 +1,170 @@
+"""Following an object's memory from outside it: a model call's stream as it arrives.
+
+``Handle.stream`` (and ``Handle.astream``) poll the object's memory through
+``App.history(..., after=seq)`` and yield one ``StreamEvent`` per record, in order:
+each record once, so each journaled chunk once. A follower that starts mid-stream first
+gets the batches already journaled, then the new ones; one that reconnects passes the
+``seq`` of the last event it saw as ``after`` and goes on without a duplicate. A stream
+cut short by a crash shows as its batches, then the ``model_recovered`` record saying
+what was done with them (``continue``: the next attempt's chunks go on from that text;
+``restart``: they start again; ``surface``: none follow), then the next attempt.
+
+Chunks a killed worker had not yet journaled are in no record: nobody sees them, and a
+continued call goes on from what memory holds, so the text a follower collects is the
+text of the reply (on Anthropic the reply joins the salvage with its trailing
+whitespace cut, as prefill requires). Pure reads: nothing here writes to memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from perdure.core.records import Kind, Record
+from perdure.errors import ResultTimeoutError
+
+if TYPE_CHECKING:
+    from perdure.app import App
+
+__all__ = ["MODEL_KINDS", "StreamEvent", "Until", "afollow", "follow"]
+
+Until = Literal["end", "reply"]
+"""When a follower stops: when the object ends (``end``), or when a model call has its
+reply or gave up (``reply``); always when the object ends."""
+
+MODEL_KINDS = frozenset({Kind.MODEL_CALL.value, Kind.MODEL_FAILED.value,
+                         Kind.MODEL_CHUNKS.value, Kind.MODEL_RECOVERED.value})
+"""The record kinds of model calls, which a follower yields by default."""
+
+_TERMINATED = Kind.TERMINATED.value
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One record of the followed object, as a follower sees it.
+
+    ``seq`` is the record's position in memory (pass it as ``after`` to go on after
+    it); ``kind`` the record's kind. For a model record ``pos``, ``name`` and
+    ``attempt`` name the call and its attempt; a ``model_chunks`` batch has its chunks'
+    JSON forms in ``chunks`` and their text joined in ``text``; a ``model_recovered``
+    record has ``recovery`` (``continue``, ``restart`` or ``surface``). ``record`` is the
+    whole record.
+    """
+
+    seq: int
+    kind: str
+    record: Record = field(repr=False)
+    pos: int | str | None = None
+    name: str | None = None
+    attempt: int | None = None
+    text: str = ""
+    chunks: tuple[dict[str, Any], ...] = ()
+    recovery: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        """True for the object's terminal record: nothing follows it."""
+        return self.kind == _TERMINATED
+
+    @property
+    def completes(self) -> bool:
+        """True for a model call's outcome: its reply, or its final failed attempt."""
+        return self.kind == Kind.MODEL_CALL.value or (
+            self.kind == Kind.MODEL_FAILED.value and bool(self.record.body.get("final")))
+
+
+def event_of(record: Record) -> StreamEvent:
+    """``record`` as a ``StreamEvent``."""
+    body = record.body
+    if record.kind not in MODEL_KINDS:
+        return StreamEvent(record.seq, record.kind, record)
+    attempt = body.get("attempt")
+    event = StreamEvent(record.seq, record.kind, record, body.get("pos"),
+                        body.get("name"), int(attempt) if attempt is not None else None)
+    if record.kind == Kind.MODEL_CHUNKS.value:
+        chunks = tuple(dict(c) for c in body.get("chunks", ()))
+        text = "".join(str(c.get("text") or "") for c in chunks)
+        return StreamEvent(event.seq, event.kind, record, event.pos, event.name,
+                           event.attempt, text, chunks)
+    if record.kind == Kind.MODEL_RECOVERED.value:
+        return StreamEvent(event.seq, event.kind, record, event.pos, event.name,
+                           event.attempt, recovery=str(body.get("recovery")))
+    return event
+
+
+class _Cursor:
+    """Where a follower is, and whether it has reached its end."""
+
+    def __init__(self, after: int, until: Until, every: bool,
+                 timeout: float | None) -> None:
+        self.after = after
+        self.until = until
+        self.every = every
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.done = False
+
+    def take(self, records: list[Record]) -> list[StreamEvent]:
+        """The events of ``records`` this follower yields, in order (notes its end)."""
+        events = []
+        for record in records:
+            if self.done:
+                break
+            self.after = record.seq
+            event = event_of(record)
+            if self.every or event.kind in MODEL_KINDS or event.ended:
+                events.append(event)
+            if event.ended or (self.until == "reply" and event.completes):
+                self.done = True
+        return events
+
+    def wait(self, object_id: str, poll: float) -> float:
+        """How long to sleep before the next poll; ``ResultTimeoutError`` past the
+        deadline."""
+        if self.deadline is None:
+            return poll
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise ResultTimeoutError(
+                f"object {object_id!r} is still running after its follower's timeout; "
+                f"follow again with after={self.after}")
+        return min(poll, left)
+
+
+def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
+           every: bool = False, timeout: float | None = None, poll: float = 0.05,
+           stop: threading.Event | None = None) -> Iterator[StreamEvent]:
+    """Yield the object's records after ``after`` as ``StreamEvent``s while they are
+    written: its model records and its terminal record, or every record with
+    ``every=True``. Ends after the terminal record (or, with ``until="reply"``, after a
+    call's outcome), when ``stop`` is set, or raises ``ResultTimeoutError`` once
+    ``timeout`` seconds have gone by. ``ObjectNotFoundError`` if there is no such
+    object."""
+    cursor = _Cursor(after, until, every, timeout)
+    while True:
+        yield from cursor.take(app.history(object_id, after=cursor.after))
+        if cursor.done or (stop is not None and stop.is_set()):
+            return
+        pause = cursor.wait(object_id, poll)
+        if stop is not None:
+            stop.wait(pause)
+        else:
+            time.sleep(pause)
+
+
+async def afollow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
+                  every: bool = False, timeout: float | None = None,
+                  poll: float = 0.05) -> AsyncIterator[StreamEvent]:
+    """``follow`` as an async iterator: memory is read in a thread, so the event loop
+    goes on meanwhile."""
+    cursor = _Cursor(after, until, every, timeout)
+    while True:
+        records = await asyncio.to_thread(app.history, object_id, after=cursor.after)
+        for event in cursor.take(records):
+            yield event
+        if cursor.done:
+            return
+        await asyncio.sleep(cursor.wait(object_id, poll))
