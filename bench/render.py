@@ -311,6 +311,8 @@ def history_table(report: dict[str, Any]) -> str:
 
 def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
+    from bench.render_model import conversation_table, stream_table
+
     parts = []
     for title, table in (("Durable steps", steps_table(report)),
                          ("Steps: perdure and peers", peers_steps_table(report)),
@@ -320,6 +322,9 @@ def render(report: dict[str, Any]) -> str:
                          ("Crash recovery", recovery_table(report)),
                          ("Resume cost and storage versus history length",
                           history_table(report)),
+                         ("Model calls: storage of a conversation",
+                          conversation_table(report)),
+                         ("Model calls: the stream journal's cost", stream_table(report)),
                          ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")
