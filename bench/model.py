@@ -9,7 +9,9 @@ Against the scripted local model server (``perdure.llm.scripted``), through the 
   bytes (the SQLite file after a WAL checkpoint), the bytes of the object's record
   bodies, the bytes of the conversation's unique messages (each message's JSON form
   once), both per turn, and ``records_to_unique``, the record bytes over the unique
-  message bytes, against the bound of 2 (PASS/FAIL). Beside it, LangGraph's
+  message bytes, against the bound of 2 (PASS/FAIL). The agent returns only a digest
+  of its messages (checked against the expected conversation), so its result record
+  does not hold the conversation a second time. Beside it, LangGraph's
   ``SqliteSaver`` holding the same conversation through a ``StateGraph`` with an
   appending ``messages`` state (``bench/peers/langgraph_model.py``, in a process of its
   own; "n/a" when LangGraph is not installed), and the ratio of its store bytes to
@@ -29,6 +31,7 @@ Against the scripted local model server (``perdure.llm.scripted``), through the 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import statistics
 import subprocess
@@ -64,7 +67,7 @@ def _register_conversation(app: perdure.App) -> None:
     from perdure.llm import ChatCompletionsClient, Message
 
     @app.agent(name="conversation")
-    async def conversation(run: perdure.Run, base_url: str, turns: int) -> list[Any]:
+    async def conversation(run: perdure.Run, base_url: str, turns: int) -> str:
         client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "bench")
         messages = [Message.system(SYSTEM)]
         try:
@@ -74,11 +77,27 @@ def _register_conversation(app: perdure.App) -> None:
                 messages.append(reply.message())
         finally:
             await client.aclose()
-        return [m.to_json() for m in messages]
+        # Only a digest: a result holding the messages would store them a second time.
+        return _digest([m.to_json() for m in messages])
 
 
 def _canonical(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _digest(messages: list[Any]) -> str:
+    return hashlib.sha256(_canonical(messages)).hexdigest()
+
+
+def expected_messages(turns: int) -> list[Any]:
+    """The JSON forms of the conversation's messages after ``turns`` turns."""
+    from perdure.llm import Message
+
+    out = [Message.system(SYSTEM).to_json()]
+    for i in range(turns):
+        out += [Message.user(user_text(i)).to_json(),
+                Message.assistant(f"echo: {user_text(i)}").to_json()]
+    return out
 
 
 def perdure_conversation(folder: Path, turns: int, base_url: str) -> dict[str, Any]:
@@ -89,13 +108,16 @@ def perdure_conversation(folder: Path, turns: int, base_url: str) -> dict[str, A
         began = time.perf_counter()
         handle = app.start("conversation", base_url, turns, object_id=f"conversation-{turns}")
         with app.background_worker(concurrency=1):
-            messages = handle.result(timeout=600)
+            digest = handle.result(timeout=600)
         took = time.perf_counter() - began
         records = list(app.history(f"conversation-{turns}"))
         record_bytes = sum(len(r.body_bytes) for r in records)
         model_bytes = sum(len(r.body_bytes) for r in records if r.kind.startswith("model_"))
     finally:
         app.close()
+    messages = expected_messages(turns)
+    if digest != _digest(messages):
+        raise RuntimeError("the conversation is not the one the benchmark expects")
     unique = {_canonical(m) for m in messages}
     unique_bytes = sum(len(u) for u in unique)
     size = storage.sqlite_bytes(folder / "conversation.db")
