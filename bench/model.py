@@ -26,6 +26,9 @@ Against the scripted local model server (``perdure.llm.scripted``), through the 
   plain SDK's rate, against the target of at most 5% (PASS/FAIL). A third reader,
   perdure's ``ChatCompletionsClient.stream`` without ``run.model`` (no journal), shows
   how much of the difference is the client's own parsing and how much the journal.
+  ``stream_paced``: the same with the server waiting 1 ms before each token (a stream
+  of at most 1,000 tokens per second, still faster than hosted models), where the
+  journal's commits overlap the wait for the next chunk.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ from bench.model_conversation import SYSTEM, user_text
 __all__ = ["FULL", "QUICK", "STREAM_TARGET_PCT", "UNIQUE_BOUND", "conversation", "measure",
            "stream_overhead"]
 
-QUICK = {"turns": [10, 30], "stream_tokens": 500, "stream_rounds": 2}
-FULL = {"turns": [10, 100, 200], "stream_tokens": 2000, "stream_rounds": 7}
+QUICK = {"turns": [10, 30], "stream_tokens": 500, "stream_rounds": 2, "paced_s": 0.001}
+# paced_s: a second stream figure with the server waiting this long before each token
+# (at most 1,000 tokens per second, faster than hosted models stream).
+FULL = {"turns": [10, 100, 200], "stream_tokens": 2000, "stream_rounds": 7, "paced_s": 0.001}
 UNIQUE_BOUND = 2.0  # a conversation's records hold at most twice its unique messages
 STREAM_TARGET_PCT = 5.0  # the stream journal costs at most 5% of tokens per second
 _LONG = "The river bent twice before the mill, and each bend had a name of its own. "
@@ -242,11 +247,16 @@ def _journaled_batches(app: perdure.App, oid: str) -> int:
     return sum(1 for r in app.history(oid) if r.kind == "model_chunks")
 
 
-def stream_overhead(folder: Path, sizes: dict[str, Any]) -> dict[str, Any]:
-    """Tokens per second of a long stream: plain SDK against ``run.model(stream=True)``."""
+def stream_overhead(folder: Path, sizes: dict[str, Any], pace: float = 0.0
+                    ) -> dict[str, Any]:
+    """Tokens per second of a long stream: plain SDK against ``run.model(stream=True)``.
+
+    ``pace``: seconds the server waits before each chunk (one token), 0 for none.
+    """
     tokens, rounds = int(sizes["stream_tokens"]), int(sizes["stream_rounds"])
     text = (_LONG * (tokens * 4 // len(_LONG) + 1))[:tokens * 4]
-    reply = {"reply": {"text": text, "chunk_chars": 4, "output_tokens": tokens}}
+    reply = {"reply": {"text": text, "chunk_chars": 4, "output_tokens": tokens,
+                       "chunk_delay": pace}}
     plain: list[float] = []
     unjournaled: list[float] = []
     journaled: list[float] = []
@@ -278,7 +288,7 @@ def stream_overhead(folder: Path, sizes: dict[str, Any]) -> dict[str, Any]:
         app.close()
     p, j = statistics.median(plain), statistics.median(journaled)
     overhead = (p - j) / p * 100
-    return {"tokens": tokens, "chunks": len(text) // 4, "rounds": rounds,
+    return {"tokens": tokens, "chunks": len(text) // 4, "rounds": rounds, "pace_s": pace,
             "plain_sdk_tokens_per_s": p, "run_model_tokens_per_s": j,
             "client_tokens_per_s": statistics.median(unjournaled),
             "plain_sdk_runs": plain, "client_runs": unjournaled, "run_model_runs": journaled,
@@ -295,4 +305,9 @@ def measure(folder: Path, sizes: dict[str, Any], with_peers: bool = True) -> dic
     t0 = time.monotonic()
     out["stream"] = stream_overhead(folder / "stream", sizes)
     progress(f"model stream: {time.monotonic() - t0:.1f} s")
+    if sizes.get("paced_s"):
+        t0 = time.monotonic()
+        out["stream_paced"] = stream_overhead(folder / "stream_paced", sizes,
+                                              float(sizes["paced_s"]))
+        progress(f"model stream, paced: {time.monotonic() - t0:.1f} s")
     return out

@@ -33,13 +33,18 @@ def conversation_table(report: dict[str, Any]) -> str:
 
 def stream_table(report: dict[str, Any]) -> str:
     """Tokens per second of one long stream: plain SDK, perdure's client, ``run.model``."""
-    got = (report.get("model") or {}).get("stream")
-    if not got:
+    model = report.get("model") or {}
+    rows = [_stream_row(model[k]) for k in ("stream", "stream_paced") if k in model]
+    if not rows:
         return ""
-    row = [f"{got['tokens']:,} tokens, {got['chunks']:,} chunks, {got['rounds']} rounds",
+    return _table(["stream", "plain openai SDK tokens/s", "perdure client, no journal",
+                   "run.model(stream=True)", "journal batches", "overhead vs plain SDK"],
+                  rows)
+
+
+def _stream_row(got: dict[str, Any]) -> list[str]:
+    pace = f", {got['pace_s'] * 1000:g} ms per token" if got.get("pace_s") else ", no pacing"
+    return [f"{got['tokens']:,} tokens{pace}, {got['rounds']} rounds",
            _num(got["plain_sdk_tokens_per_s"]), _num(got["client_tokens_per_s"]),
            _num(got["run_model_tokens_per_s"]), _num(got["batches_per_stream"]),
            f"{got['overhead_pct']:.1f}% ({got['verdict']}, target ≤ {got['target_pct']:g}%)"]
-    return _table(["stream", "plain openai SDK tokens/s", "perdure client, no journal",
-                   "run.model(stream=True)", "journal batches", "overhead vs plain SDK"],
-                  [row])

@@ -47,11 +47,13 @@ def test_model_bench_quick_prints_every_figure(tmp_path: Path) -> None:
             assert peer["messages"] == got["unique_messages"]
             assert peer["store_bytes_per_turn"] > 0
             assert got["langgraph_to_perdure_store"] > 0
-    stream = report["model"]["stream"]
-    for figure in ("plain_sdk_tokens_per_s", "client_tokens_per_s", "run_model_tokens_per_s",
-                   "batches_per_stream"):
-        assert stream[figure] > 0, figure
-    assert stream["verdict"] in ("PASS", "FAIL")
+    for key in ("stream", "stream_paced"):
+        stream = report["model"][key]
+        for figure in ("plain_sdk_tokens_per_s", "client_tokens_per_s",
+                       "run_model_tokens_per_s", "batches_per_stream"):
+            assert stream[figure] > 0, figure
+        assert stream["verdict"] in ("PASS", "FAIL")
+    assert report["model"]["stream_paced"]["pace_s"] > 0
     from bench.render import render
 
     tables = render(report)
