@@ -217,6 +217,9 @@ def seconds_table(report: dict[str, Any]) -> str:
             rows.append([f"perdure, {b['store']}",
                          ", ".join(f"{p} {s:g} s" for p, s in b["seconds"].items()),
                          f"{sum(b['seconds'].values()):.0f} s"])
+    if (model := report.get("model") or {}).get("seconds"):
+        rows.append(["perdure model calls, SQLite FULL (and LangGraph)",
+                     f"model {model['seconds']:g} s", f"{model['seconds']:.0f} s"])
     for peer in report.get("peers", {}).values():
         if peer.get("seconds"):
             rows.append([peer["label"],
