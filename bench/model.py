@@ -53,10 +53,12 @@ from bench.model_conversation import SYSTEM, user_text
 __all__ = ["FULL", "QUICK", "STREAM_TARGET_PCT", "UNIQUE_BOUND", "conversation", "measure",
            "stream_overhead"]
 
-QUICK = {"turns": [10, 30], "stream_tokens": 500, "stream_rounds": 2, "paced_s": 0.001}
+QUICK = {"turns": [10, 30], "stream_tokens": 500, "stream_rounds": 2, "paced_s": 0.001,
+         "paced_rounds": 1}
 # paced_s: a second stream figure with the server waiting this long before each token
 # (at most 1,000 tokens per second, faster than hosted models stream).
-FULL = {"turns": [10, 100, 200], "stream_tokens": 2000, "stream_rounds": 7, "paced_s": 0.001}
+FULL = {"turns": [10, 100, 200], "stream_tokens": 2000, "stream_rounds": 7, "paced_s": 0.001,
+        "paced_rounds": 3}
 UNIQUE_BOUND = 2.0  # a conversation's records hold at most twice its unique messages
 STREAM_TARGET_PCT = 5.0  # the stream journal costs at most 5% of tokens per second
 _LONG = "The river bent twice before the mill, and each bend had a name of its own. "
@@ -307,7 +309,8 @@ def measure(folder: Path, sizes: dict[str, Any], with_peers: bool = True) -> dic
     progress(f"model stream: {time.monotonic() - t0:.1f} s")
     if sizes.get("paced_s"):
         t0 = time.monotonic()
-        out["stream_paced"] = stream_overhead(folder / "stream_paced", sizes,
+        paced = {**sizes, "stream_rounds": sizes.get("paced_rounds", sizes["stream_rounds"])}
+        out["stream_paced"] = stream_overhead(folder / "stream_paced", paced,
                                               float(sizes["paced_s"]))
         progress(f"model stream, paced: {time.monotonic() - t0:.1f} s")
     return out
