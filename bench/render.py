@@ -217,6 +217,9 @@ def seconds_table(report: dict[str, Any]) -> str:
             rows.append([f"perdure, {b['store']}",
                          ", ".join(f"{p} {s:g} s" for p, s in b["seconds"].items()),
                          f"{sum(b['seconds'].values()):.0f} s"])
+    if (model := report.get("model") or {}).get("seconds"):
+        rows.append(["perdure model calls, SQLite FULL (and LangGraph)",
+                     f"model {model['seconds']:g} s", f"{model['seconds']:.0f} s"])
     for peer in report.get("peers", {}).values():
         if peer.get("seconds"):
             rows.append([peer["label"],
@@ -311,6 +314,8 @@ def history_table(report: dict[str, Any]) -> str:
 
 def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
+    from bench.render_model import conversation_table, stream_table
+
     parts = []
     for title, table in (("Durable steps", steps_table(report)),
                          ("Steps: perdure and peers", peers_steps_table(report)),
@@ -320,6 +325,9 @@ def render(report: dict[str, Any]) -> str:
                          ("Crash recovery", recovery_table(report)),
                          ("Resume cost and storage versus history length",
                           history_table(report)),
+                         ("Model calls: storage of a conversation",
+                          conversation_table(report)),
+                         ("Model calls: the stream journal's cost", stream_table(report)),
                          ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")

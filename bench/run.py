@@ -12,7 +12,11 @@ and PostgreSQL:
 * ``recovery``: a 200-step object SIGKILLed at step 100 and resumed by a fresh process
   (``bench/recovery.py``);
 * ``history``: resume cost and storage bytes per step at 10, 1,000 and 10,000 recorded
-  steps (``bench/resume.py``, ``bench/storage.py``).
+  steps (``bench/resume.py``, ``bench/storage.py``);
+* ``model``: model calls against the scripted local server, on SQLite only: bytes per
+  turn of a 10, 100 and 200-turn conversation beside LangGraph's ``SqliteSaver``, and the
+  stream journal's cost in tokens per second against a plain SDK client
+  (``bench/model.py``; needs ``perdure[llm]``, else "n/a").
 
 Then the peers, DBOS and LangGraph, on the same workloads where they can do them
 (``bench/peers``; ``--no-peers`` leaves them out; not installed: "n/a").
@@ -36,7 +40,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, peers, recovery, resume, steps, wake
+from bench import claims, model, peers, recovery, resume, steps, wake
 from bench.common import (
     Backend,
     fresh_database,
@@ -47,7 +51,7 @@ from bench.common import (
     progress,
 )
 
-PARTS = ("steps", "wake", "claims", "recovery", "history")
+PARTS = ("steps", "wake", "claims", "recovery", "history", "model")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -57,6 +61,7 @@ QUICK = {
                "repeats": 1},
     "recovery": recovery.QUICK,
     "history": resume.QUICK,
+    "model": model.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -68,6 +73,7 @@ FULL = {
                "repeats": 1},
     "recovery": recovery.FULL,
     "history": resume.FULL,
+    "model": model.FULL,
 }
 
 
@@ -108,6 +114,18 @@ def measure_recovery(backend: Backend, folder: Path, sizes: dict[str, Any], admi
     """The crash-recovery figures on a fresh database."""
     with fresh_database(backend, folder, admin_url) as db:
         return recovery.crash_recovery(db, folder, sizes)
+
+
+def measure_model(folder: Path, sizes: dict[str, Any], with_peers: bool) -> dict[str, Any]:
+    """The model-call figures (SQLite, whatever the backends), or n/a without the SDKs."""
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        return {"na": "openai not installed (pip install 'perdure[llm]')"}
+    t0 = time.monotonic()
+    got = model.measure(folder, sizes, with_peers)
+    got["seconds"] = round(time.monotonic() - t0, 1)
+    return got
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                 figures.update(timed("history", resume.measure, backend, here / "history",
                                      sizes["history"], args.pg))
             report["backends"][backend.name] = figures
+        if "model" in parts:
+            report["model"] = measure_model(run_dir / "model", sizes["model"],
+                                            not args.no_peers)
         if not args.no_peers:
             report["peers"] = peers.measure(parts, sizes, backends, run_dir / "peers", args.pg)
         report["loadavg_at_end"] = loadavg()

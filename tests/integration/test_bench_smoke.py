@@ -83,7 +83,11 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
     packages; ``test_peers_quick_print_figures_or_na`` covers them.
     """
     report = _run([sys.executable, "-m", "bench", "--no-peers"], tmp_path)
-    assert report["parts"] == ["steps", "wake", "claims", "recovery", "history"]
+    assert report["parts"] == ["steps", "wake", "claims", "recovery", "history", "model"]
+    # model calls run once, on SQLite, whatever the backends (test_bench_model_smoke.py)
+    if "na" not in report["model"]:
+        assert report["model"]["stream"]["run_model_tokens_per_s"] > 0
+        assert "langgraph" not in report["model"]["conversation"]["10"]
     assert "peers" not in report
     for name, figures in report["backends"].items():
         _check_steps(figures)
@@ -110,12 +114,12 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
             assert got["ms_claim_to_next_step"] > 0 and got["store_bytes"] > 0
             assert got["chain_verified"] is True
         assert any(k.startswith("marginal") for k in figures["storage"]["perdure"])
-        assert set(figures["seconds"]) == set(report["parts"])
+        assert set(figures["seconds"]) == set(report["parts"]) - {"model"}
     from bench.render import render
 
     tables = render(report)
     for title in ("Durable steps", "Wake latency", "Claim throughput", "Crash recovery",
-                  "Resume cost and storage"):
+                  "Resume cost and storage", "Model calls"):
         assert title in tables
 
 
