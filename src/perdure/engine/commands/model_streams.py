@@ -65,6 +65,7 @@ LOST = "the worker was lost mid-stream"
 _MODEL_CHUNKS = Kind.MODEL_CHUNKS.value
 _MODEL_RECOVERED = Kind.MODEL_RECOVERED.value
 _END = object()  # the stream ended: its reply came
+_TICK = object()  # a pending batch came due while no chunk arrived
 
 
 def salvage_of(recs: Sequence[Record], attempt: int) -> Salvage | None:
@@ -236,17 +237,26 @@ class _Batches:
 
         task = asyncio.create_task(pump())
         reply: ModelReply | None = None
+        loop = asyncio.get_running_loop()
+        # One timer per pending batch (not a timed wait per chunk, which costs more than
+        # the chunk): it drops a tick in the queue when the batch comes due.
+        timer: asyncio.TimerHandle | None = None
+        timed: float | None = None  # the deadline the timer is set for
         try:
             while reply is None:
                 deadline = self.batcher.deadline
-                try:
-                    if deadline is None:
-                        item = await queue.get()
-                    else:
-                        item = await asyncio.wait_for(queue.get(),
-                                                      max(0.0, deadline - monotonic()))
-                except TimeoutError:  # a stalled stream: its batch is due
-                    await self.flush(self.batcher.take())
+                if deadline != timed:
+                    if timer is not None:
+                        timer.cancel()
+                    timer = None if deadline is None else loop.call_later(
+                        max(0.0, deadline - monotonic()), queue.put_nowait, _TICK)
+                    timed = deadline
+                item = queue.get_nowait() if not queue.empty() else await queue.get()
+                if item is _TICK:  # a stalled stream: its batch is due
+                    timed = None
+                    due = self.batcher.deadline
+                    if due is not None and monotonic() >= due:
+                        await self.flush(self.batcher.take())
                     continue
                 if isinstance(item, StreamChunk):
                     self.count += 1
@@ -261,6 +271,8 @@ class _Batches:
                         "the stream ended without a reply"), model=sent.model,
                         provider=self.route.client.provider)
         finally:
+            if timer is not None:
+                timer.cancel()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
