@@ -639,8 +639,17 @@ def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
               help="Folder for the demo's store, keys and input files.")
 @click.option("--fresh", is_flag=True,
               help="Delete the demo folder first (only a folder an earlier demo made).")
-def demo(folder: str, fresh: bool) -> None:
+@click.option("--llm", is_flag=True,
+              help="The model-call demo: a stream killed mid-way and continued from its "
+                   "salvaged text (offline, or OPENAI_BASE_URL/OPENAI_API_KEY when set).")
+@click.option("--model", default=None,
+              help="With --llm: the model to ask (default OPENAI_MODEL, else gpt-4o-mini).")
+def demo(folder: str, fresh: bool, llm: bool, model: str | None) -> None:
     """Run the crash-and-resume demo end to end on an embedded SQLite store."""
+    if llm:
+        from perdure.demo.llm_story import run_llm_demo
+
+        sys.exit(run_llm_demo(folder, fresh=fresh, model=model, console=out))
     from perdure.demo import run_demo
 
     sys.exit(run_demo(folder, fresh=fresh, console=out))

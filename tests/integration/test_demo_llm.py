@@ -1,0 +1,66 @@
+"""``perdure demo --llm`` end to end: the scripted model server, a worker SIGKILLed
+mid-stream, a second worker continuing the draft from the salvaged text."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openai")
+
+import perdure
+from perdure.core.records import Kind
+from perdure.demo.llm_agent import DRAFT
+
+
+def _offline_env() -> dict[str, str]:
+    """The environment without settings that could point the demo elsewhere."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("PERDURE_", "OPENAI_"))}
+
+
+def test_llm_demo_continues_a_killed_stream_from_its_salvage(tmp_path: Path) -> None:
+    """Exit 0; the draft was salvaged, continued (recorded) and joined whole; the ledger
+    is in ``perdure show``; memory verifies."""
+    folder = tmp_path / "demo"
+    env = _offline_env()
+    proc = subprocess.run(
+        [sys.executable, "-m", "perdure", "demo", "--llm", "--dir", str(folder), "--fresh"],
+        capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    for line in ("scripted local model server", "Kill worker A with SIGKILL",
+                 "memory holds", "recorded the recovery: continue",
+                 "continuation request", "joined draft", "model calls: 3, 1 failed",
+                 "verify ok", "llm demo passed"):
+        assert line in output, (line, output)
+
+    app = perdure.App(store=f"sqlite:///{folder / 'demo.db'}", key_dir=folder / "keys")
+    try:
+        records = app.history("llm-demo-1")
+        calls = [r.body for r in records if r.kind == Kind.MODEL_CALL]
+        assert [c["name"] for c in calls] == ["outline", "draft", "summary"]
+        [recovered] = [r.body for r in records if r.kind == Kind.MODEL_RECOVERED]
+        assert recovered["recovery"] == "continue" and recovered["chars"] > 0
+        assert {r.node_id for r in records if r.kind == Kind.MODEL_CALL} == {
+            "demo-node-a", "demo-node-b"}
+        assert records[-1].kind == Kind.TERMINATED
+        assert records[-1].body["result"]["draft"] == DRAFT
+        assert app.verify("llm-demo-1").ok
+        assert app.usage("llm-demo-1").calls == 3
+    finally:
+        app.close()
+
+    show = subprocess.run(
+        [sys.executable, "-m", "perdure", "--store", f"sqlite:///{folder / 'demo.db'}",
+         "--key-dir", str(folder / "keys"), "show", "llm-demo-1"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path,
+    )
+    assert show.returncode == 0, show.stdout + show.stderr
+    assert "model calls: 3" in show.stdout
+    assert "model_recovered" in show.stdout  # the recovery, in the memory table
