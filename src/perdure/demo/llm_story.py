@@ -121,6 +121,9 @@ class _LlmStory:
         base_url = os.environ.get("OPENAI_BASE_URL")
         server = None
         if base_url:
+            if not os.environ.get("OPENAI_API_KEY"):
+                raise DemoError("OPENAI_BASE_URL is set but OPENAI_API_KEY is not: set it "
+                                "(any non-empty string for a server that needs no key)")
             console.print(f"endpoint {base_url} (OPENAI_BASE_URL), model {self.model}, "
                           "key from OPENAI_API_KEY")
         else:
