@@ -64,3 +64,16 @@ def test_llm_demo_continues_a_killed_stream_from_its_salvage(tmp_path: Path) -> 
     assert show.returncode == 0, show.stdout + show.stderr
     assert "model calls: 3" in show.stdout
     assert "model_recovered" in show.stdout  # the recovery, in the memory table
+
+
+def test_the_model_call_example_runs_offline_and_replays_from_memory(tmp_path: Path) -> None:
+    """``examples/model_call.py`` answers from the scripted server, prints the ledger, and
+    run again prints the same answer from memory."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "model_call.py"
+    runs = [subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                           timeout=90, env=_offline_env(), cwd=tmp_path) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "echo: Explain durable execution" in proc.stdout
+        assert "model calls: 2, 0 failed attempt(s)" in proc.stdout
+    assert runs[0].stdout == runs[1].stdout
