@@ -13,7 +13,7 @@ with the key in ``OPENAI_API_KEY`` (the key is read by the worker from its envir
 and never enters memory).
 
 ``perdure.demo.llm_agent:app`` is the App for worker processes; its folder comes from
-``PERDURE_DEMO_DIR`` (default ``demo-data``).
+``PERDURE_DEMO_DIR`` (default ``demo-llm``).
 """
 
 from __future__ import annotations
@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from perdure import App, Run
-from perdure.demo.agents import DEFAULT_DIR, DEMO_DIR_ENV, LEASE_SECONDS
+from perdure.demo.agents import DEMO_DIR_ENV, LEASE_SECONDS
 from perdure.llm import ChatCompletionsClient, Message, ModelParams, Price, PriceTable
 from perdure.llm.scripted import RecordedRequest, ScriptedReply, Step
 
-__all__ = ["DEMO_PRICE", "DRAFT", "LLM_AGENT", "OFFLINE_KEY", "OUTLINE", "SUMMARY", "TOPIC",
-           "app", "build_llm_app", "conversation", "draft_reply", "prompts"]
+__all__ = ["DEMO_PRICE", "DRAFT", "LLM_AGENT", "LLM_DEFAULT_DIR", "OFFLINE_KEY", "OUTLINE",
+           "SUMMARY", "TOPIC", "app", "build_llm_app", "conversation", "draft_reply", "prompts"]
 
 LLM_AGENT = "brief"
+LLM_DEFAULT_DIR = "demo-llm"
 TOPIC = "why durable execution matters for long-running AI agents"
 OFFLINE_KEY = "offline-demo"  # the scripted server takes any non-empty key
 DEMO_PRICE = Price("0.15", "0.60")
@@ -136,5 +137,5 @@ def build_llm_app(folder: str | Path, *, node_id: str | None = None) -> App:
     return demo_app
 
 
-app = build_llm_app(os.environ.get(DEMO_DIR_ENV) or DEFAULT_DIR)
+app = build_llm_app(os.environ.get(DEMO_DIR_ENV) or LLM_DEFAULT_DIR)
 """The LLM demo App for ``perdure --app perdure.demo.llm_agent:app worker``."""

@@ -21,14 +21,21 @@ from rich.console import Console
 from rich.markup import escape
 
 from perdure import Kind, Record
-from perdure.demo.agents import DEFAULT_DIR, LEASE_SECONDS
-from perdure.demo.llm_agent import DRAFT, LLM_AGENT, build_llm_app, conversation
+from perdure.demo.agents import LEASE_SECONDS
+from perdure.demo.llm_agent import (
+    DRAFT,
+    LLM_AGENT,
+    LLM_DEFAULT_DIR,
+    build_llm_app,
+    conversation,
+)
 from perdure.demo.story import DemoError, _prepare
 from perdure.demo.workers import WorkerProcess
 from perdure.errors import PerdureError
 from perdure.inspect import Narrator, describe, usage
 
-__all__ = ["DEFAULT_MODEL", "KILL_AFTER_BATCHES", "LLM_OBJECT_ID", "run_llm_demo"]
+__all__ = ["DEFAULT_MODEL", "KILL_AFTER_BATCHES", "LLM_DEFAULT_DIR", "LLM_OBJECT_ID",
+           "run_llm_demo"]
 
 LLM_OBJECT_ID = "llm-demo-1"
 KILL_AFTER_BATCHES = 3  # journaled batches of the draft before worker A is killed
@@ -237,7 +244,7 @@ class _LlmStory:
                       f"[yellow]{len(draft) - len(salvaged)}[/] chars")
 
 
-def run_llm_demo(folder: str | Path = DEFAULT_DIR, *, fresh: bool = False,
+def run_llm_demo(folder: str | Path = LLM_DEFAULT_DIR, *, fresh: bool = False,
                  model: str | None = None, console: Console | None = None) -> int:
     """Run the model-stream crash story in ``folder``; return 0 when all held.
 
