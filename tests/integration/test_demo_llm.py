@@ -78,3 +78,43 @@ def test_the_model_call_example_runs_offline_and_replays_from_memory(tmp_path: P
         assert "echo: Explain durable execution" in proc.stdout
         assert "model calls: 2, 0 failed attempt(s)" in proc.stdout
     assert runs[0].stdout == runs[1].stdout
+
+
+def test_llm_demo_uses_the_endpoint_in_openai_base_url(tmp_path: Path) -> None:
+    """With ``OPENAI_BASE_URL``/``OPENAI_API_KEY`` set, the demo asks that endpoint (here
+    a scripted server standing in for one) with that key and model, and still continues
+    the killed draft from its salvage."""
+    from perdure.llm.scripted import ScriptedReply, ScriptedServer
+
+    draft = "A draft long enough to be killed while it streams, then continued. " * 3
+    with ScriptedServer(ScriptedReply(text="1. one\n2. two"),
+                        ScriptedReply(text=draft, chunk_chars=4, chunk_delay=0.05),
+                        ScriptedReply(text=" [the rest]"),
+                        ScriptedReply(text="One line.")) as server:
+        env = {**_offline_env(), "OPENAI_BASE_URL": server.openai_base_url,
+               "OPENAI_API_KEY": "endpoint-key"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "perdure", "demo", "--llm", "--dir",
+             str(tmp_path / "demo"), "--model", "my-model"],
+            capture_output=True, text=True, timeout=90, env=env, cwd=tmp_path,
+        )
+        requests = server.requests
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "(OPENAI_BASE_URL), model my-model" in output
+    assert "recorded the recovery: continue" in output
+    assert "[the rest]" in output
+    assert {r.body["model"] for r in requests} == {"my-model"}
+    assert len({r.credential_sha256 for r in requests}) == 1
+    stored = b"".join(p.read_bytes() for p in (tmp_path / "demo").glob("demo.db*"))
+    assert stored and b"endpoint-key" not in stored
+
+
+def test_model_goes_only_with_llm(tmp_path: Path) -> None:
+    """``perdure demo --model M`` without ``--llm`` is refused, touching nothing."""
+    proc = subprocess.run([sys.executable, "-m", "perdure", "demo", "--model", "m"],
+                          capture_output=True, text=True, timeout=60, env=_offline_env(),
+                          cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "--model goes with --llm" in proc.stdout + proc.stderr
+    assert list(tmp_path.iterdir()) == []
