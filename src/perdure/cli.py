@@ -637,15 +637,28 @@ def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--dir", "folder", default="demo-data", show_default=True,
-              help="Folder for the demo's store, keys and input files.")
+@click.option("--dir", "folder", default=None,
+              help="Folder for the demo's store, keys and input files "
+                   "(default demo-data, or demo-llm with --llm).")
 @click.option("--fresh", is_flag=True,
               help="Delete the demo folder first (only a folder an earlier demo made).")
-def demo(folder: str, fresh: bool) -> None:
+@click.option("--llm", is_flag=True,
+              help="The model-call demo: a stream killed mid-way and continued from its "
+                   "salvaged text (offline, or OPENAI_BASE_URL/OPENAI_API_KEY when set).")
+@click.option("--model", default=None,
+              help="With --llm: the model to ask (default OPENAI_MODEL, else gpt-4o-mini).")
+def demo(folder: str | None, fresh: bool, llm: bool, model: str | None) -> None:
     """Run the crash-and-resume demo end to end on an embedded SQLite store."""
+    if llm:
+        from perdure.demo.llm_story import LLM_DEFAULT_DIR, run_llm_demo
+
+        sys.exit(run_llm_demo(folder or LLM_DEFAULT_DIR, fresh=fresh, model=model,
+                              console=out))
+    if model is not None:
+        _fail("--model goes with --llm")
     from perdure.demo import run_demo
 
-    sys.exit(run_demo(folder, fresh=fresh, console=out))
+    sys.exit(run_demo(folder or "demo-data", fresh=fresh, console=out))
 
 
 def main() -> None:

@@ -18,6 +18,11 @@ Where it lives: ``samples`` (the documents), ``agents`` (the agent, its steps an
 ``build_app``), ``workers`` (the worker processes it starts and kills) and ``story``
 (``run_demo``). It uses perdure only through its public names (``perdure``,
 ``perdure.inspect``, ``perdure.errors``), as a program of one's own would.
+
+``perdure demo --llm`` is the same story for a model call (``llm_agent``: an agent of
+three streamed ``run.model`` calls and the scripted model answering it; ``llm_story``:
+``run_llm_demo``, a worker killed mid-stream and the draft continued from its salvaged
+text); it needs ``perdure[llm]`` and is imported only when asked for.
 """
 
 from __future__ import annotations

@@ -17,14 +17,16 @@ __all__ = ["WorkerProcess"]
 class WorkerProcess:
     """A worker subprocess this demo started (and is the only one to stop)."""
 
-    def __init__(self, label: str, root: Path) -> None:
+    def __init__(self, label: str, root: Path, app_ref: str = "perdure.demo:app") -> None:
+        """Start ``perdure --app APP_REF worker`` in ``root`` (``app_ref`` defaults to the
+        review demo's App); its output goes to ``worker-<label>.log``."""
         self.label = label
         self.node_id = f"demo-node-{label.lower()}"
         self.log_path = root / f"worker-{label.lower()}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")}
         env[DEMO_DIR_ENV] = str(root)
         env["PYTHONUNBUFFERED"] = "1"
-        command = [sys.executable, "-m", "perdure", "--app", "perdure.demo:app",
+        command = [sys.executable, "-m", "perdure", "--app", app_ref,
                    "--node-id", self.node_id, "worker", "--concurrency", "4"]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(command, cwd=root, env=env, stdout=log,
