@@ -141,6 +141,8 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
         if kind == Kind.INTENT_REFINED:
             intent = Intent.from_body(rec.body["intent"])
             if "pos" not in rec.body:
+                if dormancy is not None and dormancy.reason == "budget":
+                    dormancy = None  # a model call's budget was refined: try it again
                 continue
         if kind == Kind.CHILD_FINISHED:
             finished.add(str(rec.body["child_id"]))

@@ -103,7 +103,8 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
                              ready_at=by_deadline(sus.ready_at, run.intent.deadline),
                              running=False, waiting_event=sus.waiting_event, release=True,
                              consume_event_ids=sus.consume_event_ids,
-                             requires=sus.requires, avoid_node=sus.avoid_node)
+                             requires=sus.requires, avoid_node=sus.avoid_node,
+                             note=sus.note)
         if node.hooks.active:
             node.hooks.emit(ObjectDormant(node.signer.node_id, oid, _suspended_for(sus),
                                           sus.ready_at))

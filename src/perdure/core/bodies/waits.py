@@ -82,6 +82,12 @@ class Dormant(Body):
         return cls(pos, "model", "retry", wake_at, name=name)
 
     @classmethod
+    def model_budget(cls, pos: Position, name: str) -> Dormant:
+        """Model call ``name`` would go over the budget: dormant until the intent is
+        refined (nothing but an event wakes it)."""
+        return cls(pos, "model", "budget", None, name=name)
+
+    @classmethod
     def wait(cls, pos: Position, event: str, wake_at: float | None) -> Dormant:
         """``run.wait_for(event)``, timing out at ``wake_at`` (``None``: never)."""
         return cls(pos, "wait", "event", wake_at, name=event, event=event)

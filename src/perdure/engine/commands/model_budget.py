@@ -1,0 +1,107 @@
+"""Budgets of ``run.model``: reserve before a call, settle by call, all from memory.
+
+An object's budget lives in its intent (``Intent.budget``: ``{"tokens", "cost"}``, set
+by ``App.start(..., budget=...)`` and changed by ``App.refine(id, budget=...)``), so a
+refinement is recorded like any other and a replay reads the same budget at the same
+place. What is spent is never kept anywhere else: it is the ``perdure.llm.Ledger`` of
+the object's memory, one settled charge per recorded ``model_call`` (keyed by the call's
+position and name, so a call that failed and was retried, or is replayed, counts once)
+and one charge in doubt per lost stream attempt (``model_recovered``'s estimate). After
+a crash the ledger is what memory recorded.
+
+Before a client is tried, its reservation (``perdure.llm.reservation_for``: the prompt's
+tokens plus the most it may write, at the call's prices) must fit what is left; a client
+whose reservation does not fit is skipped for the next in the fallback list (the reply's
+record names it, "over budget"), and when none fits the object goes dormant with a
+``dormant`` record (``reason: budget``) and the note ``budget exhausted: ...`` that
+``App.get`` and ``perdure show`` print, until its intent is refined (or a person
+decides). Since every call is checked with its reservation first, spending passes a
+budget by at most what one call used beyond its reservation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from perdure.core.bodies import Dormant
+from perdure.core.records import Kind, Record
+from perdure.engine.signals import Suspend
+from perdure.llm import (
+    Budget,
+    Charge,
+    Ledger,
+    ModelRequest,
+    PriceTable,
+    Usage,
+    counter_for_model,
+    reservation_for,
+)
+
+if TYPE_CHECKING:
+    from perdure.engine.run import Run
+
+__all__ = ["budget_of", "call_key", "charges_of", "exhausted", "over_budget"]
+
+_MODEL_CALL = Kind.MODEL_CALL.value
+_MODEL_RECOVERED = Kind.MODEL_RECOVERED.value
+
+
+def budget_of(run: Run) -> Budget | None:
+    """The budget the object's current intent sets, if any."""
+    body = run.intent.budget
+    if body is None:
+        return None
+    cost = body.get("cost")
+    return Budget(body.get("tokens"), None if cost is None else Decimal(str(cost)))
+
+
+def call_key(body: Mapping[str, Any]) -> str:
+    """The ledger key of a model call: its position and name (one per call, whatever
+    the attempts)."""
+    return f"{body['pos']}/{body['name']}"
+
+
+def _tokens(usage: Mapping[str, Any]) -> int:
+    total = 0
+    for key in ("input_tokens", "output_tokens"):
+        value = usage.get(key, 0)
+        total += value if type(value) is int else 0
+    return total
+
+
+def charge_of_call(body: Mapping[str, Any]) -> Charge:
+    """The settled charge of a ``model_call`` body (what the provider reported)."""
+    cost = body.get("cost")
+    return Charge(_tokens(body["reply"].get("usage") or {}),
+                  None if cost is None else Decimal(str(cost)), settled=True)
+
+
+def charges_of(records: Iterable[Record]) -> dict[str, Charge]:
+    """The charges memory records: each call settled, each lost attempt in doubt."""
+    charges: dict[str, Charge] = {}
+    for rec in records:
+        if rec.kind == _MODEL_CALL:
+            charges[call_key(rec.body)] = charge_of_call(rec.body)
+        elif rec.kind == _MODEL_RECOVERED and rec.body.get("lost_usage"):
+            key = f"{call_key(rec.body)}/lost/{rec.body['attempt']}"
+            charges[key] = Charge(_tokens(rec.body["lost_usage"]), Decimal(0),
+                                  settled=True, in_doubt=True)
+    return charges
+
+
+def over_budget(ledger: Ledger, budget: Budget, sent: ModelRequest,
+                prices: PriceTable | None) -> str | None:
+    """Why ``sent`` may not be made under ``budget`` (``"budget exhausted: ..."``), or
+    ``None`` when its reservation fits what ``ledger`` says is spent."""
+    reserved, cost = reservation_for(sent, counter_for_model(sent.model),
+                                     prices or PriceTable())
+    return ledger.allows(budget, Usage(reserved.input_tokens, reserved.output_tokens), cost)
+
+
+def exhausted(pos: int | str, name: str, why: str, drafts: Iterable[Any] = ()) -> NoReturn:
+    """Go dormant on an exhausted budget, recorded, until the intent is refined."""
+    raise Suspend([*drafts, Dormant.model_budget(pos, name).draft()], ready_at=None,
+                  reason=why,
+                  note=f"{why} (model call {name}; refine the object's budget to go on)")
