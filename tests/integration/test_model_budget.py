@@ -18,7 +18,7 @@ pytest.importorskip("anthropic")
 import perdure
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
-from perdure.errors import ConfigurationError
+from perdure.errors import ConfigurationError, ObjectNotFoundError
 from perdure.llm import Budget, Message, ModelParams, Price, PriceTable
 from perdure.llm.scripted import ScriptedFailure, ScriptedReply, ScriptedServer
 from tests.integration.test_model_ledger import _cli
@@ -56,7 +56,11 @@ def _thrice(app: perdure.App, server: ScriptedServer) -> None:
 def _until(app: perdure.App, oid: str, status: Status) -> perdure.ObjectInfo:
     deadline = time.monotonic() + TIMEOUT
     while True:
-        info = app.get(oid)
+        try:
+            info = app.get(oid)
+        except ObjectNotFoundError:  # not spawned yet
+            time.sleep(0.02)
+            continue
         if info.status is status or time.monotonic() > deadline:
             return info
         time.sleep(0.02)
@@ -146,3 +150,52 @@ def test_a_budget_is_checked_before_anything_is_stored(
     app.start("idle", object_id="idle-2")
     with pytest.raises(ConfigurationError):
         app.refine("idle-2", budget={"cost": "lots"})
+
+
+def test_a_lineage_budget_stops_a_child(
+        make_app: Callable[..., perdure.App], server: ScriptedServer) -> None:
+    """A root's lineage budget counts its descendants' recorded calls: the child's call
+    that would pass it leaves the child dormant, naming the budget's owner; once the
+    root's budget is raised, refining the child lets it go on."""
+    app = make_app(prices=PRICES)
+    server.script(*[ScriptedReply(text=t, input_tokens=100, output_tokens=10)
+                    for t in "abc"])
+
+    async def ask(run: perdure.Run, text: str) -> str:
+        client = make_client("chat", server)
+        try:
+            reply = await run.model(client, model="gpt-4o", name=text,
+                                    messages=[Message.user(text)],
+                                    params=ModelParams(max_tokens=10))
+        finally:
+            await client.aclose()
+        return reply.text
+
+    @app.agent(name="kid")
+    async def kid(run: perdure.Run) -> list[str]:
+        return [await ask(run, "kid one"), await ask(run, "kid two")]
+
+    @app.agent(name="root")
+    async def root(run: perdure.Run) -> list[str]:
+        first = await ask(run, "root")
+        child = await run.delegate("kid", object_id="root-1.kid")
+        [rest] = await run.join(child)
+        return [first, *rest]
+
+    handle = app.start("root", object_id="root-1",
+                       budget={"tokens": 235, "lineage": True})
+    with app.background_worker():
+        info = _until(app, "root-1.kid", Status.DORMANT)
+        for _ in range(100):
+            if info.note and "budget exhausted" in info.note:
+                break
+            time.sleep(0.05)
+            info = app.get("root-1.kid")
+        assert info.note is not None and info.note.startswith("budget exhausted")
+        assert "lineage budget of root-1" in info.note
+        assert len(server.requests) == 2
+        assert app.usage("root-1", lineage=True).total_tokens == 220
+        app.refine("root-1", budget={"tokens": 1000, "lineage": True})
+        app.refine("root-1.kid", goal={"go on": True})
+        assert handle.result(timeout=TIMEOUT) == ["a", "b", "c"]
+    assert app.usage("root-1", lineage=True).total_tokens == 330

@@ -14,18 +14,23 @@ __all__ = ["Context", "Intent", "budget_body"]
 
 def budget_body(value: Any) -> dict[str, Any] | None:
     """A model-call budget as an intent holds it: ``{"tokens": int | None, "cost": str |
-    None}`` (cost in dollars, a decimal string). ``value`` is ``None`` (no budget), a
-    mapping with ``tokens`` and/or ``cost``, or an object with those attributes (a
-    ``perdure.llm.Budget``); ``ValueError`` for anything else or a negative limit."""
+    None}`` (cost in dollars, a decimal string), plus ``"lineage": true`` for a budget of
+    the object and all its descendants. ``value`` is ``None`` (no budget), a mapping
+    with ``tokens`` and/or ``cost`` (and ``lineage``), or an object with those
+    attributes (a ``perdure.llm.Budget``); ``ValueError`` for anything else or a
+    negative limit."""
     if value is None:
         return None
     if isinstance(value, Mapping):
-        unknown = set(value) - {"tokens", "cost"}
+        unknown = set(value) - {"tokens", "cost", "lineage"}
         if unknown:
-            raise ValueError(f"a budget has tokens and cost, not {sorted(unknown)}")
+            raise ValueError(f"a budget has tokens, cost and lineage, not {sorted(unknown)}")
         tokens, cost = value.get("tokens"), value.get("cost")
+        lineage = value.get("lineage", False)
+        if not isinstance(lineage, bool):
+            raise ValueError("a budget's lineage must be true or false")
     elif hasattr(value, "tokens") and hasattr(value, "cost"):
-        tokens, cost = value.tokens, value.cost
+        tokens, cost, lineage = value.tokens, value.cost, False
     else:
         raise ValueError(f"a budget is a mapping of tokens and cost, not {value!r}")
     if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
@@ -42,7 +47,10 @@ def budget_body(value: Any) -> dict[str, Any] | None:
         cost = str(amount)
     if tokens is None and cost is None:
         return None
-    return {"tokens": tokens, "cost": cost}
+    body: dict[str, Any] = {"tokens": tokens, "cost": cost}
+    if lineage:
+        body["lineage"] = True
+    return body
 
 
 @dataclass(frozen=True, slots=True)

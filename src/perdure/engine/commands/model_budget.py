@@ -26,6 +26,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from perdure.core.bodies import Dormant
+from perdure.core.cycle import read_memory
+from perdure.core.intent import Context
 from perdure.core.records import Kind, Record
 from perdure.engine.signals import Suspend
 from perdure.llm import (
@@ -41,8 +43,17 @@ from perdure.llm import (
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
+    from perdure.stores.base import Store
 
-__all__ = ["budget_of", "call_key", "charges_of", "exhausted", "over_budget"]
+__all__ = [
+    "budget_of",
+    "call_key",
+    "charge_of_call",
+    "charges_of",
+    "exhausted",
+    "lineage_budgets",
+    "over_budget",
+]
 
 _MODEL_CALL = Kind.MODEL_CALL.value
 _MODEL_RECOVERED = Kind.MODEL_RECOVERED.value
@@ -50,7 +61,10 @@ _MODEL_RECOVERED = Kind.MODEL_RECOVERED.value
 
 def budget_of(run: Run) -> Budget | None:
     """The budget the object's current intent sets, if any."""
-    body = run.intent.budget
+    return _budget(run.intent.budget)
+
+
+def _budget(body: Mapping[str, Any] | None) -> Budget | None:
     if body is None:
         return None
     cost = body.get("cost")
@@ -105,3 +119,30 @@ def exhausted(pos: int | str, name: str, why: str, drafts: Iterable[Any] = ()) -
     raise Suspend([*drafts, Dormant.model_budget(pos, name).draft()], ready_at=None,
                   reason=why,
                   note=f"{why} (model call {name}; refine the object's budget to go on)")
+
+
+def lineage_budgets(store: Store, context: Context) -> list[tuple[str, Budget, Ledger]]:
+    """The lineage budgets over the object of ``context`` (its own, if it is one, and
+    its ancestors'), each with its owner's id and the ledger of everything the owner and
+    its descendants recorded (read from ``store``; blocking)."""
+    found: list[tuple[str, Budget, Ledger]] = []
+    oid: str | None = context.object_id
+    while oid is not None:
+        records = store.records(oid)
+        if not records:
+            break
+        facts = read_memory(records)
+        body = facts.intent.budget
+        budget = _budget(body)
+        if budget is not None and body is not None and body.get("lineage"):
+            found.append((oid, budget, Ledger(_subtree(store, oid, records))))
+        oid = facts.context.parent_id
+    return found
+
+
+def _subtree(store: Store, oid: str, records: list[Record]) -> dict[str, Charge]:
+    """The charges ``oid`` and all its descendants recorded, keyed by object and call."""
+    charges = {f"{oid}:{k}": v for k, v in charges_of(records).items()}
+    for child in store.list(parent=oid, limit=10_000):
+        charges.update(_subtree(store, child.object_id, store.records(child.object_id)))
+    return charges

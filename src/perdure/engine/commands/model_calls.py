@@ -44,6 +44,7 @@ from perdure.engine.journal import HistoryEnd
 from perdure.engine.signals import Park, Suspend
 from perdure.errors import ConfigurationError, NonDeterminismError, PerdureError
 from perdure.llm import (
+    Budget,
     CallFailure,
     Charge,
     FailureKind,
@@ -305,6 +306,7 @@ class Attempts:
         self.options = options
         self.failures = failures
         self.fresh = False  # a failure was recorded on this claim
+        self.lineage: list[tuple[str, Budget, Ledger]] = []  # lineage budgets over it
 
     @property
     def attempt(self) -> int:
@@ -343,14 +345,20 @@ class Attempts:
         self.dormant(soonest)
 
     def over_budget(self, route: Route) -> str | None:
-        """Why ``route``'s call would go over the object's budget (``None``: it fits,
-        or there is no budget)."""
-        budget = budget_of(self.run)
-        if budget is None:
-            return None
-        ledger = Ledger(ModelMemory.of(self.run).charges)
-        return over_budget(ledger, budget, route.request(self.request),
-                           self.options.prices or self.run._model_prices)
+        """Why ``route``'s call would go over the object's budget or a lineage budget
+        over it (``None``: it fits, or there is none)."""
+        ledgers: list[tuple[str | None, Budget, Ledger]] = []
+        own = budget_of(self.run)
+        if own is not None and not (self.run.intent.budget or {}).get("lineage"):
+            ledgers.append((None, own, Ledger(ModelMemory.of(self.run).charges)))
+        ledgers.extend(self.lineage)
+        sent = route.request(self.request)
+        prices = self.options.prices or self.run._model_prices
+        for owner, budget, ledger in ledgers:
+            why = over_budget(ledger, budget, sent, prices)
+            if why is not None:
+                return why if owner is None else f"{why} (the lineage budget of {owner})"
+        return None
 
     def dormant(self, until: float) -> NoReturn:
         """Stay dormant until a client may be tried (the failures go with it)."""
@@ -360,6 +368,10 @@ class Attempts:
 
     async def make(self) -> ModelReply:
         """Try clients until one answers (recorded), the call rests (dormant) or fails."""
+        reader = self.run._lineage_budgets
+        if reader is not None and (self.run.context.parent_id is not None
+                                   or (self.run.intent.budget or {}).get("lineage")):
+            self.lineage = await reader()
         while True:
             route, skipped = self.choose()
             reply = await self.attempt_on(route, skipped)
