@@ -52,7 +52,9 @@ __all__ = [
     "charges_of",
     "exhausted",
     "lineage_budgets",
+    "lineage_of",
     "over_budget",
+    "refusal",
 ]
 
 _MODEL_CALL = Kind.MODEL_CALL.value
@@ -112,6 +114,35 @@ def over_budget(ledger: Ledger, budget: Budget, sent: ModelRequest,
     reserved, cost = reservation_for(sent, counter_for_model(sent.model),
                                      prices or PriceTable())
     return ledger.allows(budget, Usage(reserved.input_tokens, reserved.output_tokens), cost)
+
+
+def refusal(run: Run, lineage: Iterable[tuple[str, Budget, Ledger]], sent: ModelRequest,
+            prices: PriceTable | None) -> str | None:
+    """Why ``sent`` would go over the object's own budget (its memory's ledger) or one
+    of the ``lineage`` budgets over it (``lineage_of``), or ``None`` when it fits."""
+    from perdure.engine.commands.model_calls import ModelMemory
+
+    ledgers: list[tuple[str | None, Budget, Ledger]] = []
+    own = budget_of(run)
+    if own is not None and not (run.intent.budget or {}).get("lineage"):
+        ledgers.append((None, own, Ledger(ModelMemory.of(run).charges)))
+    ledgers.extend(lineage)
+    for owner, budget, ledger in ledgers:
+        why = over_budget(ledger, budget, sent, prices)
+        if why is not None:
+            return why if owner is None else f"{why} (the lineage budget of {owner})"
+    return None
+
+
+async def lineage_of(run: Run) -> list[tuple[str, Budget, Ledger]]:
+    """The lineage budgets over the run's object with their ledgers, read from the
+    store (only for a child, or an object whose own budget is a lineage budget)."""
+    reader = run._lineage_budgets
+    if reader is None or (run.context.parent_id is None
+                          and not (run.intent.budget or {}).get("lineage")):
+        return []
+    found: list[tuple[str, Budget, Ledger]] = await reader()
+    return found
 
 
 def exhausted(pos: int | str, name: str, why: str, drafts: Iterable[Any] = ()) -> NoReturn:

@@ -31,12 +31,12 @@ from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, next_delay
 from perdure.core.bodies import Dormant, ModelCall, ModelFailed
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.model_budget import (
-    budget_of,
     call_key,
     charge_of_call,
     charges_of,
     exhausted,
-    over_budget,
+    lineage_of,
+    refusal,
 )
 from perdure.engine.commands.positions import find
 from perdure.engine.commands.steps import fresh_flags
@@ -345,20 +345,10 @@ class Attempts:
         self.dormant(soonest)
 
     def over_budget(self, route: Route) -> str | None:
-        """Why ``route``'s call would go over the object's budget or a lineage budget
-        over it (``None``: it fits, or there is none)."""
-        ledgers: list[tuple[str | None, Budget, Ledger]] = []
-        own = budget_of(self.run)
-        if own is not None and not (self.run.intent.budget or {}).get("lineage"):
-            ledgers.append((None, own, Ledger(ModelMemory.of(self.run).charges)))
-        ledgers.extend(self.lineage)
-        sent = route.request(self.request)
-        prices = self.options.prices or self.run._model_prices
-        for owner, budget, ledger in ledgers:
-            why = over_budget(ledger, budget, sent, prices)
-            if why is not None:
-                return why if owner is None else f"{why} (the lineage budget of {owner})"
-        return None
+        """Why ``route``'s call would go over a budget over the object (``None``: it
+        fits, or there is none)."""
+        return refusal(self.run, self.lineage, route.request(self.request),
+                       self.options.prices or self.run._model_prices)
 
     def dormant(self, until: float) -> NoReturn:
         """Stay dormant until a client may be tried (the failures go with it)."""
@@ -368,10 +358,7 @@ class Attempts:
 
     async def make(self) -> ModelReply:
         """Try clients until one answers (recorded), the call rests (dormant) or fails."""
-        reader = self.run._lineage_budgets
-        if reader is not None and (self.run.context.parent_id is not None
-                                   or (self.run.intent.budget or {}).get("lineage")):
-            self.lineage = await reader()
+        self.lineage = await lineage_of(self.run)
         while True:
             route, skipped = self.choose()
             reply = await self.attempt_on(route, skipped)
