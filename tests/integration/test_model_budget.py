@@ -199,3 +199,41 @@ def test_a_lineage_budget_stops_a_child(
         app.refine("root-1.kid", goal={"go on": True})
         assert handle.result(timeout=TIMEOUT) == ["a", "b", "c"]
     assert app.usage("root-1", lineage=True).total_tokens == 330
+
+
+def test_calls_made_at_once_see_each_others_reservations(
+        make_app: Callable[..., perdure.App], server: ScriptedServer) -> None:
+    """Two calls in ``run.gather`` branches under a budget that fits one reservation:
+    one is sent, the other waits dormant on the budget (it is never overspent) until the
+    budget is refined."""
+    app = make_app(prices=PRICES)
+    server.script(*[ScriptedReply(text=t, input_tokens=5, output_tokens=10, delay=0.3)
+                    for t in "ab"])
+
+    async def ask(run: perdure.Run, text: str) -> str:
+        client = make_client("chat", server)
+        try:
+            reply = await run.model(client, model="gpt-4o", name=text,
+                                    messages=[Message.user(text)],
+                                    params=ModelParams(max_tokens=100))
+        finally:
+            await client.aclose()
+        return reply.text
+
+    @app.agent(name="pair")
+    async def pair(run: perdure.Run) -> list[str]:
+        return list(await run.gather(ask(run, "left"), ask(run, "right")))
+
+    handle = app.start("pair", object_id="pair-1", budget={"tokens": 150})
+    with app.background_worker():
+        info = _until(app, "pair-1", Status.DORMANT)
+        for _ in range(100):
+            if info.note and "budget exhausted" in info.note:
+                break
+            time.sleep(0.05)
+            info = app.get("pair-1")
+        assert info.note is not None and info.note.startswith("budget exhausted")
+        assert len(server.requests) == 1
+        app.refine("pair-1", budget={"tokens": 1000})
+        assert handle.result(timeout=TIMEOUT) == ["a", "b"]
+    assert len(server.requests) == 2

@@ -21,7 +21,8 @@ budget by at most what one call used beyond its reservation.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -51,6 +52,7 @@ __all__ = [
     "charge_of_call",
     "charges_of",
     "exhausted",
+    "held",
     "lineage_budgets",
     "lineage_of",
     "over_budget",
@@ -143,6 +145,30 @@ async def lineage_of(run: Run) -> list[tuple[str, Budget, Ledger]]:
         return []
     found: list[tuple[str, Budget, Ledger]] = await reader()
     return found
+
+
+@contextmanager
+def held(run: Run, key: str, sent: ModelRequest, prices: PriceTable | None
+         ) -> Iterator[None]:
+    """Hold ``sent``'s reservation in the run's ledger while it is being made, so calls
+    made at once (in ``run.gather`` branches) each see the others' reservations; the
+    recorded reply settles it, anything else releases it."""
+    if run.intent.budget is None:
+        yield
+        return
+    from perdure.engine.commands.model_calls import ModelMemory
+
+    charges = ModelMemory.of(run).charges
+    if key not in charges:
+        reserved, cost = reservation_for(sent, counter_for_model(sent.model),
+                                         prices or PriceTable())
+        charges[key] = Charge(reserved.total_tokens, cost)
+    try:
+        yield
+    finally:
+        charge = charges.get(key)
+        if charge is not None and not charge.settled:
+            del charges[key]
 
 
 def exhausted(pos: int | str, name: str, why: str, drafts: Iterable[Any] = ()) -> NoReturn:

@@ -35,6 +35,7 @@ from perdure.engine.commands.model_budget import (
     charge_of_call,
     charges_of,
     exhausted,
+    held,
     lineage_of,
     refusal,
 )
@@ -361,7 +362,10 @@ class Attempts:
         self.lineage = await lineage_of(self.run)
         while True:
             route, skipped = self.choose()
-            reply = await self.attempt_on(route, skipped)
+            with held(self.run, call_key({"pos": self.pos, "name": self.name}),
+                      route.request(self.request),
+                      self.options.prices or self.run._model_prices):
+                reply = await self.attempt_on(route, skipped)
             if reply is not None:
                 return reply
 
