@@ -271,7 +271,7 @@ async def dormancy(node: Node, claim: Claim, records: list[Record], decision: De
 
 def _suspended_for(sus: Suspend) -> str:
     """What a suspended agent waits for, from its dormancy record (``sleep``, ``event``,
-    ``retry``, ``children``, ``gather``)."""
+    ``retry``, ``budget``, ``children``, ``gather``)."""
     for draft in sus.drafts:
         if draft.kind == Kind.DORMANT:
             return str(draft.body.get("reason", "waiting"))

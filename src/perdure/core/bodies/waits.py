@@ -52,8 +52,9 @@ class Dormant(Body):
 
     Which of ``name``, ``event``, ``children`` and ``seconds`` the body holds depends on
     ``cmd``, as the constructors build them: ``sleep`` (seconds), ``step`` and ``model``
-    (a retry: name), ``wait`` (name and event), ``join`` (name, children, event) and ``gather``
-    (event, null when no branch waits for one, and children).
+    (a retry, or for ``model`` an exhausted budget: name), ``wait`` (name and event),
+    ``join`` (name, children, event) and ``gather`` (event, null when no branch waits
+    for one, and children).
     """
 
     kind: ClassVar[Kind] = Kind.DORMANT
