@@ -201,11 +201,12 @@ def test_a_lineage_budget_stops_a_child(
     assert app.usage("root-1", lineage=True).total_tokens == 330
 
 
+@pytest.mark.parametrize("lineage", [False, True])
 def test_calls_made_at_once_see_each_others_reservations(
-        make_app: Callable[..., perdure.App], server: ScriptedServer) -> None:
+        make_app: Callable[..., perdure.App], server: ScriptedServer, lineage: bool) -> None:
     """Two calls in ``run.gather`` branches under a budget that fits one reservation:
     one is sent, the other waits dormant on the budget (it is never overspent) until the
-    budget is refined."""
+    budget is refined; the same under a lineage budget."""
     app = make_app(prices=PRICES)
     server.script(*[ScriptedReply(text=t, input_tokens=5, output_tokens=10, delay=0.3)
                     for t in "ab"])
@@ -224,7 +225,8 @@ def test_calls_made_at_once_see_each_others_reservations(
     async def pair(run: perdure.Run) -> list[str]:
         return list(await run.gather(ask(run, "left"), ask(run, "right")))
 
-    handle = app.start("pair", object_id="pair-1", budget={"tokens": 150})
+    handle = app.start("pair", object_id="pair-1",
+                       budget={"tokens": 150, "lineage": lineage})
     with app.background_worker():
         info = _until(app, "pair-1", Status.DORMANT)
         for _ in range(100):

@@ -124,11 +124,15 @@ def refusal(run: Run, lineage: Iterable[tuple[str, Budget, Ledger]], sent: Model
     of the ``lineage`` budgets over it (``lineage_of``), or ``None`` when it fits."""
     from perdure.engine.commands.model_calls import ModelMemory
 
+    charges = ModelMemory.of(run).charges
     ledgers: list[tuple[str | None, Budget, Ledger]] = []
     own = budget_of(run)
     if own is not None and not (run.intent.budget or {}).get("lineage"):
-        ledgers.append((None, own, Ledger(ModelMemory.of(run).charges)))
-    ledgers.extend(lineage)
+        ledgers.append((None, own, Ledger(charges)))
+    # The lineage's ledgers were read from the store; this object's calls in flight
+    # (held reservations, in other branches) are not in them yet.
+    flying = Ledger({f"in flight:{k}": c for k, c in charges.items() if not c.settled})
+    ledgers.extend((owner, budget, ledger + flying) for owner, budget, ledger in lineage)
     for owner, budget, ledger in ledgers:
         why = over_budget(ledger, budget, sent, prices)
         if why is not None:
@@ -148,12 +152,13 @@ async def lineage_of(run: Run) -> list[tuple[str, Budget, Ledger]]:
 
 
 @contextmanager
-def held(run: Run, key: str, sent: ModelRequest, prices: PriceTable | None
-         ) -> Iterator[None]:
+def held(run: Run, key: str, sent: ModelRequest, prices: PriceTable | None,
+         lineage: bool = False) -> Iterator[None]:
     """Hold ``sent``'s reservation in the run's ledger while it is being made, so calls
     made at once (in ``run.gather`` branches) each see the others' reservations; the
-    recorded reply settles it, anything else releases it."""
-    if run.intent.budget is None:
+    recorded reply settles it, anything else releases it (``lineage``: a lineage budget
+    is over the object)."""
+    if run.intent.budget is None and not lineage:
         yield
         return
     from perdure.engine.commands.model_calls import ModelMemory

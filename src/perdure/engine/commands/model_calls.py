@@ -364,7 +364,7 @@ class Attempts:
             route, skipped = self.choose()
             with held(self.run, call_key({"pos": self.pos, "name": self.name}),
                       route.request(self.request),
-                      self.options.prices or self.run._model_prices):
+                      self.options.prices or self.run._model_prices, bool(self.lineage)):
                 reply = await self.attempt_on(route, skipped)
             if reply is not None:
                 return reply
