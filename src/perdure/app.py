@@ -23,7 +23,7 @@ from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
-from perdure.core.intent import Intent
+from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
@@ -323,6 +323,7 @@ class App:
         deadline: float | None = None,
         max_failures: int | None = None,
         labels: Mapping[str, str] | None = None,
+        budget: Any = None,
         **kwargs: Any,
     ) -> Handle:
         """Create an object running ``agent(*args, **kwargs)``; idempotent on ``object_id``.
@@ -335,8 +336,16 @@ class App:
         ``created=False``; its ``differs`` says how the object was started otherwise
         (arguments, labels, deadline, failure budget), if it was. An id taken by an
         object of another agent raises ``ObjectConflictError``.
+
+        ``budget`` (a ``perdure.llm.Budget`` or a mapping of ``tokens`` and ``cost``)
+        caps what the object's model calls may use; ``refine(id, budget=...)`` changes it
+        (see "Budgets" in docs/howto/model-calls.md).
         """
         definition = self._resolve(agent)
+        try:
+            budget = budget_body(budget)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         oid = uuid.uuid4().hex if object_id is None else check_object_id(object_id)
         labels = check_labels(labels)
         check_arguments(definition.fn, args, kwargs, agent=definition.name)
@@ -348,7 +357,7 @@ class App:
             now = time.time()
             new = instantiate(definition, tuple(args), kwargs, object_id=oid, signer=signer,
                               policy_ref=self.policy.ref, now=now, deadline=deadline,
-                              max_failures=max_failures, labels=labels)
+                              max_failures=max_failures, labels=labels, budget=budget)
             if self.store.create(new, now):
                 # This node wrote the first record: a worker of this App need not check it.
                 self.anchors.note(oid, new.first.hash, new.first.seq, new.first.hash)
@@ -398,7 +407,9 @@ class App:
                                self._seal(object_id, event, data, dedupe_key))
 
     def refine(self, object_id: str, **changes: Any) -> None:
-        """Refine an object's intent (deadline, max_failures, goal, requires) from outside.
+        """Refine an object's intent (deadline, max_failures, goal, requires, budget)
+        from outside; a ``budget`` (a ``perdure.llm.Budget``, a mapping of ``tokens`` and
+        ``cost``, or ``None`` for none) wakes an object dormant on an exhausted one.
 
         Appended as an intent-refinement record with a new intent version on the
         object's next cycle.
@@ -414,6 +425,8 @@ class App:
                 "capability names") from None
         for need in changes.get("requires", ()):
             check_name(need, "required capability")
+        if "budget" in changes:
+            changes["budget"] = budget_body(changes["budget"])
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
         self.store.send(object_id, REFINE_EVENT, data, None, time.time(),
                         self._seal(object_id, REFINE_EVENT, data, None))

@@ -132,15 +132,18 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
     dormancy: Dormancy | None = None
     parked: str | None = None
     finished: set[str] = set()
+    on_budget = False  # the open dormancy waits (in part) for a model call's budget
     step_done = _STEP_DONE
     for rec in records[1:]:
         kind = rec.kind
         if kind == step_done and "pos" in rec.body:  # most of a long memory: the quick way
-            executed, parked, dormancy = True, None, None
+            executed, parked, dormancy, on_budget = True, None, None, False
             continue
         if kind == Kind.INTENT_REFINED:
             intent = Intent.from_body(rec.body["intent"])
             if "pos" not in rec.body:
+                if dormancy is not None and on_budget:
+                    dormancy, on_budget = None, False  # a budget refined: try the call again
                 continue
         if kind == Kind.CHILD_FINISHED:
             finished.add(str(rec.body["child_id"]))
@@ -162,6 +165,7 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
             failures += 1
         if kind == Kind.DORMANT:
             body = rec.body
+            on_budget = on_budget or body["reason"] == "budget"
             dormancy = Dormancy(
                 position=body["pos"],
                 reason=str(body["reason"]),
@@ -170,7 +174,7 @@ def read_memory(records: Sequence[Record]) -> MemoryFacts:
                 children=tuple(body.get("children", ())),
             )
         elif "pos" in rec.body:
-            dormancy = None
+            dormancy, on_budget = None, False
     return MemoryFacts(intent, context, executed, failures, terminated, dormancy, parked,
                        frozenset(finished))
 

@@ -2,12 +2,55 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from perdure.core.codec import detached
 
-__all__ = ["Context", "Intent"]
+__all__ = ["Context", "Intent", "budget_body"]
+
+
+def budget_body(value: Any) -> dict[str, Any] | None:
+    """A model-call budget as an intent holds it: ``{"tokens": int | None, "cost": str |
+    None}`` (cost in dollars, a decimal string), plus ``"lineage": true`` for a budget of
+    the object and all its descendants. ``value`` is ``None`` (no budget), a mapping
+    with ``tokens`` and/or ``cost`` (and ``lineage``), or an object with those
+    attributes (a ``perdure.llm.Budget``); ``ValueError`` for anything else or a
+    negative limit."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"tokens", "cost", "lineage"}
+        if unknown:
+            raise ValueError(f"a budget has tokens, cost and lineage, not {sorted(unknown)}")
+        tokens, cost = value.get("tokens"), value.get("cost")
+        lineage = value.get("lineage", False)
+        if not isinstance(lineage, bool):
+            raise ValueError("a budget's lineage must be true or false")
+    elif hasattr(value, "tokens") and hasattr(value, "cost"):
+        tokens, cost, lineage = value.tokens, value.cost, False
+    else:
+        raise ValueError(f"a budget is a mapping of tokens and cost, not {value!r}")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int)
+                               or tokens < 0):
+        raise ValueError("a budget's tokens must be a whole number, 0 or more")
+    if cost is not None:
+        try:
+            amount = Decimal(str(cost))
+        except InvalidOperation:
+            raise ValueError(f"a budget's cost must be a number of dollars, not {cost!r}"
+                             ) from None
+        if isinstance(cost, bool) or not amount.is_finite() or amount < 0:
+            raise ValueError("a budget's cost must be 0 or more dollars")
+        cost = str(amount)
+    if tokens is None and cost is None:
+        return None
+    body: dict[str, Any] = {"tokens": tokens, "cost": cost}
+    if lineage:
+        body["lineage"] = True
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +66,16 @@ class Intent:
     requires: tuple[str, ...] = ()
     goal: dict[str, Any] = field(default_factory=dict)  # free-form objective, refinable
     version_no: int = 1  # intent version, bumped by each refinement
+    budget: dict[str, Any] | None = None  # model calls' budget (``budget_body``)
 
     def to_body(self) -> dict[str, Any]:
-        """Encode as a JSON object for a memory record."""
+        """Encode as a JSON object for a memory record (``budget`` only when set, so an
+        intent without one encodes as it always did)."""
         body = asdict(self)
         body["args"] = list(self.args)
         body["requires"] = list(self.requires)
+        if self.budget is None:
+            del body["budget"]
         return body
 
     @classmethod
@@ -44,11 +91,12 @@ class Intent:
             requires=tuple(body.get("requires", ())),
             goal=detached(dict(body.get("goal", {}))),
             version_no=int(body.get("version_no", 1)),
+            budget=budget_body(body.get("budget")),
         )
 
     def refined(self, changes: dict[str, Any]) -> Intent:
         """Return the next intent version with ``changes`` applied."""
-        allowed = {"deadline", "max_failures", "goal", "requires"}
+        allowed = {"deadline", "max_failures", "goal", "requires", "budget"}
         unknown = set(changes) - allowed
         if unknown:
             raise ValueError(f"intent fields {sorted(unknown)} cannot be refined")
@@ -66,6 +114,8 @@ class Intent:
             if isinstance(needs, str) or not all(isinstance(n, str) for n in needs):
                 raise ValueError("requires must be a collection of capability names")
             updates["requires"] = tuple(needs)
+        if "budget" in updates:
+            updates["budget"] = budget_body(updates["budget"])
         return replace(self, version_no=self.version_no + 1, **updates)
 
 

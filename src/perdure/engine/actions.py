@@ -103,7 +103,8 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
                              ready_at=by_deadline(sus.ready_at, run.intent.deadline),
                              running=False, waiting_event=sus.waiting_event, release=True,
                              consume_event_ids=sus.consume_event_ids,
-                             requires=sus.requires, avoid_node=sus.avoid_node)
+                             requires=sus.requires, avoid_node=sus.avoid_node,
+                             note=sus.note)
         if node.hooks.active:
             node.hooks.emit(ObjectDormant(node.signer.node_id, oid, _suspended_for(sus),
                                           sus.ready_at))
@@ -163,6 +164,15 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
                           child_id: str, parent: Context) -> str:
         return await spawn(node, agent, args, kwargs, child_id, parent)
 
+    async def lineage_budgets() -> list[Any]:
+        from perdure.engine.commands.model_budget import lineage_budgets as gather
+
+        try:
+            found: list[Any] = await node.read(gather, node.store, facts.context)
+        except StoreError as exc:  # not the agent's failure: abandon the run, retry later
+            raise StoreUnavailable(exc) from exc
+        return found
+
     with gc_paused():  # it indexes every record: as many new lists on a long history
         run = Run(journal=journal, intent=facts.intent, context=facts.context, records=records,
                   load_events=load_events, pending_events=events,
@@ -170,7 +180,7 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
                   spawn=spawn_child, capabilities=node.capabilities,
                   check_event=node.verifier.check_event, refresh_flags=flags,
                   crashes=claim.crashes, max_crashes=node.policy.max_crashes,
-                  model_prices=node.settings.model_prices)
+                  model_prices=node.settings.model_prices, lineage_budgets=lineage_budgets)
     run.cancel_requested = claim.cancel_requested
     return run
 
@@ -261,7 +271,7 @@ async def dormancy(node: Node, claim: Claim, records: list[Record], decision: De
 
 def _suspended_for(sus: Suspend) -> str:
     """What a suspended agent waits for, from its dormancy record (``sleep``, ``event``,
-    ``retry``, ``children``, ``gather``)."""
+    ``retry``, ``budget``, ``children``, ``gather``)."""
     for draft in sus.drafts:
         if draft.kind == Kind.DORMANT:
             return str(draft.body.get("reason", "waiting"))

@@ -30,6 +30,7 @@ def instantiate(
     now: float,
     deadline: float | None = None,
     max_failures: int | None = None,
+    budget: dict[str, Any] | None = None,
     labels: Mapping[str, str] | None = None,
     parent: Context | None = None,
 ) -> NewObject:
@@ -45,6 +46,7 @@ def instantiate(
         kwargs=dict(kwargs),
         deadline=now + deadline if deadline is not None else None,
         max_failures=max_failures,
+        budget=budget,
         requires=tuple(sorted(definition.requires)),
     )
     if parent is None:

@@ -89,6 +89,7 @@ class Run:
         crashes: int = 0,
         max_crashes: int | None = None,
         model_prices: PriceTable | None = None,
+        lineage_budgets: Callable[[], Awaitable[list[Any]]] | None = None,
     ) -> None:
         # What the node hands every command.
         self._journal = journal
@@ -103,6 +104,8 @@ class Run:
         self._spawn = spawn
         self._capabilities = capabilities
         self._model_prices = model_prices  # the App's price table for ``run.model``
+        # Lineage budgets over this object, with their lineages' records (``model_budget``)
+        self._lineage_budgets = lineage_budgets
         # The cursor and memory by position.
         self._pos = 0
         # A gather ran: commands may run in its branches. Until then every command is on

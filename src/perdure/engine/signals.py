@@ -33,8 +33,10 @@ class Suspend(PerdureSignal):
         consume_event_ids: Sequence[int] = (),
         requires: tuple[str, ...] | None = None,
         avoid_node: str | None = None,
+        note: str | None = None,
     ) -> None:
         super().__init__(reason)
+        self.note = note  # what ``App.get`` says of the dormant object, if anything
         self.drafts = list(drafts)
         self.ready_at = ready_at
         self.waiting_event = waiting_event

@@ -52,8 +52,9 @@ class Dormant(Body):
 
     Which of ``name``, ``event``, ``children`` and ``seconds`` the body holds depends on
     ``cmd``, as the constructors build them: ``sleep`` (seconds), ``step`` and ``model``
-    (a retry: name), ``wait`` (name and event), ``join`` (name, children, event) and ``gather``
-    (event, null when no branch waits for one, and children).
+    (a retry, or for ``model`` an exhausted budget: name), ``wait`` (name and event),
+    ``join`` (name, children, event) and ``gather`` (event, null when no branch waits
+    for one, and children).
     """
 
     kind: ClassVar[Kind] = Kind.DORMANT
@@ -80,6 +81,12 @@ class Dormant(Body):
     def model_retry(cls, pos: Position, name: str, wake_at: float) -> Dormant:
         """Model call ``name`` failed; a client may be tried again at ``wake_at``."""
         return cls(pos, "model", "retry", wake_at, name=name)
+
+    @classmethod
+    def model_budget(cls, pos: Position, name: str) -> Dormant:
+        """Model call ``name`` would go over the budget: dormant until the intent is
+        refined (nothing but an event wakes it)."""
+        return cls(pos, "model", "budget", None, name=name)
 
     @classmethod
     def wait(cls, pos: Position, event: str, wake_at: float | None) -> Dormant:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import IntentRefined, Patched
 from perdure.core.codec import decode, encode
-from perdure.core.intent import Intent
+from perdure.core.intent import Intent, budget_body
 from perdure.core.records import Kind
 from perdure.engine.commands.positions import find
 
@@ -34,7 +34,7 @@ def encode_json(value: Any) -> Any:
 
 
 async def refine(self: Run, **changes: Any) -> Intent:
-    """Refine this object's intent (deadline, max_failures, goal, requires).
+    """Refine this object's intent (deadline, max_failures, goal, requires, budget).
 
     Appends an intent-refinement record with the next intent version; ``run.intent``
     shows it at once, and on every later cycle.
@@ -49,6 +49,8 @@ async def refine(self: Run, **changes: Any) -> Intent:
             self._intent = recorded
         return recorded
     self._boundary()
+    if "budget" in changes:  # a perdure.llm.Budget is recorded as the intent holds it
+        changes["budget"] = budget_body(changes["budget"])
     refined = self._intent.refined(dict(changes))
     await self._journal.commit([IntentRefined(refined, encode_json(changes), pos=key).draft()],
         requires=tuple(refined.requires) if "requires" in changes else None)

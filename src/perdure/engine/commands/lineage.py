@@ -263,4 +263,5 @@ def _combined(key: int | str, recs: Sequence[Record], suspends: Sequence[Suspend
         consume_event_ids=[i for sus in suspends for i in sus.consume_event_ids],
         requires=routed.requires if routed else None,
         avoid_node=routed.avoid_node if routed else None,
+        note="; ".join(sus.note for sus in suspends if sus.note) or None,
     )

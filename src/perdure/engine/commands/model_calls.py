@@ -30,15 +30,27 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, next_delay
 from perdure.core.bodies import Dormant, ModelCall, ModelFailed
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.commands.model_budget import (
+    call_key,
+    charge_of_call,
+    charges_of,
+    exhausted,
+    held,
+    lineage_of,
+    refusal,
+)
 from perdure.engine.commands.positions import find
 from perdure.engine.commands.steps import fresh_flags
 from perdure.engine.journal import HistoryEnd
 from perdure.engine.signals import Park, Suspend
 from perdure.errors import ConfigurationError, NonDeterminismError, PerdureError
 from perdure.llm import (
+    Budget,
     CallFailure,
+    Charge,
     FailureKind,
     FlushPolicy,
+    Ledger,
     Message,
     ModelCallError,
     ModelClient,
@@ -166,9 +178,10 @@ class ModelMemory:
     (the base the next request is stored against). Built from memory at a run's first
     model call, then kept up to date as calls are recorded."""
 
-    __slots__ = ("blobs", "last", "refs")
+    __slots__ = ("blobs", "charges", "last", "refs")
 
     def __init__(self) -> None:
+        self.charges: dict[str, Charge] = {}  # the ledger's charges (``model_budget``)
         self.blobs: dict[str, Any] = {}
         self.refs: dict[str, RequestRefs] = {}
         self.last: RequestRefs | None = None
@@ -179,14 +192,16 @@ class ModelMemory:
         memory = run._models
         if memory is None:
             memory = run._models = cls()
-            calls = [rec for recs in run._history.values() for rec in recs
-                     if rec.kind == _MODEL_CALL]
+            records = [rec for recs in run._history.values() for rec in recs]
+            memory.charges.update(charges_of(records))
+            calls = [rec for rec in records if rec.kind == _MODEL_CALL]
             for rec in sorted(calls, key=lambda r: r.seq):
                 memory.learn(rec.body)
         return memory
 
     def learn(self, body: Mapping[str, Any]) -> None:
-        """Take in a ``model_call`` body: its blobs and its request's refs."""
+        """Take in a ``model_call`` body: its blobs, its request's refs, its charge."""
+        self.charges[call_key(body)] = charge_of_call(body)
         self.blobs.update(body["blobs"])
         stored = body["request"]
         base = self.refs.get(str(stored.get("base"))) if "base" in stored else None
@@ -292,6 +307,7 @@ class Attempts:
         self.options = options
         self.failures = failures
         self.fresh = False  # a failure was recorded on this claim
+        self.lineage: list[tuple[str, Budget, Ledger]] = []  # lineage budgets over it
 
     @property
     def attempt(self) -> int:
@@ -305,20 +321,35 @@ class Attempts:
         latest = {int(f["client"]): f for f in self.failures}
         skipped: list[dict[str, Any]] = []
         soonest: float | None = None
+        over: str | None = None  # why the first client over budget was
         for route in self.routes:
             last = latest.get(route.index)
             until = None if last is None else last["until"]
             if last is None or (until is not None and until <= now):
-                return route, skipped
+                why = self.over_budget(route)
+                if why is None:
+                    return route, skipped
+                over = over or why
+                skipped.append({"client": route.index, "provider": route.client.provider,
+                                "reason": why, "until": None})
+                continue
             if until is not None and until - now <= self.options.wait_up_to:
                 self.dormant(until)
             if until is not None:
                 soonest = until if soonest is None else min(soonest, until)
             skipped.append({"client": route.index, "provider": route.client.provider,
                             "reason": str(last["failure"]["reason"]), "until": until})
+        if soonest is None and over is not None:  # what is left fits no client's call
+            exhausted(self.pos, self.name, over)
         if soonest is None:  # every client gave up (memory says so in its last failure)
             raise error_of(self.failures[-1])
         self.dormant(soonest)
+
+    def over_budget(self, route: Route) -> str | None:
+        """Why ``route``'s call would go over a budget over the object (``None``: it
+        fits, or there is none)."""
+        return refusal(self.run, self.lineage, route.request(self.request),
+                       self.options.prices or self.run._model_prices)
 
     def dormant(self, until: float) -> NoReturn:
         """Stay dormant until a client may be tried (the failures go with it)."""
@@ -328,9 +359,13 @@ class Attempts:
 
     async def make(self) -> ModelReply:
         """Try clients until one answers (recorded), the call rests (dormant) or fails."""
+        self.lineage = await lineage_of(self.run)
         while True:
             route, skipped = self.choose()
-            reply = await self.attempt_on(route, skipped)
+            with held(self.run, call_key({"pos": self.pos, "name": self.name}),
+                      route.request(self.request),
+                      self.options.prices or self.run._model_prices, bool(self.lineage)):
+                reply = await self.attempt_on(route, skipped)
             if reply is not None:
                 return reply
 
