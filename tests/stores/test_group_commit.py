@@ -448,7 +448,7 @@ def test_a_fenced_out_ending_cancels_no_child_in_its_batch(store: Store,
     """A parent's ending refused by its fence (another node holds it now) cancels none of
     its children, neither those in the same batch nor the others."""
     chains, epochs = _family(store, signer)
-    mum, busy, sleepy = chains["mum"], chains["busy"], chains["sleepy"]
+    mum, busy = chains["mum"], chains["busy"]
     results = store.apply([
         busy.append(epochs["busy"], busy.extend(1)),
         mum.append(epochs["mum"] - 1, mum.peek(1), status="failed", phase="termination",
@@ -458,4 +458,27 @@ def test_a_fenced_out_ending_cancels_no_child_in_its_batch(store: Store,
     flags = store.control_flags(["busy", "sleepy"])
     assert not flags["busy"][1] and not flags["sleepy"][1]
     assert store.records("mum") == mum.records
-    del sleepy
+
+
+def test_append_ending_is_append_with_its_cancel_step_added() -> None:
+    """PostgreSQL's ``append_ending`` is ``append`` plus the children's cancel: every line
+    of ``append`` appears in it, in order (a column list or RETURNING line may go on), so
+    a change to ``append`` that is not carried over fails here."""
+    from perdure.stores._sql import load_queries
+
+    queries = load_queries("postgres")
+
+    def lines(name: str) -> list[str]:
+        return [line.strip() for line in queries[name].splitlines()
+                if line.strip() and not line.strip().startswith("--")]
+
+    plain, ending = lines("append"), lines("append_ending")
+    assert len(ending) > len(plain)
+    at = 0
+    for line in plain:
+        stem = line.rstrip(")").rstrip(",")
+        while at < len(ending) and not (ending[at] == line or ending[at].startswith(stem)):
+            at += 1
+        assert at < len(ending), f"append_ending lacks append's line {line!r}"
+        at += 1
+    assert any("kids AS" in line for line in ending)
