@@ -9,6 +9,8 @@ The tree::
     ├── NodeIdentityError         a node id is registered with another public key
     ├── RecordDecodeError         a memory record cannot be decoded (fails closed)
     ├── IntegrityError            a memory chain or signature does not verify
+    │   └── SealBrokenError       a sealed value or a wrapped data key does not decrypt
+    ├── DataKeyError              this node cannot open an object's sealed values (no key)
     ├── SerializationError        a value is not JSON-encodable for the memory
     ├── UnknownAgentError         no agent of that name is registered
     ├── ObjectNotFoundError       no object with that id
@@ -57,6 +59,7 @@ __all__ = [
     "CannotDo",
     "ChildFailedError",
     "ConfigurationError",
+    "DataKeyError",
     "IntegrityError",
     "LeaseLostError",
     "NodeIdentityError",
@@ -68,6 +71,7 @@ __all__ = [
     "PerdureSignal",
     "RecordDecodeError",
     "ResultTimeoutError",
+    "SealBrokenError",
     "SerializationError",
     "StepFailedError",
     "StepInDoubtError",
@@ -119,6 +123,33 @@ class IntegrityError(PerdureError):
         self.seq = seq
         self.reason = reason
         super().__init__(f"object {object_id!r}: record #{seq} fails verification: {reason}")
+
+
+class SealBrokenError(IntegrityError):
+    """A sealed value (``perdure.Secret``, an encrypted payload) or an object's wrapped
+    data key does not decrypt: its bytes were damaged or forged. Nothing is guessed;
+    restore the store (or the data-key row) from a backup."""
+
+    def __init__(self, object_id: str, reason: str, seq: int = 0) -> None:
+        PerdureError.__init__(
+            self, f"object {object_id!r}: {reason}; the bytes were damaged or forged "
+                  f"(run `perdure verify {object_id}`, restore from a backup)")
+        self.object_id = object_id
+        self.seq = seq
+        self.reason = reason
+
+
+class DataKeyError(PerdureError):
+    """This node cannot open (or seal) an object's values: it holds no key-encryption
+    key that wrapped the object's data key, or none at all. ``object_id`` and
+    ``key_id`` (the key it needs, ``None`` if unknown) say which; give the node that
+    key (``docs/howto/secrets.md``) or let a node that has it run the object."""
+
+    def __init__(self, object_id: str, reason: str, key_id: str | None = None) -> None:
+        super().__init__(f"object {object_id!r}: {reason}")
+        self.object_id = object_id
+        self.key_id = key_id
+        self.reason = reason
 
 
 class SerializationError(PerdureError):

@@ -12,13 +12,14 @@ from typing import Any
 from perdure.core.chain import CommitSeal, check_links
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import Record, record_from_columns
-from perdure.stores.base import Append, Claim, NewObject, ObjectRow
+from perdure.stores.base import Append, Claim, DataKeyRow, NewObject, ObjectRow
 
 __all__ = [
     "append_params",
     "checked_chain",
     "claim_from_row",
     "create_params",
+    "data_key_row",
     "list_query",
     "notices_cancel",
     "object_row",
@@ -56,6 +57,11 @@ def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[s
         updated_at=data["updated_at"],
         requires=tuple(decode_names(data["requires"])) if data.get("requires") else (),
     )
+
+
+def data_key_row(row: Sequence[Any]) -> DataKeyRow:
+    """A ``DataKeyRow`` from ``(object_id, key_id, wrapped, seal_all)``."""
+    return DataKeyRow(str(row[0]), str(row[1]), bytes(row[2]), bool(row[3]))
 
 
 def list_query(*, status: str | None, agent: str | None, parent: str | None) -> str:

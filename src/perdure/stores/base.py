@@ -8,7 +8,8 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 ``Store`` is the union of small role protocols, one per concern: ``Nodes`` (node
 keys, trust items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
 commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Inbox``
-(events) and ``Writes`` (fenced group commits). How a node's event loop gets its
+(events), ``DataKeyRows`` (objects' wrapped data keys, opaque bytes) and ``Writes``
+(fenced group commits). How a node's event loop gets its
 commits made (on the loop, awaited on it, or on a thread) is hidden behind the
 ``Writer`` a store hands out; ``perdure.stores.writers`` holds the ones a backend
 can opt into.
@@ -29,6 +30,8 @@ from perdure.core.records import GENESIS_HASH, Record
 __all__ = [
     "Append",
     "Claim",
+    "DataKeyRow",
+    "DataKeyRows",
     "Done",
     "Event",
     "Inbox",
@@ -97,6 +100,18 @@ class Route:
     node_id: str | None = None
     serves: tuple[str, ...] | None = None
     capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DataKeyRow:
+    """An object's data key as the store keeps it: wrapped (opaque bytes) under the
+    key-encryption key ``key_id``; ``seal_all``: every payload sent to the object is
+    sealed whole (its agent encrypts all payloads)."""
+
+    object_id: str
+    key_id: str
+    wrapped: bytes
+    seal_all: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +387,29 @@ class Writes(Protocol):
         """Release what the running event loop's commits held."""
 
 
-class Store(Nodes, Objects, Records, Leases, Inbox, Writes, Protocol):
+class DataKeyRows(Protocol):
+    """Objects' wrapped data keys (``perdure.core.sealing``): opaque bytes to the store,
+    kept outside the hash chain so that re-wrapping rewrites no record."""
+
+    def data_key(self, object_id: str) -> DataKeyRow | None:
+        """The object's wrapped data key, if it has one."""
+
+    def put_data_key(self, row: DataKeyRow, now: float) -> DataKeyRow:
+        """Keep ``row`` unless the object has a data key already; the row kept."""
+
+    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+        """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
+
+    def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,
+                        now: float) -> bool:
+        """Replace ``old`` (only if the row is still exactly it) by ``wrapped`` under
+        ``key_id``; whether it was replaced."""
+
+    def data_key_counts(self) -> dict[str, int]:
+        """How many data keys each key-encryption key id wraps."""
+
+
+class Store(Nodes, Objects, Records, Leases, Inbox, DataKeyRows, Writes, Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys.
 
     Every role above, plus ``url`` (shown in banners and errors, password masked) and

@@ -34,6 +34,7 @@ from perdure.stores._rows import checked_chain, record_from_row, record_params
 from perdure.stores.base import (
     Append,
     Claim,
+    DataKeyRow,
     Event,
     NewObject,
     NodeInfo,
@@ -129,6 +130,43 @@ class MemoryStore:
             items = sorted((created, item_id, kind, body)
                            for item_id, (created, kind, body) in t.trust.items())
         return [(kind, body) for _, _, kind, body in items]
+
+    # -- data keys ----------------------------------------------------------------
+
+    def data_key(self, object_id: str) -> DataKeyRow | None:
+        """The object's wrapped data key, if it has one."""
+        with self._held() as t:
+            return t.data_keys.get(object_id)
+
+    def put_data_key(self, row: DataKeyRow, now: float) -> DataKeyRow:
+        """Keep ``row`` unless the object has a data key already; the row kept."""
+        with self._held() as t:
+            return t.data_keys.setdefault(row.object_id, row)
+
+    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+        """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
+        with self._held() as t:
+            rows = sorted((r for r in t.data_keys.values() if r.key_id != key_id),
+                          key=lambda r: r.object_id)
+        return rows[:limit]
+
+    def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,
+                        now: float) -> bool:
+        """Replace ``old`` by ``wrapped`` under ``key_id`` if the row is still ``old``."""
+        with self._held() as t:
+            if t.data_keys.get(old.object_id) != old:
+                return False
+            t.data_keys[old.object_id] = DataKeyRow(old.object_id, key_id, bytes(wrapped),
+                                                    old.seal_all)
+            return True
+
+    def data_key_counts(self) -> dict[str, int]:
+        """How many data keys each key-encryption key id wraps."""
+        counts: dict[str, int] = {}
+        with self._held() as t:
+            for row in t.data_keys.values():
+                counts[row.key_id] = counts.get(row.key_id, 0) + 1
+        return dict(sorted(counts.items()))
 
     def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
                   now: float) -> None:

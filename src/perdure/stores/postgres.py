@@ -62,6 +62,7 @@ from perdure.stores._rows import (
     checked_chain,
     claim_from_row,
     create_params,
+    data_key_row,
     list_query,
     object_row,
     record_from_row,
@@ -72,6 +73,7 @@ from perdure.stores._urls import redact_url
 from perdure.stores.base import (
     Append,
     Claim,
+    DataKeyRow,
     Event,
     NewObject,
     NodeInfo,
@@ -148,6 +150,42 @@ class PostgresStore(PostgresDatabase):
         """Every trust item as ``(kind, body)``, oldest first."""
         with self._single() as conn:
             return [(row[0], bytes(row[1])) for row in conn.execute(_Q["trust_items"])]
+
+    # -- data keys ----------------------------------------------------------------
+
+    def data_key(self, object_id: str) -> DataKeyRow | None:
+        """The object's wrapped data key, if it has one."""
+        with self._single() as conn:
+            row = conn.execute(_Q["data_key"], (object_id,)).fetchone()
+        return None if row is None else data_key_row(row)
+
+    def put_data_key(self, row: DataKeyRow, now: float) -> DataKeyRow:
+        """Keep ``row`` unless the object has a data key already; the row kept."""
+        with self._tx() as conn:
+            conn.execute(_Q["put_data_key"], (row.object_id, row.key_id, row.wrapped,
+                                              row.seal_all, now))
+            got = conn.execute(_Q["data_key"], (row.object_id,)).fetchone()
+        assert got is not None  # inserted, or there already
+        return data_key_row(got)
+
+    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+        """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
+        with self._single() as conn:
+            rows = conn.execute(_Q["data_keys_not_under"], (key_id, limit)).fetchall()
+        return [data_key_row(row) for row in rows]
+
+    def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,
+                        now: float) -> bool:
+        """Replace ``old`` by ``wrapped`` under ``key_id`` if the row is still ``old``."""
+        with self._tx() as conn:
+            cur = conn.execute(_Q["rewrap_data_key"], (key_id, wrapped, now, old.object_id,
+                                                      old.key_id, old.wrapped))
+            return cur.rowcount == 1
+
+    def data_key_counts(self) -> dict[str, int]:
+        """How many data keys each key-encryption key id wraps."""
+        with self._single() as conn:
+            return {row[0]: int(row[1]) for row in conn.execute(_Q["data_key_counts"])}
 
     def public_keys(self) -> dict[str, bytes]:
         """All registered node keys."""

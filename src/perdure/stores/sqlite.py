@@ -33,6 +33,7 @@ from perdure.stores._rows import (
     checked_chain,
     claim_from_row,
     create_params,
+    data_key_row,
     list_query,
     record_from_row,
     record_params,
@@ -51,6 +52,7 @@ from perdure.stores._sqlite_file import Q as _Q
 from perdure.stores.base import (
     Append,
     Claim,
+    DataKeyRow,
     Event,
     NewObject,
     NodeInfo,
@@ -138,6 +140,39 @@ class SQLiteStore(SQLiteFile):
         """Every trust item as ``(kind, body)``, oldest first."""
         rows = self._rows(_Q["trust_items"], (), text_at=(0,))
         return [(row[0], bytes(row[1])) for row in rows]
+
+    # -- data keys ----------------------------------------------------------------
+
+    def data_key(self, object_id: str) -> DataKeyRow | None:
+        """The object's wrapped data key, if it has one."""
+        rows = self._rows(_Q["data_key"], (object_id,), text_at=(0, 1))
+        return data_key_row(rows[0]) if rows else None
+
+    def put_data_key(self, row: DataKeyRow, now: float) -> DataKeyRow:
+        """Keep ``row`` unless the object has a data key already; the row kept."""
+        with self._write() as conn:
+            conn.execute(_Q["put_data_key"], (row.object_id, row.key_id, row.wrapped,
+                                              int(row.seal_all), now))
+            got = conn.execute(_Q["data_key"], (row.object_id,)).fetchone()
+        return data_key_row(got)
+
+    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+        """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
+        rows = self._rows(_Q["data_keys_not_under"], (key_id, limit), text_at=(0, 1))
+        return [data_key_row(row) for row in rows]
+
+    def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,
+                        now: float) -> bool:
+        """Replace ``old`` by ``wrapped`` under ``key_id`` if the row is still ``old``."""
+        with self._write() as conn:
+            cur = conn.execute(_Q["rewrap_data_key"], (key_id, wrapped, now, old.object_id,
+                                                      old.key_id, old.wrapped))
+            return cur.rowcount == 1
+
+    def data_key_counts(self) -> dict[str, int]:
+        """How many data keys each key-encryption key id wraps."""
+        return {row[0]: int(row[1]) for row in self._rows(_Q["data_key_counts"], (),
+                                                           text_at=(0,))}
 
     def public_keys(self) -> dict[str, bytes]:
         """All registered node keys (a node id that is not UTF-8 reads with U+FFFD)."""

@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 4
+-- version: 5
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -97,3 +97,15 @@ CREATE TABLE trust (
     body       BYTEA NOT NULL,
     created_at DOUBLE PRECISION NOT NULL
 );
+
+-- Each object's data key, wrapped by a node's key-encryption key (which never comes
+-- here); outside the hash chain, so re-wrapping rewrites no memory record.
+CREATE TABLE data_keys (
+    object_id  TEXT PRIMARY KEY,
+    key_id     TEXT NOT NULL,
+    wrapped    BYTEA NOT NULL,
+    seal_all   BOOLEAN NOT NULL DEFAULT FALSE,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+
+CREATE INDEX data_keys_by_key ON data_keys (key_id);

@@ -319,3 +319,25 @@ WHERE node_id = :node_id;
 -- name: live_nodes
 SELECT node_id, serves, capabilities, seen_at FROM nodes
 WHERE seen_at IS NOT NULL AND seen_at >= :since ORDER BY node_id;
+
+-- name: data_key
+SELECT object_id, key_id, wrapped, seal_all FROM data_keys WHERE object_id = ?;
+
+-- name: put_data_key
+-- The first data key of an object stays: a second writer (another node starting or
+-- sealing for the same object at the same moment) reads the first one back.
+INSERT INTO data_keys (object_id, key_id, wrapped, seal_all, updated_at)
+VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (object_id) DO NOTHING;
+
+-- name: data_keys_not_under
+SELECT object_id, key_id, wrapped, seal_all FROM data_keys
+WHERE key_id <> ? ORDER BY object_id LIMIT ?;
+
+-- name: rewrap_data_key
+-- Compare-and-set: only a row still wrapped under the key it was read under.
+UPDATE data_keys SET key_id = ?, wrapped = ?, updated_at = ?
+WHERE object_id = ? AND key_id = ? AND wrapped = ?;
+
+-- name: data_key_counts
+SELECT key_id, count(*) FROM data_keys GROUP BY key_id ORDER BY key_id;

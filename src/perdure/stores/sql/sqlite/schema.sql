@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 5
+-- version: 6
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -92,3 +92,15 @@ CREATE TABLE trust (
     body       BLOB NOT NULL,
     created_at REAL NOT NULL
 );
+
+-- Each object's data key, wrapped by a node's key-encryption key (which never comes
+-- here); outside the hash chain, so re-wrapping rewrites no memory record.
+CREATE TABLE data_keys (
+    object_id  TEXT PRIMARY KEY,
+    key_id     TEXT NOT NULL,
+    wrapped    BLOB NOT NULL,
+    seal_all   INTEGER NOT NULL DEFAULT 0,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE INDEX data_keys_by_key ON data_keys (key_id);
