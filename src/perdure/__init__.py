@@ -7,6 +7,7 @@ forward from exactly where it was.
 
 from __future__ import annotations
 
+from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder
 from perdure.app import App, step
@@ -16,6 +17,7 @@ from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, Reason
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
+from perdure.core.secret import Secret
 from perdure.core.trust import Certificate, KeyRing, Revocation
 from perdure.core.usage import UsageTotals
 from perdure.engine.anchors import HeadAnchors
@@ -32,6 +34,7 @@ from perdure.errors import (
     CannotDo,
     ChildFailedError,
     ConfigurationError,
+    DataKeyError,
     IntegrityError,
     LeaseLostError,
     NodeIdentityError,
@@ -43,6 +46,7 @@ from perdure.errors import (
     PerdureSignal,
     RecordDecodeError,
     ResultTimeoutError,
+    SealBrokenError,
     SerializationError,
     StepFailedError,
     StepInDoubtError,
@@ -70,6 +74,8 @@ __all__ = [
     "ChildHandle",
     "ConfigurationError",
     "Context",
+    "DataKeyError",
+    "DataKeys",
     "Decision",
     "ErrorClass",
     "Handle",
@@ -100,6 +106,8 @@ __all__ = [
     "RetryPolicy",
     "Revocation",
     "Run",
+    "SealBrokenError",
+    "Secret",
     "SerializationError",
     "Signer",
     "Status",

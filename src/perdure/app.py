@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from perdure._app_secrets import differences, opened_body, sealed_payload, start_arguments
+from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity, TrustSpec, publish
 from perdure._keys import default_key_dir, public_bytes
 from perdure.core.arguments import check_arguments, start_differences
@@ -27,12 +29,14 @@ from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import marked
 from perdure.core.trust import Certificate, Revocation, seal_event
 from perdure.core.usage import UsageTotals, usage_totals
 from perdure.engine.anchors import HeadAnchors, rollback_problem
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
+from perdure.engine.sealer import needs_sealing
 from perdure.engine.verifier import Verifier
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -93,6 +97,11 @@ class App:
 
     ``prices`` (a ``perdure.llm.PriceTable``) costs the model calls of this node's
     agents (``run.model``), unless a call brings its own table.
+
+    ``data_keys`` (a ``perdure.DataKeys``, or a spec such as ``"env:PERDURE_DATA_KEY"``)
+    holds the key-encryption keys that keep ``perdure.Secret`` values encrypted at
+    rest; by default the ``data-keys`` folder in the key folder, whose first key is
+    made on first use (see ``docs/howto/secrets.md``).
     """
 
     def __init__(
@@ -108,6 +117,7 @@ class App:
         trust: TrustSpec | None = None,
         key_passphrase: str | bytes | None = None,
         prices: PriceTable | None = None,
+        data_keys: DataKeys | str | None = None,
     ) -> None:
         if node_id is not None:
             check_object_id(node_id, "node id")
@@ -117,6 +127,11 @@ class App:
         self._store_arg = store
         self._store: Store | None = None if isinstance(store, str) else store
         self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
+        self._data_keys_arg = data_keys
+        #: The key-encryption keys of this node (secrets at rest; ``perdure.DataKeys``).
+        self.data_keys = (DataKeys.parse(data_keys) if isinstance(data_keys, str)
+                          else data_keys if data_keys is not None
+                          else DataKeys.folder(self._key_dir / "data-keys"))
         self._node_id = node_id
         self._identity = NodeIdentity(self._key_dir, node_id=node_id, trust=trust,
                                       passphrase=self._passphrase)
@@ -210,7 +225,8 @@ class App:
                       node_id: str | None = None, trust: TrustSpec | None = None,
                       key_passphrase: str | bytes | None = None,
                       lease_seconds: float | None = None, poll_interval: float | None = None,
-                      capabilities: set[str] | frozenset[str] | None = None) -> App:
+                      capabilities: set[str] | frozenset[str] | None = None,
+                      data_keys: DataKeys | str | None = None) -> App:
         """A new App with the same agents and settings but another store, key directory,
         node id, trusted roots, key passphrase, lease, poll interval or extra
         capabilities (``None`` keeps this App's; ``capabilities`` adds to them)."""
@@ -225,6 +241,8 @@ class App:
             poll_interval=poll_interval if poll_interval is not None else self.poll_interval,
             capabilities=self.capabilities | frozenset(capabilities or ()),
             prices=self.prices,
+            # Keys given carry over; the default folder follows the key folder.
+            data_keys=data_keys if data_keys is not None else self._data_keys_arg,
         )
         clone._agents = dict(self._agents)
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
@@ -258,6 +276,7 @@ class App:
         name: str | None = None,
         version: str = "1",
         requires: set[str] | frozenset[str] | None = None,
+        encrypt: bool = False,
     ) -> Callable[[F], F]: ...
 
     def agent(
@@ -268,12 +287,17 @@ class App:
         name: str | None = None,
         version: str = "1",
         requires: set[str] | frozenset[str] | None = None,
+        encrypt: bool = False,
     ) -> F | Callable[[F], F]:
         """Register an agent: ``@app.agent()`` or ``@app.agent(name=..., version=...)``.
 
         The function takes a ``Run`` (``async def``) or ``SyncRun`` (``def``) first,
         then the JSON-encodable arguments given to ``start``. The decorated
         function is returned unchanged, its signature intact.
+
+        ``encrypt=True`` seals every payload of its objects at rest (arguments, step
+        results, events, progress notes, its result), not only the ``perdure.Secret``
+        values in them (see ``docs/howto/secrets.md``).
         """
 
         def register(func: F) -> F:
@@ -289,6 +313,7 @@ class App:
                 fn=func,
                 is_async=is_async(func),
                 requires=frozenset(requires or ()),
+                encrypt=bool(encrypt),
             )
             func.__perdure_agent__ = agent_name  # type: ignore[attr-defined]
             return func
@@ -349,13 +374,18 @@ class App:
         oid = uuid.uuid4().hex if object_id is None else check_object_id(object_id)
         labels = check_labels(labels)
         check_arguments(definition.fn, args, kwargs, agent=definition.name)
-        encode({"args": list(args), "kwargs": kwargs}, max_depth=MAX_DEPTH + 2,
-               what=f"arguments of agent {definition.name!r}")
+        sealing = needs_sealing(args, kwargs, seal_all=definition.encrypt)
+        if not sealing:
+            encode({"args": list(args), "kwargs": kwargs}, max_depth=MAX_DEPTH + 2,
+                   what=f"arguments of agent {definition.name!r}")
         signer = self._ensure_node()
         row = self.store.get(oid)
         if row is None:
             now = time.time()
-            new = instantiate(definition, tuple(args), kwargs, object_id=oid, signer=signer,
+            stored_args, stored_kwargs = start_arguments(self.store, self.data_keys,
+                                                         definition, oid, args, kwargs)
+            new = instantiate(definition, stored_args, stored_kwargs, object_id=oid,
+                              signer=signer,
                               policy_ref=self.policy.ref, now=now, deadline=deadline,
                               max_failures=max_failures, labels=labels, budget=budget)
             if self.store.create(new, now):
@@ -369,6 +399,10 @@ class App:
                 f"{definition.name!r}; start {definition.name!r} under another object id"
             )
         first = next((r for r in self.store.records(oid) if r.kind == Kind.INSTANTIATED), None)
+        if first is not None and (sealing or marked(first.body_bytes)):
+            return Handle(self, oid, differs=differences(
+                self.store, self.data_keys, oid, first, args=args, kwargs=kwargs,
+                labels=labels, max_failures=max_failures, deadline=deadline))
         differs = None if first is None else start_differences(
             oid, first.body, args=args, kwargs=kwargs, labels=labels,
             max_failures=max_failures, deadline=deadline)
@@ -402,7 +436,7 @@ class App:
             )
         if dedupe_key is not None:
             check_name(dedupe_key, "dedupe key")
-        data = encode(payload, what=f"payload of event {event!r}", max_depth=MAX_DEPTH)
+        data = sealed_payload(self.store, self.data_keys, object_id, event, payload)
         return self.store.send(object_id, event, data, dedupe_key, time.time(),
                                self._seal(object_id, event, data, dedupe_key))
 
@@ -606,8 +640,7 @@ class App:
         problem = self.verifier.record_problem(rec) or _row_against_memory(row, rec)
         if problem is not None:
             raise IntegrityError(object_id, rec.seq, problem)
-        body = dict(rec.body)
-        return body
+        return opened_body(self.store, self.data_keys, rec)
 
     # -- running a node -------------------------------------------------------------
 
@@ -619,6 +652,7 @@ class App:
         claiming one again reads only what was appended since (0: always read all).
         """
         settings = WorkerSettings(
+            data_keys=self.data_keys,
             concurrency=concurrency,
             lease_seconds=self.lease_seconds,
             poll_interval=self.poll_interval,

@@ -46,6 +46,7 @@ __all__ = [
     "KEY_BYTES",
     "SEALED",
     "SECRET_TAG",
+    "check_reserved",
     "has_secrets",
     "key_id",
     "marked",
@@ -141,7 +142,7 @@ def _blob(plain: Any, dek: bytes, object_id: str, what: str) -> dict[str, Any]:
                      "data": base64.b64encode(sealed).decode("ascii")}}
 
 
-def _check_reserved(value: Any, what: str) -> None:
+def check_reserved(value: Any, what: str) -> None:
     """Refuse a value that holds perdure's reserved keys itself (it would be opened as
     a sealed value on replay)."""
     todo = [value]
@@ -161,7 +162,7 @@ def seal(value: Any, dek: bytes, object_id: str, *, whole: bool, what: str = "va
     """``value`` as memory keeps it: every ``Secret`` sealed on its own, or (``whole``)
     the entire value sealed as one (its secrets tagged inside). A value holding the
     reserved keys itself is refused (``SerializationError``)."""
-    _check_reserved(_map(value, lambda secret: None), what)
+    check_reserved(_map(value, lambda secret: None), what)
     if whole:
         return _blob(_map(value, _tagged), dek, object_id, what)
     return _map(value, lambda secret: _blob(_tagged(secret), dek, object_id, what))
@@ -251,6 +252,8 @@ def redact(value: Any, secrets: Collection[str]) -> Any:
                 value = value.replace(text, SHOWN)
         return value
     if isinstance(value, dict):
+        if SEALED in value:  # ciphertext: its base64 must stay as it is
+            return value
         return {redact(key, secrets): redact(item, secrets) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [redact(item, secrets) for item in value]

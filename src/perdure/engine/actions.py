@@ -16,7 +16,7 @@ from typing import Any
 
 from perdure._gc import gc_paused
 from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
-from perdure.core.codec import decode, encode
+from perdure.core.codec import decode
 from perdure.core.cycle import Action, Decision, MemoryFacts
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
@@ -28,7 +28,9 @@ from perdure.engine.leases import refresh_flags
 from perdure.engine.lineage import fold_children, spawn
 from perdure.engine.memory import event_refusal, pending_events
 from perdure.engine.node import Node
+from perdure.engine.opening import opened_memory
 from perdure.engine.run import CHILD_EVENT, DeadlineExceeded, Park, Run, Suspend
+from perdure.engine.sealer import Sealer
 from perdure.errors import (
     CancelRequestedError,
     LeaseLostError,
@@ -81,7 +83,11 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
         await park(journal, RuntimeError(reason),
                    Parked(reason, "worker_died", claim.crashes).draft())
         return None
-    run = _new_run(node, claim, journal, records, facts, events)
+    got = await opened_memory(node, claim, journal, records, facts, events, agent)
+    if got is None:  # this node cannot open its memory: let go or parked, with why
+        return None
+    sealer, memory, facts = got
+    run = _new_run(node, claim, journal, memory, facts, events, sealer)
     if node.hooks.active and facts.dormancy is not None:
         waited = facts.dormancy
         late = None if waited.wake_at is None else max(0.0, node.clock() - waited.wake_at)
@@ -92,7 +98,7 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
     try:
         result = await invoke(agent, run, node.code_pool)
         try:
-            result_bytes = encode(result, what=f"result of agent {intent.agent!r}")
+            _, result_bytes = run._stored(result, what=f"result of agent {intent.agent!r}")
         except SerializationError as exc:
             await finish_failed(node, journal, records, exc)
             return None
@@ -145,7 +151,7 @@ async def _not_served(node: Node, claim: Claim, intent: Intent) -> None:
 
 
 def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
-             facts: MemoryFacts, events: list[Event]) -> Run:
+             facts: MemoryFacts, events: list[Event], sealer: Sealer | None = None) -> Run:
     """The run of this claim: memory indexed, the inbox read at the claim handed on."""
     oid = claim.object_id
 
@@ -180,7 +186,8 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
                   spawn=spawn_child, capabilities=node.capabilities,
                   check_event=node.verifier.check_event, refresh_flags=flags,
                   crashes=claim.crashes, max_crashes=node.policy.max_crashes,
-                  model_prices=node.settings.model_prices, lineage_budgets=lineage_budgets)
+                  model_prices=node.settings.model_prices, lineage_budgets=lineage_budgets,
+                  sealer=sealer)
     run.cancel_requested = claim.cancel_requested
     return run
 

@@ -15,6 +15,7 @@ from typing import Any
 from perdure.core.bodies import Terminated
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
+from perdure.core.sealing import redact
 from perdure.engine.failures import error_body
 from perdure.engine.journal import Journal
 from perdure.engine.leases import cancel_pending
@@ -36,7 +37,7 @@ async def finish(node: Node, journal: Journal, records: list[Record], ended_as: 
     A completion is written only if no cancel is pending: an object whose agent
     returns while a cancel waits ends cancelled.
     """
-    body = ended_as.encode()
+    body = journal.redacted(RecordDraft(ended_as.kind, ended_as.encode())).body
     error = body.get("error")
     note = None
     if status is Status.FAILED and isinstance(error, dict):
@@ -86,7 +87,8 @@ async def finish_failed(node: Node, journal: Journal, records: list[Record],
 async def park(journal: Journal, err: Exception, record: RecordDraft | None) -> None:
     """Park the object for a person, with ``record`` saying why in memory."""
     if not isinstance(err, NonDeterminismError):
-        log.error("parked %s: %s", journal.object_id, err, extra={"action": "parked"})
+        log.error("parked %s: %s", journal.object_id, redact(str(err), journal.secrets),
+                  extra={"action": "parked"})
     await journal.commit([record] if record is not None else [], status=Status.PARKED,
                          phase=Phase.EVALUATION, ready_at=None, running=False, release=True,
                          parked=True, note=str(err)[:500])

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
 from perdure.core.lifecycle import Phase, Status
-from perdure.core.records import Record, RecordDraft
+from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.sealing import redact
 from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
 from perdure.hooks import CommitBatch, Hooks
 from perdure.stores.base import Append, Outcomes, Signal, Store, Writer
@@ -183,6 +184,11 @@ class Committer:
         return seals
 
 
+#: Record kinds whose bodies quote exception messages, reasons or free text.
+_QUOTING = frozenset((Kind.STEP_FAILED, Kind.TERMINATED, Kind.PARKED, Kind.NONDETERMINISM,
+                      Kind.MODEL_FAILED, Kind.CAPABILITY_MISSING, Kind.CHILD_FINISHED))
+
+
 @dataclass
 class Journal:
     """The head of one object's chain as this node holds it, and the way to extend it.
@@ -217,6 +223,9 @@ class Journal:
         self.flags_at = time.monotonic()
         self.cancel_seen = False  # a commit reported a pending cancel: no step starts now
         self.delegated: list[str] = []  # children ``run.delegate`` recorded through it
+        #: Texts of the secrets the run met (its sealer's set): error records and notes
+        #: that quote one are written with ``[secret]`` in its place.
+        self.secrets: set[str] = set()
 
     @classmethod
     def read_only(cls, records: Sequence[Record], *, object_id: str, signer: Signer,
@@ -277,6 +286,14 @@ class Journal:
             prev = rec.hash
         return records
 
+    def redacted(self, draft: RecordDraft) -> RecordDraft:
+        """``draft`` with the secrets' texts replaced in the bodies that quote errors or
+        reasons (a step's or the agent's failure, a park, a note); others as they are."""
+        if (draft.kind not in _QUOTING or not self.secrets
+                or draft.body.get("outcome") == "completed"):  # a result: sealed as it must be
+            return draft
+        return RecordDraft(draft.kind, redact(draft.body, self.secrets))
+
     async def commit(
         self,
         drafts: Sequence[RecordDraft] = (),
@@ -309,6 +326,9 @@ class Journal:
         committer = self.committer
         if committer is None:
             raise HistoryEnd(self.object_id)
+        if self.secrets:
+            drafts = [self.redacted(d) for d in drafts]
+            note = None if note is None else redact(note, self.secrets)
         records = self._seal([*self.buffer, *drafts], committer.signs)
         before = self.head_seq, self.head_hash
         self.buffer.clear()

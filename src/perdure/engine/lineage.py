@@ -23,6 +23,7 @@ from perdure.engine.journal import Journal
 from perdure.engine.memory import event_refusal
 from perdure.engine.node import Node
 from perdure.engine.run import CHILD_EVENT, child_finished_body
+from perdure.engine.sealer import needs_sealing, sealed_arguments
 from perdure.errors import ObjectConflictError, UnknownAgentError
 from perdure.stores.base import Event, Signal
 
@@ -38,6 +39,10 @@ async def spawn(node: Node, agent: Any, args: tuple[Any, ...], kwargs: dict[str,
         raise UnknownAgentError(
             f"cannot delegate to {agent!r}: no such agent is registered on this node"
         )
+    if needs_sealing(args, kwargs, seal_all=definition.encrypt):
+        sealer = node.sealer(child_id, seal_all=definition.encrypt)
+        args, kwargs = await node.write(
+            lambda: sealed_arguments(sealer, args, kwargs, agent=definition.name))
     new = instantiate(definition, args, kwargs, object_id=child_id, signer=node.signer,
                       policy_ref=node.policy_ref, now=node.clock(), parent=parent)
     if not await node.write(node.store.create, new, node.clock()):

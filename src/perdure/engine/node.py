@@ -35,6 +35,7 @@ from perdure.engine.held import HeldRecords
 from perdure.engine.invoke import StepRunner
 from perdure.engine.journal import Committer, Journal
 from perdure.engine.run import Run
+from perdure.engine.sealer import KeyCache, Sealer
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.verifier import Verifier
 from perdure.errors import StoreError
@@ -98,6 +99,8 @@ class Node:
         self.committer = Committer(store, self.write_pool, clock, signer, hooks=self.hooks)
         self.active: dict[str, Active] = {}
         self.held = HeldRecords(settings.held_records)
+        #: Data keys this node unwrapped (secrets at rest), shared by its runs' sealers.
+        self.key_cache = KeyCache()
         self.store_down = False
 
     # -- store access off the event loop --------------------------------------------
@@ -129,6 +132,11 @@ class Node:
         self.code_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- one object -----------------------------------------------------------------
+
+    def sealer(self, object_id: str, *, seal_all: bool = False) -> Sealer:
+        """The sealer of ``object_id`` on this node (``perdure.engine.sealer``)."""
+        return Sealer(self.store, self.settings.data_keys, object_id, seal_all=seal_all,
+                      cache=self.key_cache)
 
     def journal(self, claim: Claim, records: list[Record]) -> Journal:
         """The journal extending ``records`` (the object's checked chain) under ``claim``."""

@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
@@ -44,6 +45,7 @@ from perdure.stores.base import Event
 
 if TYPE_CHECKING:
     from perdure.engine.commands.model_calls import ModelMemory
+    from perdure.engine.sealer import Sealer
     from perdure.llm import PriceTable
 
 __all__ = [
@@ -90,9 +92,12 @@ class Run:
         max_crashes: int | None = None,
         model_prices: PriceTable | None = None,
         lineage_budgets: Callable[[], Awaitable[list[Any]]] | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         # What the node hands every command.
         self._journal = journal
+        #: Seals secrets in the payloads commands write (``perdure.engine.sealer``).
+        self._sealer = sealer
         self._check_event = check_event
         self._refresh_flags = refresh_flags
         self._intent = intent
@@ -181,6 +186,23 @@ class Run:
             else:
                 history[pos] = [rec]
         return top_pos, rerouted
+
+    # -- payloads: the one path values take into memory -------------------------
+
+    def _stored(self, value: Any, *, what: str, max_depth: int = MAX_DEPTH
+                ) -> tuple[Any, bytes]:
+        """``value`` as a record body keeps it, and its canonical bytes: secrets (or,
+        for an agent that encrypts all, the whole value) sealed by the run's sealer
+        (``Sealer.store_value``, whose docstring tells a new command how to use it)."""
+        if self._sealer is None:
+            return value, encode(value, what=what, max_depth=max_depth)
+        return self._sealer.store_value(value, what=what, max_depth=max_depth)
+
+    def _opened(self, value: Any) -> Any:
+        """A stored value as the agent gets it: sealed parts opened."""
+        if self._sealer is None:
+            return value
+        return self._sealer.open(value)
 
     # -- what the agent can read ---------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from perdure.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from perdure._data_keys import DataKeys
     from perdure.llm import PriceTable
 
 __all__ = ["AgentDef", "WorkerSettings"]
@@ -27,6 +28,9 @@ class AgentDef:
     fn: Callable[..., Any]
     is_async: bool
     requires: frozenset[str] = frozenset()
+    #: Seal every payload of its objects (arguments, results, events, notes), not only
+    #: the ``perdure.Secret`` values in them (``@app.agent(encrypt=True)``).
+    encrypt: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,8 @@ class WorkerSettings:
     held_records: int = 50_000
     # The price table ``run.model`` costs calls with, unless a call brings its own.
     model_prices: PriceTable | None = None
+    # The key-encryption keys that open and make objects' data keys (secrets at rest).
+    data_keys: DataKeys | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

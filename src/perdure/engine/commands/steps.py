@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, overload
 
 from perdure.core.backoff import RetryPolicy
 from perdure.core.bodies import StepDone, StepStarted
-from perdure.core.codec import decode, detached, encode
+from perdure.core.codec import decode, detached
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.positions import branch
 from perdure.engine.commands.step_failures import (
@@ -158,7 +158,7 @@ async def step(
     began = time.perf_counter()
     try:
         result = await self._step_executor(info, fn, args, kwargs)
-        result_bytes = encode(result, what=f"result of step {step_name!r}")
+        stored, result_bytes = self._stored(result, what=f"result of step {step_name!r}")
     except CannotDo as exc:
         cannot_do(self, step_name, pos, exc.reason)
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
@@ -176,7 +176,8 @@ async def step(
         [done_draft(pos, step_name, attempt, latency, recorded, result_bytes)],
         **routing_reset(self))
     _told(self, step_name, pos, True, latency)
-    return recorded
+    # Sealed: memory keeps the ciphertext, the agent gets what replay will give it.
+    return recorded if stored is result else self._opened(recorded)
 
 
 async def _failed(run: Run, pos: int | str, step_name: str, attempt: int,

@@ -67,4 +67,5 @@ async def progress(self: Run, **fields: Any) -> None:
     """
     if self.replaying:
         return
-    self._journal.defer(Progress(fields).draft(), volatile=False)
+    stored, _ = self._stored(fields, what="progress note")
+    self._journal.defer(Progress(stored).draft(), volatile=False)

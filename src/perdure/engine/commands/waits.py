@@ -99,7 +99,7 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> An
                 EventReceived(pos, event, ev.event_id, payload, digest).draft(),
                 consume_event_ids=[ev.event_id],
             )
-            return payload
+            return self._opened(payload)
     dormant = find(recs, Kind.DORMANT)
     now = self._clock()
     if dormant is not None:
