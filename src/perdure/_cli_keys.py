@@ -273,9 +273,18 @@ def _fingerprint_of(obj: Any, key: str) -> tuple[str, str]:
 
 @keys.command()
 @click.option("--days", type=float, help="Validity of the new key's certificate.")
+@click.option("--data", is_flag=True,
+              help="Rotate the key-encryption key of secrets at rest instead: a new one, "
+                   "and every data key in the store re-wrapped under it.")
 @click.pass_obj
-def rotate(obj: Any, days: float | None) -> None:
-    """Give this node a new key (the old one is kept as node.key.<fingerprint>.old)."""
+def rotate(obj: Any, days: float | None, data: bool) -> None:
+    """Give this node a new key (the old one is kept as node.key.<fingerprint>.old);
+    with --data, re-wrap the data keys of secrets under a new key-encryption key."""
+    if data:
+        from perdure._cli_secrets import rotate_data
+
+        rotate_data(obj)
+        return
     folder = _folder(obj)
     new = folder.rotate()
     public = public_key_bytes(new)

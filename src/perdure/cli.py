@@ -25,6 +25,7 @@ from rich.text import Text
 from perdure import __version__
 from perdure import inspect as view
 from perdure._cli_keys import keys
+from perdure._cli_secrets import data_key
 from perdure._cli_tail import tail
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
@@ -80,6 +81,7 @@ class _Ctx:
         self.node_id = node_id
         self.trust = trust
         self.passphrase = passphrase
+        self.data_keys: str | None = None  # --data-keys
         self._app: App | None = None
         self._loaded: App | None = None
 
@@ -107,6 +109,8 @@ class _Ctx:
                       trust=self.trust, key_passphrase=self.passphrase)
         else:
             _fail("no store: pass --store URL (e.g. sqlite:///agents.db) or set PERDURE_STORE")
+        if self.data_keys:
+            app = app.with_settings(data_keys=self.data_keys)
         self._app = app
         return app
 
@@ -268,13 +272,16 @@ def _ls_lines(infos: Sequence[ObjectInfo], width: int) -> list[Text]:
               show_envvar=True, type=click.Path(dir_okay=False),
               help="File holding the passphrase of protected private keys (or set "
                    "PERDURE_KEY_PASSPHRASE).")
+@click.option("--data-keys", envvar="PERDURE_DATA_KEYS", show_envvar=True,
+              help="Key-encryption keys of secrets at rest: a folder, env:NAME or "
+                   "keyring:SERVICE/USER (default: data-keys in the key folder).")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 @click.version_option(__version__, "--version", prog_name="perdure",
                       message="%(prog)s %(version)s", help="Print perdure's version and exit.")
 @click.pass_context
 def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: str | None,
         node_id: str | None, trust: str | None, key_passphrase_file: str | None,
-        verbose: int) -> None:
+        data_keys: str | None, verbose: int) -> None:
     """perdure: durable agents that survive crashes and resume on any node."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -288,6 +295,7 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
         except OSError as exc:
             _fail(f"--key-passphrase-file {key_passphrase_file}: {exc.strerror or exc}")
     ctx.obj = _Ctx(store, app_spec, key_dir, node_id, trust, secret)
+    ctx.obj.data_keys = data_keys
 
 
 @cli.command()
@@ -602,6 +610,7 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
     out.print(f"forgot {count} head(s) in {obj.key_folder().heads_path}")
 
 
+keys.add_command(data_key)
 cli.add_command(keys)
 cli.add_command(tail)
 

@@ -29,6 +29,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from perdure._data_keys import DataKeys
@@ -49,7 +50,8 @@ from perdure.core.sealing import (
 from perdure.errors import DataKeyError, SerializationError
 from perdure.stores.base import DataKeyRow, Store
 
-__all__ = ["KeyCache", "Sealer", "needs_sealing", "no_key_note", "sealed_arguments"]
+__all__ = ["KeyCache", "Rewrapped", "Sealer", "needs_sealing", "no_key_note", "rewrap",
+           "sealed_arguments"]
 
 
 class KeyCache:
@@ -197,6 +199,48 @@ def sealed_arguments(sealer: Sealer, args: Sequence[Any], kwargs: Mapping[str, A
     what = f"arguments of agent {agent!r}"
     return (tuple(sealer.store_value(arg, what=what)[0] for arg in args),
             {name: sealer.store_value(value, what=what)[0] for name, value in kwargs.items()})
+
+
+@dataclass(frozen=True, slots=True)
+class Rewrapped:
+    """What ``rewrap`` did: data keys re-wrapped, already under the current key, and
+    left as they were because this node lacks the key that wraps them (by key id)."""
+
+    key_id: str
+    rewrapped: int
+    current: int
+    missing: dict[str, int]
+
+
+def rewrap(store: Store, keys: DataKeys, *, batch: int = 500) -> Rewrapped:
+    """Re-wrap every data key in ``store`` under ``keys``' current key-encryption key.
+
+    Only the ``data_keys`` rows change (compare-and-set, so a concurrent rewrap or a
+    new object is never overwritten); no memory record is rewritten and the data keys
+    themselves stay the same, so every sealed value opens as before. A row wrapped
+    under a key this node does not hold is counted in ``missing`` and left as it is;
+    one that does not unwrap raises ``SealBrokenError``.
+    """
+    current = keys.current(create=True)
+    if current is None:
+        raise DataKeyError("*", f"{keys.origin} holds no key-encryption key to re-wrap under")
+    ident, kek = current
+    done, missing, after = 0, dict[str, int](), ""
+    while True:
+        rows = store.data_keys_not_under(ident, after, batch)
+        if not rows:
+            break
+        for row in rows:
+            old = keys.get(row.key_id)
+            if old is None:
+                missing[row.key_id] = missing.get(row.key_id, 0) + 1
+                continue
+            dek = unwrap_data_key(old, row.wrapped, row.object_id)
+            if store.rewrap_data_key(row, ident, wrap_data_key(kek, dek, row.object_id),
+                                     time.time()):
+                done += 1
+        after = rows[-1].object_id
+    return Rewrapped(ident, done, store.data_key_counts().get(ident, 0) - done, missing)
 
 
 def no_key_note(exc: DataKeyError, node_id: str) -> str:

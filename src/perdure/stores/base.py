@@ -397,8 +397,10 @@ class DataKeyRows(Protocol):
     def put_data_key(self, row: DataKeyRow, now: float) -> DataKeyRow:
         """Keep ``row`` unless the object has a data key already; the row kept."""
 
-    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
-        """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
+    def data_keys_not_under(self, key_id: str, after: str, limit: int
+                            ) -> builtins.list[DataKeyRow]:
+        """Up to ``limit`` data keys wrapped under another key than ``key_id``, of
+        objects whose ids sort after ``after``, in id order."""
 
     def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,
                         now: float) -> bool:

@@ -143,10 +143,12 @@ class MemoryStore:
         with self._held() as t:
             return t.data_keys.setdefault(row.object_id, row)
 
-    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+    def data_keys_not_under(self, key_id: str, after: str, limit: int
+                            ) -> builtins.list[DataKeyRow]:
         """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
         with self._held() as t:
-            rows = sorted((r for r in t.data_keys.values() if r.key_id != key_id),
+            rows = sorted((r for r in t.data_keys.values()
+                           if r.key_id != key_id and r.object_id > after),
                           key=lambda r: r.object_id)
         return rows[:limit]
 

@@ -168,10 +168,11 @@ class PostgresStore(PostgresDatabase):
         assert got is not None  # inserted, or there already
         return data_key_row(got)
 
-    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+    def data_keys_not_under(self, key_id: str, after: str, limit: int
+                            ) -> builtins.list[DataKeyRow]:
         """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
         with self._single() as conn:
-            rows = conn.execute(_Q["data_keys_not_under"], (key_id, limit)).fetchall()
+            rows = conn.execute(_Q["data_keys_not_under"], (key_id, after, limit)).fetchall()
         return [data_key_row(row) for row in rows]
 
     def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,

@@ -156,9 +156,10 @@ class SQLiteStore(SQLiteFile):
             got = conn.execute(_Q["data_key"], (row.object_id,)).fetchone()
         return data_key_row(got)
 
-    def data_keys_not_under(self, key_id: str, limit: int) -> builtins.list[DataKeyRow]:
+    def data_keys_not_under(self, key_id: str, after: str, limit: int
+                            ) -> builtins.list[DataKeyRow]:
         """Up to ``limit`` data keys wrapped under another key than ``key_id``."""
-        rows = self._rows(_Q["data_keys_not_under"], (key_id, limit), text_at=(0, 1))
+        rows = self._rows(_Q["data_keys_not_under"], (key_id, after, limit), text_at=(0, 1))
         return [data_key_row(row) for row in rows]
 
     def rewrap_data_key(self, old: DataKeyRow, key_id: str, wrapped: bytes,

@@ -436,7 +436,7 @@ ON CONFLICT (object_id) DO NOTHING;
 
 -- name: data_keys_not_under
 SELECT object_id, key_id, wrapped, seal_all FROM data_keys
-WHERE key_id <> %s ORDER BY object_id LIMIT %s;
+WHERE key_id <> %s AND object_id > %s ORDER BY object_id LIMIT %s;
 
 -- name: rewrap_data_key
 -- Compare-and-set: only a row still wrapped under the key it was read under.

@@ -332,7 +332,7 @@ ON CONFLICT (object_id) DO NOTHING;
 
 -- name: data_keys_not_under
 SELECT object_id, key_id, wrapped, seal_all FROM data_keys
-WHERE key_id <> ? ORDER BY object_id LIMIT ?;
+WHERE key_id <> ? AND object_id > ? ORDER BY object_id LIMIT ?;
 
 -- name: rewrap_data_key
 -- Compare-and-set: only a row still wrapped under the key it was read under.
