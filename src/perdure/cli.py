@@ -625,7 +625,7 @@ def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
     """Print an object's result as JSON (waiting up to --wait seconds)."""
     app = obj.app()
     if not as_json:
-        out.print_json(json.dumps(app.handle(object_id).result(timeout=wait)))
+        out.print_json(json.dumps(app.handle(object_id).result(timeout=wait), default=str))
         return
     try:
         value = app.handle(object_id).result(timeout=wait)

@@ -53,6 +53,7 @@ from perdure.core.bodies import (
 )
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import sealed_shown
 from perdure.core.usage import UsageTotals
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
@@ -110,11 +111,11 @@ def short_type(error_type: object) -> str:
 
 
 def _json(value: JSON) -> str:
-    return json.dumps(value, sort_keys=True)
+    return json.dumps(sealed_shown(value), sort_keys=True)
 
 
 def _json_text(value: JSON, cap: int) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    text = json.dumps(sealed_shown(value), ensure_ascii=False, sort_keys=True)
     return text if len(text) <= cap else text[: cap - 1] + "…"
 
 
@@ -420,6 +421,7 @@ class Narrator:
 
     def outcome(self, result: JSON) -> str | None:
         """A completed object's result, shown after its outcome; ``None``: not shown."""
+        result = sealed_shown(result)
         if isinstance(result, dict):
             return ", ".join(f"{k}={v}" for k, v in result.items())
         return None

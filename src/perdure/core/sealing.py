@@ -55,6 +55,7 @@ __all__ = [
     "redact",
     "revealed",
     "seal",
+    "sealed_shown",
     "unwrap_data_key",
     "wrap_data_key",
 ]
@@ -237,6 +238,17 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list | tuple):
         return [s for item in value for s in _strings(item)]
     return []
+
+
+def sealed_shown(value: Any) -> Any:
+    """``value`` for a person to read: each sealed value as ``"<sealed>"``."""
+    if isinstance(value, dict):
+        if len(value) == 1 and SEALED in value:
+            return "<sealed>"
+        return {key: sealed_shown(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [sealed_shown(item) for item in value]
+    return value
 
 
 def redact(value: Any, secrets: Collection[str]) -> Any:
