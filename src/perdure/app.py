@@ -29,7 +29,7 @@ from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.records import Kind, Record
-from perdure.core.sealing import marked
+from perdure.core.sealing import check_reserved, marked
 from perdure.core.trust import Certificate, Revocation, seal_event
 from perdure.core.usage import UsageTotals, usage_totals
 from perdure.engine.anchors import HeadAnchors, rollback_problem
@@ -376,8 +376,10 @@ class App:
         check_arguments(definition.fn, args, kwargs, agent=definition.name)
         sealing = needs_sealing(args, kwargs, seal_all=definition.encrypt)
         if not sealing:
-            encode({"args": list(args), "kwargs": kwargs}, max_depth=MAX_DEPTH + 2,
-                   what=f"arguments of agent {definition.name!r}")
+            what = f"arguments of agent {definition.name!r}"
+            plain = {"args": list(args), "kwargs": kwargs}
+            if marked(encode(plain, max_depth=MAX_DEPTH + 2, what=what)):
+                check_reserved(plain, what)  # a value that would be opened as sealed
         signer = self._ensure_node()
         row = self.store.get(oid)
         if row is None:

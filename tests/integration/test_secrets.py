@@ -1,0 +1,288 @@
+"""Secrets at rest, on both stores: sealed where they are written, opened for the agent,
+never run by a node without the key, re-wrapped without rewriting memory, and a changed
+byte reported as an integrity failure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import perdure
+from perdure import DataKeys, Secret
+from perdure.core.sealing import new_data_key
+from perdure.engine.sealer import rewrap
+from perdure.errors import (
+    AgentFailedError,
+    AgentParkedError,
+    DataKeyError,
+    SerializationError,
+)
+from tests.integration.test_tamper import RawSQL
+
+MakeApp = Callable[..., perdure.App]
+CANARY = "sk-canary-4c1d8e2f9a7b6350"
+
+
+@pytest.fixture
+def raw(store_url: str) -> Iterator[RawSQL]:
+    conn = RawSQL(store_url)
+    yield conn
+    conn.close()
+
+
+def stored_bytes(raw: RawSQL) -> bytes:
+    """Everything perdure keeps in the store's tables, as bytes (bodies, payloads,
+    results, notes, wrapped keys)."""
+    parts: list[bytes] = []
+    for table, columns in (("records", "body"), ("inbox", "payload"),
+                           ("objects", "result, note"), ("data_keys", "wrapped, key_id")):
+        for row in raw.execute(f"SELECT {columns} FROM {table}"):
+            parts.extend(v if isinstance(v, bytes) else str(v).encode() for v in row)
+    return b"\n".join(parts)
+
+
+def echo(key: Secret[str]) -> Secret[str]:
+    assert isinstance(key, Secret)
+    return Secret(key.reveal())
+
+
+def register(app: perdure.App) -> None:
+    @app.agent(name="keeper")
+    async def keeper(run: perdure.Run, key: Secret[str], label: str) -> dict[str, Any]:
+        again = await run.step(echo, key)
+        await run.progress(cursor=Secret(f"{key.reveal()}#cursor"), at=1)
+        got = await run.wait_for("creds")
+        await run.sleep(0.05)  # one more claim: the whole memory is replayed, opened
+        return {"label": label, "same": again == key and got["token"] == key,
+                "token": got["token"]}
+
+    @app.agent(name="all_sealed", encrypt=True)
+    async def all_sealed(run: perdure.Run, text: str) -> str:
+        doubled = await run.step(lambda t: t + t, text, name="double")
+        note = await run.wait_for("note")
+        await run.progress(seen=note)
+        return f"{doubled}|{note}"
+
+
+def wait_for_status(app: perdure.App, oid: str, status: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while str(app.get(oid).status) != status:
+        assert time.monotonic() < deadline, f"{oid} is {app.get(oid).status}, not {status}"
+        time.sleep(0.02)
+
+
+def test_secrets_are_sealed_and_opened_for_the_agent(make_app: MakeApp, raw: RawSQL) -> None:
+    """A secret argument, a step's secret result, a secret progress marker and a secret
+    in an event: none in clear in the store; the agent and the caller get Secrets."""
+    app = make_app()
+    register(app)
+    handle = app.start("keeper", Secret(CANARY), "visible-label", object_id="k1")
+    with app.background_worker():
+        wait_for_status(app, "k1", "dormant")
+        app.send("k1", "creds", {"token": Secret(CANARY), "user": "ada"})
+        result = handle.result(timeout=10)
+    assert result == {"label": "visible-label", "same": True, "token": Secret(CANARY)}
+    assert isinstance(result["token"], Secret)
+    data = stored_bytes(raw)
+    assert CANARY.encode() not in data
+    assert b"visible-label" in data and b"perdure:sealed" in data  # the scan sees data
+    assert app.verify("k1").ok
+    kinds = [r.kind for r in app.history("k1")]
+    assert "progress" in kinds and "event_received" in kinds
+
+
+def test_an_agent_that_encrypts_all_leaves_nothing_in_clear(make_app: MakeApp,
+                                                             raw: RawSQL) -> None:
+    """``encrypt=True``: arguments, results, events and notes all sealed, even plain
+    strings; names, kinds and times stay readable (and ``verify`` works)."""
+    app = make_app()
+    register(app)
+    handle = app.start("all_sealed", f"plain-{CANARY}", object_id="a1")
+    with app.background_worker():
+        wait_for_status(app, "a1", "dormant")
+        app.send("a1", "note", f"note-{CANARY}")
+        assert handle.result(timeout=10) == f"plain-{CANARY}plain-{CANARY}|note-{CANARY}"
+    data = stored_bytes(raw)
+    assert CANARY.encode() not in data
+    assert b'"name":"double"' in data  # what is not encrypted: names, kinds
+    assert app.verify("a1").ok
+
+
+def test_a_step_error_quoting_a_secret_is_redacted(make_app: MakeApp, raw: RawSQL) -> None:
+    """An exception whose message quotes a secret is recorded with [secret] in its
+    place: in the failure record, the terminal record and the row's note."""
+    app = make_app()
+
+    def leaky(key: Secret[str]) -> None:
+        raise ValueError(f"the server refused key {key.reveal()}")
+
+    @app.agent(name="leaker")
+    async def leaker(run: perdure.Run, key: Secret[str]) -> None:
+        await run.step(leaky, key, retry=perdure.RetryPolicy(max_attempts=1))
+
+    handle = app.start("leaker", Secret(CANARY), object_id="l1")
+    with app.background_worker(), pytest.raises(AgentFailedError) as failed:
+        handle.result(timeout=10)
+    assert CANARY not in str(failed.value)
+    assert "the server refused key [secret]" in str(failed.value)
+    assert CANARY.encode() not in stored_bytes(raw)
+
+
+def test_a_node_without_the_key_verifies_but_does_not_run(make_app: MakeApp,
+                                                          raw: RawSQL) -> None:
+    """A node whose key-encryption key is another one leaves the object alone with a
+    note saying which key it needs; memory is untouched; a node with the key runs it."""
+    app = make_app()
+    register(app)
+    app.start("keeper", Secret(CANARY), "x", object_id="n1")
+    stranger = make_app(data_keys=DataKeys([new_data_key()]))
+    register(stranger)
+    records = len(stranger.history("n1"))
+    with stranger.background_worker():
+        deadline = time.monotonic() + 10
+        while "cannot run this object" not in (stranger.get("n1").note or ""):
+            assert time.monotonic() < deadline, stranger.get("n1")
+            time.sleep(0.02)
+    info = stranger.get("n1")
+    wanted = raw.one("SELECT key_id FROM data_keys WHERE object_id = ?", ("n1",))[0]
+    assert f"wrapped under key-encryption key {wanted}" in (info.note or "")
+    assert str(info.status) == "ready" and len(stranger.history("n1")) == records
+    assert stranger.verify("n1").ok  # verifying needs no key
+    with pytest.raises(DataKeyError, match=str(wanted)):
+        stranger.send("n1", "creds", {"token": Secret(CANARY)})
+    with app.background_worker():
+        wait_for_status(app, "n1", "dormant")  # the node with the key ran it
+
+
+def test_rotation_rewraps_without_rewriting_memory(make_app: MakeApp, raw: RawSQL,
+                                                   key_dir: Path) -> None:
+    """After rotation every data key is wrapped under the new key; records keep their
+    hashes; with the old key gone, the object still opens."""
+    app = make_app()
+    register(app)
+    handle = app.start("keeper", Secret(CANARY), "r", object_id="r1")
+    with app.background_worker():
+        wait_for_status(app, "r1", "dormant")
+    hashes = [r.hash for r in app.history("r1")]
+    old_id = raw.one("SELECT key_id FROM data_keys WHERE object_id = ?", ("r1",))[0]
+    folder = key_dir / "data-keys"
+    keys = DataKeys.folder(folder)
+    new_id = keys.rotate()
+    done = rewrap(app.store, keys)
+    assert (done.key_id, done.rewrapped, done.missing) == (new_id, 1, {})
+    assert raw.one("SELECT key_id FROM data_keys WHERE object_id = ?", ("r1",))[0] == new_id
+    assert [r.hash for r in app.history("r1")] == hashes
+    (folder / f"{old_id}.key").unlink()
+    fresh = make_app()  # reads the folder anew: only the new key
+    register(fresh)
+    assert fresh.data_keys.get(old_id) is None
+    with fresh.background_worker():
+        fresh.send("r1", "creds", {"token": Secret(CANARY)})
+        assert handle.result(timeout=10)["same"] is True
+    assert rewrap(app.store, keys).rewrapped == 0  # nothing left to do
+
+
+def test_a_tampered_data_key_parks_the_object(make_app: MakeApp, raw: RawSQL) -> None:
+    """A wrapped data key whose bytes were changed does not unwrap: the object parks
+    with that reason; it never runs with a wrong key."""
+    app = make_app()
+    register(app)
+    handle = app.start("keeper", Secret(CANARY), "t", object_id="t1")
+    wrapped = raw.one("SELECT wrapped FROM data_keys WHERE object_id = ?", ("t1",))[0]
+    flipped = wrapped[:-3] + bytes([wrapped[-3] ^ 0x40]) + wrapped[-2:]
+    raw.execute("UPDATE data_keys SET wrapped = ? WHERE object_id = ?", (flipped, "t1"))
+    with app.background_worker(), pytest.raises(AgentParkedError) as parked:
+        handle.result(timeout=10)
+    assert "wrapped data key does not decrypt" in str(parked.value)
+
+
+def test_a_tampered_ciphertext_fails_verification(make_app: MakeApp, raw: RawSQL) -> None:
+    """A changed byte in a sealed value breaks the record's hash: verify names it and
+    no node runs the object."""
+    app = make_app()
+    register(app)
+    handle = app.start("keeper", Secret(CANARY), "c", object_id="c1")
+    body = raw.one("SELECT body FROM records WHERE object_id = ? AND seq = 1", ("c1",))[0]
+    at = body.index(b'"data":"') + 20
+    changed = body[:at] + (b"A" if body[at:at + 1] != b"A" else b"B") + body[at + 1:]
+    raw.execute("UPDATE records SET body = ? WHERE object_id = ? AND seq = 1", (changed, "c1"))
+    report = app.verify("c1")
+    assert not report.ok and report.bad_seq == 1
+    with app.background_worker(), pytest.raises(AgentParkedError):
+        handle.result(timeout=10)
+
+
+def test_delegation_and_repeated_starts_keep_secrets(make_app: MakeApp, raw: RawSQL) -> None:
+    """A child gets a secret argument sealed under its own key and returns one that
+    its parent opens; a repeated start compares secrets by value without quoting them."""
+    app = make_app()
+
+    @app.agent(name="child")
+    async def child(run: perdure.Run, key: Secret[str]) -> Secret[str]:
+        return await run.step(echo, key)
+
+    @app.agent(name="parent")
+    async def parent(run: perdure.Run, key: Secret[str]) -> bool:
+        got = await (await run.delegate("child", key)).result()
+        return bool(got == key and isinstance(got, Secret))
+
+    handle = app.start("parent", Secret(CANARY), object_id="p1")
+    with app.background_worker():
+        assert handle.result(timeout=10) is True
+    assert CANARY.encode() not in stored_bytes(raw)
+    assert raw.one("SELECT count(*) FROM data_keys")[0] == 2
+    assert app.start("parent", Secret(CANARY), object_id="p1").differs is None
+    differs = app.start("parent", Secret("another-secret-value"), object_id="p1").differs
+    assert differs is not None and "a secret differs" in differs
+    assert CANARY not in differs and "another-secret-value" not in differs
+
+
+def test_reserved_keys_are_refused(make_app: MakeApp) -> None:
+    """A payload that holds perdure's reserved keys itself is refused, never stored."""
+    app = make_app()
+    register(app)
+    app.start("keeper", Secret(CANARY), "x", object_id="v1")
+    with pytest.raises(SerializationError, match="reserves"):
+        app.send("v1", "creds", {"perdure:sealed": {"v": 1}})
+    with pytest.raises(SerializationError, match="reserves"):
+        app.start("keeper", {"perdure:secret": "x"}, "y", object_id="v2")
+
+
+def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
+                                         key_dir: Path) -> None:
+    """``show``, ``show --json``, ``result``, ``ls`` and ``export-heads`` print sealed
+    values as such; the CLI of a node without the key says so in one line."""
+    app = make_app()
+    register(app)
+    handle = app.start("keeper", Secret(CANARY), "cli", object_id="s1")
+    with app.background_worker():
+        wait_for_status(app, "s1", "dormant")
+        app.send("s1", "creds", {"token": Secret(CANARY)})
+        handle.result(timeout=10)
+
+    def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
+             *args], capture_output=True, text=True, timeout=60, check=False, env=env)
+
+    outputs = [cli("show", "s1"), cli("show", "s1", "--json"), cli("result", "s1"),
+               cli("result", "s1", "--json"), cli("ls"), cli("export-heads"),
+               cli("verify", "s1"), cli("keys", "data-key")]
+    for done in outputs:
+        assert done.returncode == 0, done
+        assert CANARY not in done.stdout + done.stderr
+    assert "<sealed>" in outputs[0].stdout
+    assert "Secret('***')" in outputs[2].stdout
+    import os
+
+    env = dict(os.environ, OTHER_KEK=DataKeys.generate())
+    stranger = cli("--data-keys", "env:OTHER_KEK", "result", "s1", env=env)
+    assert stranger.returncode == 1
+    lines = stranger.stderr.strip().splitlines()
+    assert len(lines) == 1 and "does not hold" in lines[0], stranger.stderr
