@@ -1,0 +1,65 @@
+"""Agents of the canary test (``test_secrets_canary.py``), loaded by real worker processes.
+
+The App is built from the same environment variables as ``agents.py``
+(``PERDURE_TEST_STORE``, ``PERDURE_TEST_KEYS``): the workers and the test share one key
+folder, so one key-encryption key (its ``data-keys`` folder) and one root of trust.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import perdure
+from perdure import Secret
+
+__all__ = ["app", "build_app"]
+
+_failed_once: set[str] = set()
+
+
+def use_key(key: Secret[str]) -> Secret[str]:
+    """A step that receives the secret and returns a secret derived from it (the canary
+    itself, as a credential refreshed by a call would be)."""
+    assert isinstance(key, Secret), type(key)
+    print(f"use_key got {key}", flush=True)  # what a careless log line shows: Secret('***')
+    return Secret(key.reveal())
+
+
+def flaky(key: Secret[str], object_id: str) -> str:
+    """Fails its first attempt in each process with the secret in the message."""
+    if object_id not in _failed_once:
+        _failed_once.add(object_id)
+        raise ConnectionError(f"upstream refused credential {key.reveal()}")
+    return "connected"
+
+
+def build_app(store: str, key_dir: str | None) -> perdure.App:
+    """An App with the canary agents on ``store``."""
+    new = perdure.App(store=store, key_dir=key_dir, lease_seconds=1.0, poll_interval=0.01)
+
+    @new.agent(name="canary")
+    async def canary(run: perdure.Run, key: Secret[str], marker: str) -> dict[str, Any]:
+        again = await run.step(use_key, key)
+        await run.step(flaky, key, run.object_id,
+                       retry=perdure.RetryPolicy(max_attempts=3, base=0.05))
+        await run.progress(cursor=Secret(key.reveal()), done=1)
+        event = await run.wait_for("credentials")
+        assert isinstance(event["token"], Secret), event
+        await run.sleep(0.05)
+        return {"marker": marker, "token": event["token"],
+                "same": again == key and event["token"] == key}
+
+    @new.agent(name="canary_all", encrypt=True)
+    async def canary_all(run: perdure.Run, text: str) -> str:
+        echoed = await run.step(lambda t: t, text, name="echo")
+        note = await run.wait_for("note")
+        return f"{echoed}/{note}"
+
+    return new
+
+
+app = build_app(
+    os.environ.get("PERDURE_TEST_STORE", "sqlite:///perdure-acceptance.db"),
+    os.environ.get("PERDURE_TEST_KEYS"),
+)
