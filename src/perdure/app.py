@@ -36,7 +36,7 @@ from perdure.engine.anchors import HeadAnchors, rollback_problem
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
-from perdure.engine.sealer import needs_sealing
+from perdure.engine.sealer import Sealer, needs_sealing
 from perdure.engine.verifier import Verifier
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -607,7 +607,8 @@ class App:
         reports = []
         for object_id in object_ids:
             records = self.history(object_id)
-            reports.append(asyncio.run(replay_check(self._agents, records)))
+            sealer = Sealer(self.store, self.data_keys, object_id)
+            reports.append(asyncio.run(replay_check(self._agents, records, sealer)))
         return reports
 
     def result_of(self, object_id: str) -> Any:

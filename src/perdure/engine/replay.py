@@ -12,6 +12,7 @@ position, what was recorded and what the code asks for. Nothing is written.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,12 +23,19 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from perdure.core.chain import Signer
 from perdure.core.cycle import read_memory
 from perdure.core.records import Record
+from perdure.core.sealing import marked
 from perdure.engine.context import StepInfo
 from perdure.engine.invoke import invoke, served
 from perdure.engine.journal import HistoryEnd, Journal
 from perdure.engine.run import DeadlineExceeded, Park, Run, Suspend
+from perdure.engine.sealer import Sealer
 from perdure.engine.settings import AgentDef
-from perdure.errors import CancelRequestedError, NonDeterminismError
+from perdure.errors import (
+    CancelRequestedError,
+    DataKeyError,
+    NonDeterminismError,
+    SealBrokenError,
+)
 from perdure.stores.base import Event
 
 __all__ = ["ReplayReport", "replay_check"]
@@ -66,9 +74,10 @@ async def _never_run(info: StepInfo, fn: Any, args: Any, kwargs: Any) -> Any:
     raise HistoryEnd(info.object_id)  # a step with no result recorded: past the history
 
 
-async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record]
-                       ) -> ReplayReport:
-    """Replay ``records`` (one object's memory) against ``agents`` (name -> AgentDef)."""
+async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record],
+                       sealer: Sealer | None = None) -> ReplayReport:
+    """Replay ``records`` (one object's memory) against ``agents`` (name -> AgentDef);
+    ``sealer`` opens sealed values first (without it they stay sealed)."""
     facts = read_memory(records)
     intent = facts.intent
     oid = facts.context.object_id
@@ -78,6 +87,14 @@ async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record]
         have = "not loaded" if loaded is None else f"loaded at version {loaded.version}"
         return ReplayReport(oid, intent.agent, intent.version, "not-served",
                             f"this code has agent {intent.agent!r} {have}")
+    if sealer is not None and any(marked(rec.body_bytes) for rec in records):
+        try:
+            records = sealer.open_records(records)
+            intent = dataclasses.replace(intent, args=tuple(sealer.open(list(intent.args))),
+                                         kwargs=sealer.open(intent.kwargs))
+        except (DataKeyError, SealBrokenError) as exc:
+            return ReplayReport(oid, intent.agent, intent.version, "not-served",
+                                f"its sealed values cannot be opened here: {exc}")
     signer = Signer("replay-check", Ed25519PrivateKey.generate())
     journal = Journal.read_only(records, object_id=oid, signer=signer, policy_ref="replay-check")
     run = Run(journal=journal, intent=intent, context=facts.context, records=records,
@@ -97,8 +114,9 @@ async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record]
         return ReplayReport(oid, intent.agent, intent.version, "compatible",
                             "replays every recorded command and would carry on from there")
     except Exception as exc:  # noqa: BLE001 - reported, not raised
+        said = str(exc) if sealer is None else str(sealer.redact(str(exc)))
         return ReplayReport(oid, intent.agent, intent.version, "error",
-                            f"the agent raised {type(exc).__name__}: {exc} while replaying")
+                            f"the agent raised {type(exc).__name__}: {said} while replaying")
     finally:
         pool.shutdown(wait=False)
     return ReplayReport(oid, intent.agent, intent.version, "compatible",
