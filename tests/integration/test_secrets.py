@@ -286,3 +286,26 @@ def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
     assert stranger.returncode == 1
     lines = stranger.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not hold" in lines[0], stranger.stderr
+
+
+def test_encrypt_all_without_arguments_and_its_errors(make_app: MakeApp, raw: RawSQL) -> None:
+    """An ``encrypt=True`` agent started without arguments still has its key (and flag)
+    at once, so an event sent before any worker ran is sealed; an error quoting one of
+    its values is redacted, as a secret's would be."""
+    app = make_app()
+
+    def fails(text: str) -> None:
+        raise RuntimeError(f"cannot parse {text}")
+
+    @app.agent(name="quiet", encrypt=True)
+    async def quiet(run: perdure.Run) -> None:
+        text = await run.wait_for("doc")
+        await run.step(fails, text, retry=perdure.RetryPolicy(max_attempts=1))
+
+    handle = app.start("quiet", object_id="q1")
+    app.send("q1", "doc", f"report {CANARY}")
+    assert CANARY.encode() not in stored_bytes(raw)
+    with app.background_worker(), pytest.raises(AgentFailedError) as failed:
+        handle.result(timeout=10)
+    assert "cannot parse [secret]" in str(failed.value)
+    assert CANARY.encode() not in stored_bytes(raw)

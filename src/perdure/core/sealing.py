@@ -56,6 +56,7 @@ __all__ = [
     "revealed",
     "seal",
     "sealed_shown",
+    "texts",
     "unwrap_data_key",
     "wrap_data_key",
 ]
@@ -228,6 +229,13 @@ def revealed(value: Any) -> set[str]:
 
     _map(value, note)
     return found
+
+
+def texts(value: Any) -> set[str]:
+    """Every string of 4 characters or more in ``value`` (secrets' values included):
+    what redaction looks for when a whole value is secret."""
+    plain = _map(value, lambda secret: secret.reveal())
+    return {text for text in _strings(plain) if len(text) >= 4}
 
 
 def _strings(value: Any) -> list[str]:

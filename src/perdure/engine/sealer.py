@@ -44,6 +44,7 @@ from perdure.core.sealing import (
     redact,
     revealed,
     seal,
+    texts,
     unwrap_data_key,
     wrap_data_key,
 )
@@ -161,16 +162,23 @@ class Sealer:
                 if marked(data):
                     check_reserved(value, what)
                 return value, data
-        sealed = seal(value, self.data_key(create=True), self.object_id,
-                      whole=self.seal_all if whole is None else whole, what=what)
-        self.secrets |= revealed(value)
+        whole = self.seal_all if whole is None else whole
+        sealed = seal(value, self.data_key(create=True), self.object_id, whole=whole,
+                      what=what)
+        self._remember(value, whole)
         return sealed, encode(sealed, what=what, max_depth=max_depth + 2)
 
     def open(self, value: Any) -> Any:
         """``value`` with every sealed value in it opened (``Secret`` objects back)."""
         opened = open_sealed(value, self.data_key, owner=self.object_id)
-        self.secrets |= revealed(opened)
+        if opened is not value:
+            self._remember(opened, self.seal_all)
         return opened
+
+    def _remember(self, value: Any, whole: bool) -> None:
+        """Note what redaction must look for: the secrets' texts; for an agent that
+        encrypts all, every text of 4 characters or more in its values."""
+        self.secrets |= texts(value) if whole else revealed(value)
 
     def open_records(self, records: Sequence[Record]) -> list[Record]:
         """``records`` with the sealed values in their bodies opened (a record without
@@ -197,6 +205,8 @@ def sealed_arguments(sealer: Sealer, args: Sequence[Any], kwargs: Mapping[str, A
     """An agent's arguments as its first record keeps them: each one through
     ``store_value`` (so that, sealed whole, an argument is still one argument)."""
     what = f"arguments of agent {agent!r}"
+    if sealer.seal_all:  # its key (and the flag senders go by) exists from the start
+        sealer.data_key(create=True)
     return (tuple(sealer.store_value(arg, what=what)[0] for arg in args),
             {name: sealer.store_value(value, what=what)[0] for name, value in kwargs.items()})
 

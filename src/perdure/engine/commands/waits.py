@@ -27,6 +27,7 @@ from perdure.core.bodies import (
 from perdure.core.codec import decode, detached
 from perdure.core.names import check_name
 from perdure.core.records import Kind, RecordDraft
+from perdure.core.sealing import marked
 from perdure.engine.commands.positions import find
 from perdure.engine.signals import Suspend
 from perdure.stores.base import Event
@@ -92,6 +93,9 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> An
                 payload = decode(ev.payload)
             except ValueError:
                 payload = {"undecodable_payload": ev.payload.decode("utf-8", "replace")}
+            if self._sealer is not None and self._sealer.seal_all and not marked(ev.payload):
+                # Sent in clear to an agent that encrypts all: sealed before memory keeps it.
+                payload, _ = self._stored(payload, what=f"payload of event {event!r}")
             # Recorded with the next commit (usually the next step's), which marks
             # the event consumed: until then it stays in the inbox, and a crash
             # before that commit delivers it again on replay.
