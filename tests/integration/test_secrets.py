@@ -309,3 +309,32 @@ def test_encrypt_all_without_arguments_and_its_errors(make_app: MakeApp, raw: Ra
         handle.result(timeout=10)
     assert "cannot parse [secret]" in str(failed.value)
     assert CANARY.encode() not in stored_bytes(raw)
+
+
+def test_cli_rotates_the_data_key(make_app: MakeApp, store_url: str, key_dir: Path,
+                                  raw: RawSQL) -> None:
+    """``perdure keys rotate --data`` makes a new key-encryption key and re-wraps; the
+    records are untouched and ``keys data-key`` shows where every data key stands."""
+    app = make_app()
+    register(app)
+    app.start("keeper", Secret(CANARY), "x", object_id="cr1")
+    hashes = [r.hash for r in app.history("cr1")]
+    old = raw.one("SELECT key_id FROM data_keys WHERE object_id = ?", ("cr1",))[0]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
+             *args], capture_output=True, text=True, timeout=60, check=False)
+
+    done = cli("keys", "rotate", "--data")
+    assert done.returncode == 0, done.stderr
+    new = raw.one("SELECT key_id FROM data_keys WHERE object_id = ?", ("cr1",))[0]
+    assert new != old
+    assert f"re-wrapped 1 data key(s) under {new}" in done.stdout
+    assert "no record was rewritten" in done.stdout
+    assert [r.hash for r in app.history("cr1")] == hashes
+    shown = cli("keys", "data-key")
+    assert f"{new} (current)" in shown.stdout and f"{old}" in shown.stdout
+    assert f"{new}: wraps 1 object data key(s), held" in shown.stdout
+    again = cli("keys", "rotate", "--data")
+    assert "re-wrapped 1 data key(s)" in again.stdout  # a second rotation: a third key
