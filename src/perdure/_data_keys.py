@@ -141,6 +141,10 @@ class DataKeys:
         if folder is None or not folder.is_dir():
             return
         for path in sorted(folder.glob("*.key")):
+            if os.name == "posix" and path.stat().st_mode & 0o077:
+                raise ConfigurationError(
+                    f"key file {path} is readable by others; make it private "
+                    f"(chmod 600 {path}) before this node uses it")
             for key in _parse_keys(path.read_text(), f"key file {path}"):
                 self._keys.setdefault(key_id(key), key)
         current = folder / _CURRENT

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perdure import DataKeys, Secret
 from perdure.core.codec import encode
@@ -186,6 +188,30 @@ def test_key_folder_makes_its_first_key_once(tmp_path: Path) -> None:
     assert again.ids()[0] == new and again.get(ident) == key  # the old one kept
     assert DataKeys.folder(folder).ids()[0] == new
     assert first.get(new) is not None  # a folder is read again on a miss
+
+
+def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "data-keys"
+    ident, _ = DataKeys.folder(folder).current() or ("", b"")
+    (folder / f"{ident}.key").chmod(0o644)
+    with pytest.raises(ConfigurationError, match="chmod 600"):
+        DataKeys.folder(folder)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20)
+    | st.builds(Secret, st.text(max_size=20)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                  max_size=4),
+    max_leaves=12), st.booleans())
+def test_any_value_opens_as_it_was_sealed(value: Any, whole: bool) -> None:
+    """Sealed (each secret, or whole) and opened, every value comes back equal to what
+    replay of the plain value would give, Secrets in place."""
+    dek = new_data_key()
+    opened = open_sealed(json.loads(encode(seal(value, dek, "o", whole=whole))),
+                         keys_of(o=dek), owner="o")
+    assert opened == value
 
 
 def test_env_and_spec_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
