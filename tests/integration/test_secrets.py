@@ -338,3 +338,29 @@ def test_cli_rotates_the_data_key(make_app: MakeApp, store_url: str, key_dir: Pa
     assert f"{new}: wraps 1 object data key(s), held" in shown.stdout
     again = cli("keys", "rotate", "--data")
     assert "re-wrapped 1 data key(s)" in again.stdout  # a second rotation: a third key
+
+
+def test_plain_def_agents_and_gather_branches_get_secrets(make_app: MakeApp,
+                                                          raw: RawSQL) -> None:
+    """A ``def`` agent (``SyncRun``) and the branches of a ``gather`` seal and replay
+    secrets the same way; a sleep in between makes the second claim replay them."""
+    app = make_app()
+
+    @app.agent(name="plain")
+    def plain(run: perdure.SyncRun, key: Secret[str]) -> bool:
+        got = run.step(echo, key)
+        run.sleep(0.05)
+        return bool(got == key and isinstance(got, Secret))
+
+    @app.agent(name="branches")
+    async def branches(run: perdure.Run, key: Secret[str]) -> bool:
+        one, two = await run.gather(run.step(echo, key), run.step(echo, key))
+        await run.sleep(0.05)
+        return bool(one == two == key)
+
+    first = app.start("plain", Secret(CANARY), object_id="d1")
+    second = app.start("branches", Secret(CANARY), object_id="g1")
+    with app.background_worker():
+        assert first.result(timeout=10) is True
+        assert second.result(timeout=10) is True
+    assert CANARY.encode() not in stored_bytes(raw)
