@@ -262,3 +262,25 @@ def test_keyring_source(monkeypatch: pytest.MonkeyPatch) -> None:
         assert keys.ids() == [key_id(base64.b64decode(text))]
     finally:
         keyring.set_keyring(before)
+
+
+def test_the_sealed_scan_reads_each_record_once() -> None:
+    """A node scans an object's memory for sealed values once; a later claim looks only
+    at records appended since, and a memory that is not the one scanned is read again."""
+    from perdure.core.records import Record
+    from perdure.engine.sealer import SealedScan
+
+    def rec(seq: int, body: bytes, digest: str = "") -> Record:
+        return Record("o", seq, "t", 0, "n", "p", "step_done", body, "", digest or f"h{seq}",
+                      b"", {})
+
+    scan = SealedScan()
+    plain = [rec(i, b'{"result":1}') for i in range(1, 6)]
+    assert not scan.sealed("o", plain)
+    sealed = rec(6, b'{"result":{"perdure:sealed":{}}}')
+    assert scan.sealed("o", [*plain, sealed])
+    assert scan.sealed("o", [*plain, sealed, rec(7, b"{}")])  # once found, found
+    other = SealedScan()
+    assert not other.sealed("o", plain)
+    changed = [*plain[:4], rec(5, b'{"x":{"perdure:sealed":{}}}', "other")]
+    assert other.sealed("o", changed)  # the head it saw is not there: read all again

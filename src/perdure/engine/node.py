@@ -35,7 +35,7 @@ from perdure.engine.held import HeldRecords
 from perdure.engine.invoke import StepRunner
 from perdure.engine.journal import Committer, Journal
 from perdure.engine.run import Run
-from perdure.engine.sealer import KeyCache, Sealer
+from perdure.engine.sealer import KeyCache, SealedScan, Sealer
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.verifier import Verifier
 from perdure.errors import StoreError
@@ -101,6 +101,7 @@ class Node:
         self.held = HeldRecords(settings.held_records)
         #: Data keys this node unwrapped (secrets at rest), shared by its runs' sealers.
         self.key_cache = KeyCache()
+        self.sealed_scan = SealedScan()  # which objects' memories hold sealed values
         self.store_down = False
 
     # -- store access off the event loop --------------------------------------------

@@ -44,7 +44,7 @@ async def opened_memory(node: Node, claim: Claim, journal: Journal, records: lis
     the node let the object go or parked it (see the module)."""
     sealer = node.sealer(claim.object_id, seal_all=agent.encrypt)
     journal.secrets = sealer.secrets  # one set: what the run meets, the journal redacts
-    sealed = (any(marked(rec.body_bytes) for rec in records)
+    sealed = (node.sealed_scan.sealed(claim.object_id, records)
               or any(marked(ev.payload) for ev in events))
     if not sealed and not agent.encrypt:
         return sealer, records, facts

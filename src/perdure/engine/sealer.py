@@ -25,6 +25,7 @@ and cached after that. A node without the key-encryption key that wrapped it get
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections import OrderedDict
@@ -51,8 +52,8 @@ from perdure.core.sealing import (
 from perdure.errors import DataKeyError, SerializationError
 from perdure.stores.base import DataKeyRow, Store
 
-__all__ = ["KeyCache", "Rewrapped", "Sealer", "needs_sealing", "no_key_note", "rewrap",
-           "sealed_arguments"]
+__all__ = ["KeyCache", "Rewrapped", "SealedScan", "Sealer", "needs_sealing", "no_key_note",
+           "rewrap", "sealed_arguments"]
 
 
 class KeyCache:
@@ -75,6 +76,41 @@ class KeyCache:
             self._keys[object_id] = key
             while len(self._keys) > self._size:
                 self._keys.popitem(last=False)
+
+
+_BODY = operator.itemgetter(7)  # a Record's body_bytes
+
+
+class SealedScan:
+    """Whether an object's memory holds sealed values, scanning each record once per
+    node: a claim of an object this node scanned before looks only at what was appended
+    since (a 10,000-record memory is not searched again on every claim)."""
+
+    def __init__(self, size: int = 16384) -> None:
+        self._seen: OrderedDict[str, tuple[int, str, bool]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def sealed(self, object_id: str, records: Sequence[Record]) -> bool:
+        """Whether any of ``records`` (an object's memory, in order) may hold one."""
+        with self._lock:
+            seen = self._seen.get(object_id)
+        start = 0
+        if seen is not None and records:
+            seq, digest, found = seen
+            if found:
+                return True
+            at = seq - records[0].seq
+            if 0 <= at < len(records) and records[at].hash == digest:
+                start = at + 1
+        found = marked(b"\n".join(map(_BODY, records[start:] if start else records)))
+        if records:
+            with self._lock:
+                self._seen[object_id] = (records[-1].seq, records[-1].hash, found)
+                self._seen.move_to_end(object_id)
+                while len(self._seen) > self._size:
+                    self._seen.popitem(last=False)
+        return found
 
 
 class Sealer:
