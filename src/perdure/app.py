@@ -129,6 +129,10 @@ class App:
         self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
         self._data_keys_arg = data_keys
         #: The key-encryption keys of this node (secrets at rest; ``perdure.DataKeys``).
+        if data_keys is not None and not isinstance(data_keys, str | DataKeys):
+            raise ConfigurationError(
+                f"data_keys is a perdure.DataKeys or a spec such as 'env:NAME', not "
+                f"{type(data_keys).__name__}")
         self.data_keys = (DataKeys.parse(data_keys) if isinstance(data_keys, str)
                           else data_keys if data_keys is not None
                           else DataKeys.folder(self._key_dir / "data-keys"))

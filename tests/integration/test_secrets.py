@@ -364,3 +364,25 @@ def test_plain_def_agents_and_gather_branches_get_secrets(make_app: MakeApp,
         assert first.result(timeout=10) is True
         assert second.result(timeout=10) is True
     assert CANARY.encode() not in stored_bytes(raw)
+
+
+def test_a_deleted_data_key_is_reported_not_replaced(make_app: MakeApp, raw: RawSQL) -> None:
+    """Memory holds sealed values but the store lost the object's data key: nodes say so
+    and run nothing; no new key is made in its place (even for an agent that encrypts
+    all), so restoring the row from a backup brings the object back."""
+    app = make_app()
+    register(app)
+    app.start("all_sealed", "text", object_id="x1")
+    row = raw.one("SELECT key_id, wrapped FROM data_keys WHERE object_id = ?", ("x1",))
+    raw.execute("DELETE FROM data_keys WHERE object_id = ?", ("x1",))
+    with app.background_worker():
+        deadline = time.monotonic() + 10
+        while "no data key for it" not in (app.get("x1").note or ""):
+            assert time.monotonic() < deadline, app.get("x1")
+            time.sleep(0.02)
+    assert raw.execute("SELECT key_id FROM data_keys WHERE object_id = ?", ("x1",)) == []
+    assert len(app.history("x1")) == 1
+    raw.execute("INSERT INTO data_keys (object_id, key_id, wrapped, seal_all, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)", ("x1", row[0], row[1], True, 0.0))
+    with app.background_worker():
+        wait_for_status(app, "x1", "dormant")

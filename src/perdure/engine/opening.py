@@ -49,9 +49,10 @@ async def opened_memory(node: Node, claim: Claim, journal: Journal, records: lis
     if not sealed and not agent.encrypt:
         return sealer, records, facts
     try:
-        # Made on first need (a write) for an agent that encrypts all; else read.
-        await (node.write if agent.encrypt else node.read)(
-            lambda: sealer.data_key(create=agent.encrypt))
+        # Made on first need (a write) for an agent that encrypts all, and nothing is
+        # sealed yet; with sealed values, a missing key is missing (never made anew).
+        create = agent.encrypt and not sealed
+        await (node.write if create else node.read)(lambda: sealer.data_key(create=create))
         if not sealed:
             return sealer, records, facts
         opened: list[Record] = await node.read(sealer.open_records, records)
