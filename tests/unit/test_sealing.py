@@ -164,10 +164,11 @@ def test_redaction_replaces_secret_texts_and_leaves_ciphertext() -> None:
     secrets = revealed({"k": Secret(CANARY), "short": Secret("abc"), "d": Secret({"p": "pw-1234"})})
     assert secrets == {CANARY, "pw-1234"}  # too short a text is not looked for
     message = {"type": "x:ValueError", "message": f"bad key {CANARY}; pw-1234 refused",
-               CANARY: "as a key"}
+               "args": [CANARY]}
     assert redact(message, secrets) == {"type": "x:ValueError",
                                         "message": "bad key [secret]; [secret] refused",
-                                        "[secret]": "as a key"}
+                                        "args": ["[secret]"]}
+    assert redact({"type": "x:Value"}, {"Value"}) == {"type": "x:Value"}  # a class path
     sealed = {SEALED: {"v": 1, "of": "o", "data": CANARY}}  # ciphertext is never touched
     assert redact(sealed, secrets) == sealed
     assert sealed_shown({"a": sealed, "b": [sealed]}) == {"a": "<sealed>", "b": ["<sealed>"]}

@@ -69,6 +69,7 @@ _VALUE_AAD = b"perdure:sealed:1\x00"
 _KEY_AAD = b"perdure:data-key:1\x00"
 _NONCE = 12
 SHOWN = "[secret]"  # what redaction puts where a secret's text was
+_SHAPE = frozenset(("type", "lib", "dropped", "error_class"))  # never redacted
 
 
 def key_id(kek: bytes) -> str:
@@ -261,20 +262,28 @@ def sealed_shown(value: Any) -> Any:
 
 def redact(value: Any, secrets: Collection[str]) -> Any:
     """``value`` with every occurrence of each text in ``secrets`` replaced by
-    ``[secret]`` in its strings (keys included). What an error message or a note says
+    ``[secret]`` in its strings (not in keys, nor in an error's class path under
+    ``type``). What an error message or a note says
     about a secret it was given is kept out of memory and logs this way; a secret
     transformed first (encoded, cut, hashed) is not recognised."""
     if not secrets:
         return value
+    return _redacted(value, sorted(secrets, key=len, reverse=True))  # longest first
+
+
+def _redacted(value: Any, ordered: list[str]) -> Any:
     if isinstance(value, str):
-        for text in sorted(secrets, key=len, reverse=True):
+        for text in ordered:
             if text in value:
                 value = value.replace(text, SHOWN)
         return value
     if isinstance(value, dict):
         if SEALED in value:  # ciphertext: its base64 must stay as it is
             return value
-        return {redact(key, secrets): redact(item, secrets) for key, item in value.items()}
+        # Keys, class paths and library names are the record's shape, not what it says:
+        # kept, so that an error still rebuilds as its class.
+        return {key: item if key in _SHAPE else _redacted(item, ordered)
+                for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [redact(item, secrets) for item in value]
+        return [_redacted(item, ordered) for item in value]
     return value
