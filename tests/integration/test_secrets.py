@@ -386,3 +386,31 @@ def test_a_deleted_data_key_is_reported_not_replaced(make_app: MakeApp, raw: Raw
                 "VALUES (?, ?, ?, ?, ?)", ("x1", row[0], row[1], True, 0.0))
     with app.background_worker():
         wait_for_status(app, "x1", "dormant")
+
+
+def test_a_signed_record_with_a_broken_sealed_value_parks(make_app: MakeApp) -> None:
+    """A record signed by a trusted node (a node-key holder, or a bug) whose sealed value
+    does not decrypt passes verification but is never run on: the object parks with a
+    reason naming the sealed value."""
+    import base64
+
+    from perdure.core.sealing import SEALED
+    from perdure.engine.instantiate import instantiate
+    from perdure.engine.sealer import Sealer, sealed_arguments
+
+    app = make_app()
+    register(app)
+    definition = app.agents["keeper"]
+    sealer = Sealer(app.store, app.data_keys, "b1")
+    args, kwargs = sealed_arguments(sealer, [Secret(CANARY), "x"], {}, agent="keeper")
+    raw_bytes = bytearray(base64.b64decode(args[0][SEALED]["data"]))
+    raw_bytes[-1] ^= 0x01
+    args[0][SEALED]["data"] = base64.b64encode(bytes(raw_bytes)).decode()
+    new = instantiate(definition, args, kwargs, object_id="b1", signer=app._ensure_node(),
+                      policy_ref=app.policy.ref, now=time.time())
+    assert app.store.create(new, time.time())
+    assert app.verify("b1").ok  # signed by a trusted node: the chain is fine
+    with app.background_worker(), pytest.raises(AgentParkedError) as parked:
+        app.handle("b1").result(timeout=10)
+    assert "does not decrypt" in str(parked.value)
+    assert CANARY not in str(parked.value)
