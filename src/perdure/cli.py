@@ -33,6 +33,7 @@ from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
+from perdure.core.secret import Secret
 from perdure.core.usage import usage_totals
 from perdure.errors import (
     AgentFailedError,
@@ -334,6 +335,17 @@ def _json_arg(text: str | None, what: str) -> Any:
               "128 levels)")
 
 
+def _secret_arg(text: str | None) -> Secret[Any]:
+    """A secret payload: its JSON value, or (not JSON) the text itself without its final
+    newline; never quoted in an error."""
+    if text is None:
+        _fail("--secret needs a PAYLOAD: give - and pipe it in (out of the shell's history)")
+    try:
+        return Secret(json.loads(text))
+    except (json.JSONDecodeError, RecursionError):
+        return Secret(text.removesuffix("\n").removesuffix("\r"))
+
+
 @cli.command()
 @click.argument("agent")
 @click.option("--args", "args_json", default="[]", show_default=True,
@@ -479,11 +491,16 @@ def replay_check(obj: _Ctx, object_ids: tuple[str, ...]) -> None:
 @click.argument("event")
 @click.argument("payload", required=False)
 @click.option("--dedupe-key", help="Deliver at most once per key.")
+@click.option("--secret", is_flag=True,
+              help="Send the payload as a perdure.Secret (encrypted at rest); PAYLOAD - reads "
+                   "it from stdin, out of the shell's history.")
 @click.pass_obj
 def send(obj: _Ctx, object_id: str, event: str, payload: str | None,
-         dedupe_key: str | None) -> None:
-    """Send EVENT (with a JSON PAYLOAD) to an object."""
-    value = _json_arg(payload, "PAYLOAD")
+         dedupe_key: str | None, secret: bool) -> None:
+    """Send EVENT (with a JSON PAYLOAD, - for stdin) to an object."""
+    if payload == "-":
+        payload = sys.stdin.read()
+    value = _json_arg(payload, "PAYLOAD") if not secret else _secret_arg(payload)
     fresh = obj.app().send(object_id, event, value, dedupe_key=dedupe_key)
     out.print(f"sent {event!r} to {object_id}" if fresh else
               f"duplicate: {event!r} with key {dedupe_key!r} was already sent")

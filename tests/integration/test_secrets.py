@@ -4,6 +4,7 @@ byte reported as an integrity failure."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -414,3 +415,32 @@ def test_a_signed_record_with_a_broken_sealed_value_parks(make_app: MakeApp) -> 
         app.handle("b1").result(timeout=10)
     assert "does not decrypt" in str(parked.value)
     assert CANARY not in str(parked.value)
+
+
+def test_cli_sends_a_secret_from_stdin(make_app: MakeApp, store_url: str, key_dir: Path,
+                                       raw: RawSQL) -> None:
+    """``perdure send ID EVENT - --secret`` reads the secret from stdin (JSON, or plain
+    text) and sends it sealed; the agent gets a Secret."""
+    app = make_app()
+
+    @app.agent(name="receiver")
+    async def receiver(run: perdure.Run) -> list[Any]:
+        first = await run.wait_for("key")
+        second = await run.wait_for("doc")
+        return [isinstance(first, Secret) and first.reveal() == CANARY,
+                isinstance(second, Secret) and second.reveal() == {"pin": CANARY}]
+
+    handle = app.start("receiver", object_id="cs1")
+
+    def send(event: str, text: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
+             "send", "cs1", event, "-", "--secret"], input=text, capture_output=True,
+            text=True, timeout=60, check=False)
+
+    for done in (send("key", CANARY + "\n"), send("doc", json.dumps({"pin": CANARY}))):
+        assert done.returncode == 0, done.stderr
+        assert CANARY not in done.stdout + done.stderr
+    assert CANARY.encode() not in stored_bytes(raw)
+    with app.background_worker():
+        assert handle.result(timeout=10) == [True, True]
