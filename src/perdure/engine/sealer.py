@@ -2,14 +2,17 @@
 
 **For every command that writes a payload into memory** (a step's result, an agent's
 arguments and result, an event, a progress note, a resource descriptor, a tool's
-arguments, a progress marker): encode it with ``Sealer.store_value`` instead of
+arguments, a progress marker): encode it through the run's sealer instead of
 ``codec.encode``::
 
-    stored, data = run._sealer.store_value(value, what="descriptor of resource 'db'")
-    # put ``stored`` in the record body (its canonical bytes are ``data``)
+    stored, data = run._stored(value, what="descriptor of resource 'db'")
+    # put ``stored`` in the record body (its canonical bytes are ``data``) and give
+    # the agent ``run._opened(stored)`` if it gets the value back on this run
 
-and read it back with ``Sealer.open(stored)`` (records handed to a ``Run`` are opened
-already: ``open_records``). That is all it takes for a payload kind to keep secrets
+(``Run._stored`` calls ``Sealer.store_value``, and falls back to ``codec.encode`` for a
+run without a sealer; outside a run, build a ``Sealer`` and call ``store_value``). On
+replay nothing more is needed: the records handed to a ``Run`` are opened already
+(``open_records``), so a command reads its values as it always did. That is all it takes for a payload kind to keep secrets
 out of the store: every ``perdure.Secret`` in the value is sealed on its own (or, for
 an agent registered with ``encrypt=True``, the whole value), and the texts of the
 secrets it met are remembered (``secrets``) so that error messages and notes that
