@@ -12,9 +12,11 @@ arguments, a progress marker): encode it through the run's sealer instead of
 (``Run._stored`` calls ``Sealer.store_value``, and falls back to ``codec.encode`` for a
 run without a sealer; outside a run, build a ``Sealer`` and call ``store_value``). On
 replay nothing more is needed: the records handed to a ``Run`` are opened already
-(``open_records``), so a command reads its values as it always did. That is all it takes for a payload kind to keep secrets
-out of the store: every ``perdure.Secret`` in the value is sealed on its own (or, for
-an agent registered with ``encrypt=True``, the whole value), and the texts of the
+(``open_records``), so a command reads its values as it always did.
+
+That is all it takes for a payload kind to keep secrets out of the store: every
+``perdure.Secret`` in the value is sealed on its own (or, for an agent registered with
+``encrypt=True``, the whole value), and the texts of the
 secrets it met are remembered (``secrets``) so that error messages and notes that
 quote one are redacted before they are written. A value without secrets costs one
 ``encode`` as before (the secret search runs only when the encoder refuses a value).
