@@ -34,6 +34,7 @@ from perdure.core.bodies import (
     JSON,
     Body,
     Dormant,
+    Emitted,
     EventReceived,
     Instantiated,
     IntentRefined,
@@ -73,6 +74,7 @@ __all__ = [
     "lineage",
     "listing_row",
     "object_parts",
+    "question",
     "short_type",
     "timeline",
     "usage",
@@ -150,9 +152,31 @@ def _step(body: StepStarted | StepDone | StepFailed | StepInDoubt) -> Line:
 
 def _dormant(body: Dormant) -> Line:
     until = f" until {when(body.wake_at)}" if body.wake_at is not None else ""
+    if body.event and body.cmd == "wait" and (body.prompt is not None or body.choices):
+        return Line(f"#{body.pos} asking {question(body.prompt, body.choices)} "
+                    f"(answer: event {body.event!r}){until}", False)
     if body.event:
         return Line(f"#{body.pos} waiting for event {body.event!r}{until}", False)
     return Line(f"#{body.pos} {body.reason}{until}", True)
+
+
+def _emitted(body: Emitted) -> Line:
+    return Line(f"#{body.pos} emitted {body.name!r} {_json_text(body.data, 200)}", False)
+
+
+def question(prompt: JSON, choices: Sequence[JSON] | None) -> str:
+    """A question a waiting agent asks, in one line: the prompt (a string as it is,
+    anything else as JSON, cut short) and the choices it offers."""
+    text = prompt if isinstance(prompt, str) else _json_text(prompt, 300)
+    if len(text) > 300:
+        text = text[:299] + "…"
+    shown = repr(text) if isinstance(prompt, str) else text
+    if prompt is None:
+        shown = "a question"
+    if choices:
+        shown += " [" + " / ".join(c if isinstance(c, str) and c.isprintable() else _json(c)
+                                    for c in choices)[:200] + "]"
+    return shown
 
 
 def _woke(body: Woke) -> Line:
@@ -243,6 +267,7 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     IntentRefined: _refined,
     Nondeterminism: _nondeterminism,
     Progress: _progress,
+    Emitted: _emitted,
     ModelCall: _model_call,
     ModelFailed: _model_failed,
     ModelChunks: _model_chunks,
@@ -338,7 +363,11 @@ def waiting_note(info: ObjectInfo, nodes: Sequence[NodeInfo]) -> str | None:
 
 
 def waiting_for(info: ObjectInfo) -> str | None:
-    """What the object waits for before it goes on (an event), or ``None``."""
+    """What the object waits for before it goes on (an event, and the question it asks
+    if it asks one: ``ObjectInfo.asking``), or ``None``."""
+    if info.asking:
+        return "; ".join(f"asking {question(q.prompt, q.choices)} (answer: event {q.event!r})"
+                         for q in info.asking)
     return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
 
 
