@@ -25,6 +25,7 @@ from rich.text import Text
 from perdure import __version__
 from perdure import inspect as view
 from perdure._cli_keys import keys
+from perdure._cli_steer import fork, query, questions, retry
 from perdure._cli_tail import tail
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
@@ -144,6 +145,7 @@ def _info_json(info: ObjectInfo) -> dict[str, Any]:
     doc = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)}
     doc["status"] = str(info.status)
     doc["requires"] = list(info.requires)
+    doc["asking"] = [q.to_json() for q in info.asking]
     return doc
 
 
@@ -161,7 +163,10 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 
 
 def _explained(app: App, info: ObjectInfo) -> ObjectInfo:
-    """A failed object without a note gets its failure, read from its memory, as note."""
+    """A failed object without a note gets its failure, read from its memory, as note;
+    one that asks a question, the question."""
+    if info.asking and not info.note:
+        return dataclasses.replace(info, note=view.waiting_for(info))
     if info.status is not Status.FAILED or info.note:
         return info
     try:
@@ -604,6 +609,8 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
 
 cli.add_command(keys)
 cli.add_command(tail)
+for _steer in (questions, query, fork, retry):
+    cli.add_command(_steer)
 
 
 @cli.command()

@@ -23,7 +23,7 @@ The tree::
     ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
     ├── ResultTimeoutError        ``Handle.result()``: no result within the timeout
-    ├── StepTimeout               a step's attempt ran past ``run.step(timeout=...)``
+    ├── StepTimeoutError          a step's attempt ran past ``run.step(timeout=...)``
     ├── UnknownQueryError         no query of that name is declared for the object's agent
     ├── QueryFailedError          a query's function raised on the object's memory
     ├── ForkError                 a fork point is not one the object can be forked at
@@ -79,7 +79,7 @@ __all__ = [
     "SerializationError",
     "StepFailedError",
     "StepInDoubtError",
-    "StepTimeout",
+    "StepTimeoutError",
     "StoreCorruptError",
     "StoreError",
     "UnknownAgentError",
@@ -248,7 +248,7 @@ class ResultTimeoutError(PerdureError, TimeoutError):
     """No result arrived within the timeout; the object keeps running."""
 
 
-class StepTimeout(PerdureError, TimeoutError):  # noqa: N818 - the name the API promises
+class StepTimeoutError(PerdureError, TimeoutError):
     """A step's attempt ran longer than its ``timeout``: recorded as a failure of class
     ``timeout`` and retried by the step's retry policy (semantic backoff)."""
 

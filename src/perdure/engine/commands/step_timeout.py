@@ -1,8 +1,8 @@
-"""``run.step(fn, timeout=...)``: an attempt that runs too long ends as a ``StepTimeout``.
+"""``run.step(fn, timeout=...)``: an attempt that runs too long ends as a ``StepTimeoutError``.
 
 The attempt's function is run as a task (an ``async def``) or on one of the node's code
 threads (a plain ``def``, as every step is). When ``timeout`` seconds pass first, the
-attempt ends with ``StepTimeout``, which the step records as a failure of class
+attempt ends with ``StepTimeoutError``, which the step records as a failure of class
 ``timeout`` and retries as its retry policy says (``core/backoff.py``: a timeout waits
 at least as long as the attempt took before the next one).
 
@@ -24,7 +24,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from perdure.errors import ConfigurationError, StepTimeout
+from perdure.errors import ConfigurationError, StepTimeoutError
 
 __all__ = ["check_timeout", "run_with_timeout"]
 
@@ -52,7 +52,7 @@ def _drop(task: asyncio.Future[Any]) -> None:
 
 async def run_with_timeout(call: Callable[[], Awaitable[Any]], timeout: float | None,
                            step_name: str) -> Any:
-    """``await call()``, or ``StepTimeout`` once ``timeout`` seconds have passed (the
+    """``await call()``, or ``StepTimeoutError`` once ``timeout`` seconds have passed (the
     attempt is cancelled; see the module for what that means for a thread)."""
     if timeout is None:
         return await call()
@@ -67,4 +67,4 @@ async def run_with_timeout(call: Callable[[], Awaitable[Any]], timeout: float | 
         return task.result()
     task.cancel()
     task.add_done_callback(_drop)
-    raise StepTimeout(f"step {step_name!r} ran longer than its timeout of {timeout:g}s")
+    raise StepTimeoutError(f"step {step_name!r} ran longer than its timeout of {timeout:g}s")

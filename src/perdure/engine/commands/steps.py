@@ -117,7 +117,7 @@ async def step(
     agent gets ``StepInDoubtError`` instead of a silent second run. ``retry``
     sets attempts and pace (semantic backoff); between attempts the object is
     dormant. ``timeout`` (seconds) ends an attempt that runs longer with
-    ``StepTimeout``, retried like any timeout (see ``step_timeout``). Options may also be
+    ``StepTimeoutError``, retried like any timeout (see ``step_timeout``). Options may also be
     set with ``@perdure.step(...)`` on ``fn``.
     """
     # Resolve: the name the step is recorded under.
