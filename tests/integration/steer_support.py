@@ -118,10 +118,7 @@ async def pipeline(run: perdure.Run, marks: str) -> Any:
     """Three steps; a fork replays the recorded ones and runs the rest."""
     done = [await run.step(note, marks, "a", name="a"),
             await run.step(note, marks, "b", name="b")]
-    if run.patched("third-step-v2"):
-        done.append(await run.step(note, marks, "c2", name="c2"))
-    else:
-        done.append(await run.step(note, marks, "c", name="c"))
+    done.append(await run.step(note, marks, "c", name="c"))
     return done
 
 
