@@ -51,7 +51,7 @@ from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.hooks import Hooks
 from perdure.inspect import waiting_note
 from perdure.queries import QueryRegistry, run_query
-from perdure.questions import Question, forked_from, pending_questions
+from perdure.questions import ASKING_MARK, Question, forked_from, pending_questions
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
 
@@ -62,6 +62,7 @@ __all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
 
 LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
 CORRUPT_RETRY_SECONDS = 30.0  # a worker on a damaged store checks it again this often
+QUESTION_TAIL = 64  # records read back from an object's head for the questions it asks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -496,25 +497,36 @@ class App:
 
     def _annotate(self, info: ObjectInfo) -> ObjectInfo:
         """``info`` with what its memory adds: the questions it asks, where it was forked
-        from. Damaged memory adds nothing here (``verify`` and ``show`` say what is
-        wrong)."""
+        from (its first record). Damaged memory adds nothing here (``verify`` and
+        ``show`` say what is wrong)."""
         try:
-            records = self.store.records(info.object_id)
+            first = self.store.record(info.object_id, 1)
         except RecordDecodeError:
-            return info
-        asking = () if info.terminal else tuple(pending_questions(records, info.agent))
-        return dataclasses.replace(info, asking=asking, forked_from=forked_from(records))
+            first = None
+        origin = forked_from([first]) if first is not None else None
+        info = self._asking(info)
+        return dataclasses.replace(info, forked_from=origin) if origin else info
 
     def _asking(self, info: ObjectInfo) -> ObjectInfo:
-        """``info`` with the questions it asks, for an object that waits for an event."""
-        if info.terminal or info.waiting_event is None:
+        """``info`` with the questions it asks, for an object whose note says it asks."""
+        if info.terminal or not info.note or ASKING_MARK not in info.note:
             return info
         try:
-            records = self.store.records(info.object_id)
+            asking = self._questions_of(info.object_id, info.agent, info.records)
         except RecordDecodeError:
             return info
-        return dataclasses.replace(
-            info, asking=tuple(pending_questions(records, info.agent)))
+        return dataclasses.replace(info, asking=tuple(asking))
+
+    def _questions_of(self, object_id: str, agent: str, head_seq: int
+                      ) -> builtins.list[Question]:
+        """The pending questions of an object that asks: read from the tail of its memory
+        (where the wait's record is, unless a gather branch asked long before), else from
+        all of it."""
+        tail = self.store.records(object_id, after_seq=max(0, head_seq - QUESTION_TAIL))
+        found = pending_questions(tail, agent)
+        if found or head_seq <= QUESTION_TAIL:
+            return found
+        return pending_questions(self.store.records(object_id), agent)
 
     # -- watching and steering: questions, queries, retry, fork ------------------------
 
@@ -524,16 +536,17 @@ class App:
         the store, newest first, at most ``limit`` (of ``agent``'s objects only, if
         given). Answer one with ``send(question.object_id, question.event, payload)``.
 
-        Reads the memory of each object that waits for an event (of up to 100,000).
+        Reads the end of the memory of each dormant object whose note says it asks
+        something (of up to 100,000 dormant objects).
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"limit must be a whole number, 0 or more, not {limit!r}")
         found: builtins.list[Question] = []
         for row in self.store.list(status=Status.DORMANT.value, agent=agent, limit=100_000):
-            if row.waiting_event is None:
+            if row.waiting_event is None or not row.note or ASKING_MARK not in row.note:
                 continue
             try:
-                found.extend(pending_questions(self.store.records(row.object_id), row.agent))
+                found.extend(self._questions_of(row.object_id, row.agent, row.head_seq))
             except RecordDecodeError:
                 continue  # damaged memory: ``verify`` names it
         found.sort(key=lambda q: (q.asked_at, q.object_id, q.seq), reverse=True)

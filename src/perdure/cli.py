@@ -163,10 +163,7 @@ def _report_json(report: VerifyReport) -> dict[str, Any]:
 
 
 def _explained(app: App, info: ObjectInfo) -> ObjectInfo:
-    """A failed object without a note gets its failure, read from its memory, as note;
-    one that asks a question, the question."""
-    if info.asking and not info.note:
-        return dataclasses.replace(info, note=view.waiting_for(info))
+    """A failed object without a note gets its failure, read from its memory, as note."""
     if info.status is not Status.FAILED or info.note:
         return info
     try:

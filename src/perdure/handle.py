@@ -45,10 +45,12 @@ class ObjectInfo:
     updated_at: float
     requires: tuple[str, ...] = ()
     #: The questions the object asks while it waits (``run.wait_for(..., prompt=...)``),
-    #: oldest first; filled by ``App.get`` and ``App.list`` (empty when it asks none).
+    #: oldest first; filled by ``App.get`` and ``App.list`` (empty when it asks none, and
+    #: with ``explain=False``).
     asking: tuple[Question, ...] = ()
     #: ``{"object_id", "seq", "hash"}`` of the object and record this one was forked
-    #: from (``App.fork``); filled by ``App.get`` (``App.list`` leaves it ``None``).
+    #: from (``App.fork``), as its first record says; filled by ``App.get`` (``App.list``
+    #: and ``explain=False`` leave it ``None``).
     forked_from: dict[str, Any] | None = None
 
     @property
@@ -117,7 +119,7 @@ class Handle:
 
     def status(self) -> Status:
         """The object's current status."""
-        return self.info().status
+        return self.app.get(self.object_id, explain=False).status
 
     def result(self, timeout: float | None = None, *, poll: float = 0.05) -> Any:
         """Wait for the object to terminate and return its result, polling the store.

@@ -57,6 +57,8 @@ from perdure.core.records import Kind, Record
 from perdure.core.usage import UsageTotals
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
+from perdure.questions import asking_note
+from perdure.questions import question_text as question
 from perdure.stores.base import NodeInfo
 
 __all__ = [
@@ -153,8 +155,8 @@ def _step(body: StepStarted | StepDone | StepFailed | StepInDoubt) -> Line:
 def _dormant(body: Dormant) -> Line:
     until = f" until {when(body.wake_at)}" if body.wake_at is not None else ""
     if body.event and body.cmd == "wait" and (body.prompt is not None or body.choices):
-        return Line(f"#{body.pos} asking {question(body.prompt, body.choices)} "
-                    f"(answer: event {body.event!r}){until}", False)
+        return Line(f"#{body.pos} {asking_note(body.event, body.prompt, body.choices)}{until}",
+                    False)
     if body.event:
         return Line(f"#{body.pos} waiting for event {body.event!r}{until}", False)
     return Line(f"#{body.pos} {body.reason}{until}", True)
@@ -162,21 +164,6 @@ def _dormant(body: Dormant) -> Line:
 
 def _emitted(body: Emitted) -> Line:
     return Line(f"#{body.pos} emitted {body.name!r} {_json_text(body.data, 200)}", False)
-
-
-def question(prompt: JSON, choices: Sequence[JSON] | None) -> str:
-    """A question a waiting agent asks, in one line: the prompt (a string as it is,
-    anything else as JSON, cut short) and the choices it offers."""
-    text = prompt if isinstance(prompt, str) else _json_text(prompt, 300)
-    if len(text) > 300:
-        text = text[:299] + "…"
-    shown = repr(text) if isinstance(prompt, str) else text
-    if prompt is None:
-        shown = "a question"
-    if choices:
-        shown += " [" + " / ".join(c if isinstance(c, str) and c.isprintable() else _json(c)
-                                    for c in choices)[:200] + "]"
-    return shown
 
 
 def _woke(body: Woke) -> Line:
@@ -364,10 +351,10 @@ def waiting_note(info: ObjectInfo, nodes: Sequence[NodeInfo]) -> str | None:
 
 def waiting_for(info: ObjectInfo) -> str | None:
     """What the object waits for before it goes on (an event, and the question it asks
-    if it asks one: ``ObjectInfo.asking``), or ``None``."""
+    if it asks one: ``ObjectInfo.asking``), or ``None`` (also when its note says it)."""
     if info.asking:
-        return "; ".join(f"asking {question(q.prompt, q.choices)} (answer: event {q.event!r})"
-                         for q in info.asking)
+        text = "; ".join(asking_note(q.event, q.prompt, q.choices) for q in info.asking)
+        return None if text == info.note else text  # the note says it already
     return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
 
 

@@ -14,13 +14,19 @@ Pure reads: nothing here writes to memory.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from perdure.core.records import Kind, Record
 
-__all__ = ["Question", "forked_from", "pending_questions"]
+__all__ = ["ASKING_MARK", "Question", "asking_note", "forked_from", "pending_questions",
+           "question_text"]
+
+ASKING_MARK = "(answer: event "
+"""What the note of an object that asks a question holds (``asking_note``): ``App.get``,
+``App.list`` and ``App.questions`` read memory only for objects whose note says so."""
 
 _DORMANT = Kind.DORMANT.value
 _ANSWERED = frozenset({Kind.EVENT_RECEIVED.value, Kind.WAIT_TIMED_OUT.value})
@@ -56,6 +62,32 @@ class Question:
                 "choices": None if self.choices is None else list(self.choices),
                 "seq": self.seq, "pos": self.pos, "asked_at": self.asked_at,
                 "timeout_at": self.timeout_at}
+
+
+def _json_text(value: Any, cap: int) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=repr)
+    return text if len(text) <= cap else text[: cap - 1] + "…"
+
+
+def question_text(prompt: Any, choices: Sequence[Any] | None) -> str:
+    """A question a waiting agent asks, in one line: the prompt (a string quoted, anything
+    else as JSON, cut short) and the choices it offers; control characters escaped."""
+    if prompt is None:
+        shown = "a question"
+    elif isinstance(prompt, str):
+        shown = repr(prompt if len(prompt) <= 300 else prompt[:299] + "…")
+    else:
+        shown = _json_text(prompt, 300)
+    if choices:
+        offered = " / ".join(c if isinstance(c, str) and c.isprintable() else _json_text(c, 60)
+                             for c in choices)
+        shown += " [" + (offered if len(offered) <= 200 else offered[:199] + "…") + "]"
+    return shown
+
+
+def asking_note(event: str, prompt: Any, choices: Sequence[Any] | None) -> str:
+    """The note of an object dormant on a wait that asks ``prompt``."""
+    return f"asking {question_text(prompt, choices)} {ASKING_MARK}{event!r})"
 
 
 def _asks(body: dict[str, Any]) -> bool:

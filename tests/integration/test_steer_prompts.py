@@ -115,3 +115,42 @@ def test_a_prompt_memory_cannot_hold_is_refused(make_app: Callable[..., perdure.
     with app.background_worker():
         assert app.start(bad_asker, object_id="bad").result(timeout=10) == error.__name__
     assert app.verify("bad").ok
+
+
+def test_a_question_asked_long_before_the_head_is_found(
+        make_app: Callable[..., perdure.App]) -> None:
+    """A gather branch asked, then another branch recorded more than the tail that is
+    read first: the question is still found (from the whole memory)."""
+    app = make_app()
+
+    def inc(x: int) -> int:
+        return x + 1
+
+    @app.agent(name="busy_asker")
+    async def busy_asker(run: perdure.Run) -> object:
+        async def ask() -> object:
+            return await run.wait_for("left", prompt="left?")
+
+        async def work() -> object:
+            await run.sleep(0.1)
+            total = 0
+            for _ in range(80):
+                total = await run.step(inc, total)
+            return total
+
+        return await run.gather(ask(), work())
+
+    handle = app.start(busy_asker, object_id="long-ask")
+    with app.background_worker():
+        assert wait_until(lambda: sum(r.kind == "step_done"
+                                      for r in app.history("long-ask")) == 80, timeout=20)
+        assert wait_until(lambda: handle.status() is perdure.Status.DORMANT, timeout=10)
+        head = app.get("long-ask").records
+        asked = next(r.seq for r in app.history("long-ask")
+                     if r.kind == "dormant" and r.body.get("event") == "left")
+        assert head - asked > 64
+        [question] = app.get("long-ask").asking
+        assert question.prompt == "left?" and question.seq == asked
+        assert [q.object_id for q in app.questions()] == ["long-ask"]
+        app.send("long-ask", "left", "L")
+        assert handle.result(timeout=10) == ["L", 80]

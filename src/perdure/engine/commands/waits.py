@@ -30,6 +30,7 @@ from perdure.core.records import Kind, RecordDraft
 from perdure.engine.commands.positions import find
 from perdure.engine.signals import Suspend
 from perdure.errors import ConfigurationError
+from perdure.questions import asking_note
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:
@@ -112,14 +113,19 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None,
     if dormant is not None:
         deadline = dormant.body.get("wake_at")
         drafts: list[RecordDraft] = []
+        # What memory says it asks (the code may ask otherwise now: memory is the truth).
+        prompt, asked = dormant.body.get("prompt"), dormant.body.get("choices")
+        offered = tuple(asked) if isinstance(asked, list) else None
     else:
         deadline = now + float(timeout) if timeout is not None else None
         drafts = [Dormant.wait(pos, event, deadline, prompt, offered).draft()]
     if deadline is not None and now >= deadline:
         self._journal.defer(WaitTimedOut(pos, event).draft())
         return None
+    note = (asking_note(event, prompt, offered)
+            if prompt is not None or offered is not None else None)
     raise Suspend(drafts, ready_at=deadline, waiting_event=event,
-                  reason=f"waiting for event {event!r}")
+                  reason=f"waiting for event {event!r}", note=note)
 
 
 def check_question(event: str, prompt: Any, choices: Sequence[Any] | None
