@@ -405,6 +405,8 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     if info.note:
         for index, line in enumerate(_wrap(info.note, width - 6)):
             out.print(Text(("note: " if index == 0 else "      ") + line))
+    if info.forked_from:
+        out.print(Text(view.origin(info) or ""))
     asks = view.waiting_for(info)
     if asks:
         out.print(Text(asks))

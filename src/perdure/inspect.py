@@ -76,6 +76,7 @@ __all__ = [
     "lineage",
     "listing_row",
     "object_parts",
+    "origin",
     "question",
     "short_type",
     "timeline",
@@ -356,6 +357,14 @@ def waiting_for(info: ObjectInfo) -> str | None:
         text = "; ".join(asking_note(q.event, q.prompt, q.choices) for q in info.asking)
         return None if text == info.note else text  # the note says it already
     return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
+
+
+def origin(info: ObjectInfo) -> str | None:
+    """Where a fork was forked from (``forked from ID at #SEQ``), or ``None``."""
+    source = info.forked_from
+    if not source:
+        return None
+    return f"forked from {source.get('object_id')} at #{source.get('seq')}"
 
 
 # -- an object on one line, and its lineage ---------------------------------------------------

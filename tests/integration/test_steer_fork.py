@@ -195,7 +195,34 @@ def test_perdure_fork_on_the_command_line(make_app: Callable[..., perdure.App],
     made = runner.invoke(cli, [*base, "fork", "cli-orig", "--at", str(at), "--id", "cli-f"])
     assert made.exit_code == 0, made.output
     assert made.output.strip() == "cli-f"
+    text = runner.invoke(cli, [*base, "show", "cli-f"])
+    assert f"forked from cli-orig at #{at}" in text.output
     shown = runner.invoke(cli, [*base, "show", "cli-f", "--json"])
     assert json.loads(shown.output)["object"]["forked_from"]["object_id"] == "cli-orig"
     refused = runner.invoke(cli, [*base, "fork", "cli-orig", "--at", "999"])
     assert refused.exit_code != 0
+
+
+def test_one_record_by_seq_on_every_store(make_app: Callable[..., perdure.App],
+                                          key_dir: Path, tmp_path: Path) -> None:
+    """``Store.record(object_id, seq)``: what ``App.get`` reads for ``forked_from``; the
+    same record as ``records`` gives, or ``None``; on the memory store too, where a fork
+    runs like anywhere else."""
+    marks = str(tmp_path / "marks")
+    for app in (register(make_app()),
+                register(perdure.App(store="memory:", key_dir=key_dir, poll_interval=0.01))):
+        with app.background_worker():
+            app.start("pipeline", marks, object_id="one").result(timeout=10)
+        history = app.history("one")
+        assert app.store.record("one", 1) == history[0]
+        assert app.store.record("one", len(history)) == history[-1]
+        assert app.store.record("one", len(history) + 1) is None
+        assert app.store.record("nobody", 1) is None
+        assert app.get("one").forked_from is None
+        fork = app.fork("one", at=2)
+        assert app.get(fork.object_id).forked_from == {
+            "object_id": "one", "seq": 2, "hash": history[1].hash}
+        assert app.get(fork.object_id, explain=False).forked_from is None
+        with app.background_worker():
+            assert fork.result(timeout=10) == ["a", "b", "c"]
+        app.close()
