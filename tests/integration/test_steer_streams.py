@@ -118,3 +118,45 @@ def test_emit_checks_its_input(make_app: Callable[..., perdure.App]) -> None:
             if e.kind == "emitted"] == [("fine", [1, "two"])]
     assert [e.data for e in app.handle("s").stream() if e.kind == "emitted"] == [
         {"from": "sync"}]
+
+
+def test_emitted_events_and_model_tokens_come_in_one_ordered_stream(
+        make_app: Callable[..., perdure.App]) -> None:
+    """A streamed model call between two emits: a follower gets the emit, the reply's
+    text as its batches were journaled, the model call, then the second emit, in memory
+    order, through the real SDK and the scripted server."""
+    import pytest
+
+    pytest.importorskip("openai")
+    from perdure.llm import ChatCompletionsClient, Message
+    from perdure.llm.scripted import ScriptedReply, ScriptedServer
+
+    app = make_app()
+
+    @app.agent(name="narrator")
+    async def narrator(run: perdure.Run, base_url: str) -> str:
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+        try:
+            await run.emit("phase", "asking")
+            reply = await run.model(client, model="gpt-4o", stream=True,
+                                    messages=[Message.user("Say something.")])
+            await run.emit("phase", {"done": len(reply.text)})
+        finally:
+            await client.aclose()
+        return reply.text
+
+    text = "Durable words, streamed and kept. " * 4
+    with ScriptedServer() as server:
+        server.script(ScriptedReply(text=text, chunk_chars=5, chunk_delay=0.01))
+        handle = app.start(narrator, server.openai_base_url, object_id="narrate")
+        with app.background_worker():
+            assert handle.result(timeout=20) == text
+    events = list(handle.stream())
+    kinds = [e.kind for e in events]
+    first, last = kinds.index("emitted"), len(kinds) - 1 - kinds[::-1].index("emitted")
+    assert events[first].data == "asking" and events[last].data == {"done": len(text)}
+    between = events[first + 1:last]
+    assert "".join(e.text for e in between if e.kind == "model_chunks") == text
+    assert between[-1].kind == "model_call"
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert events[-1].ended
