@@ -49,7 +49,7 @@ from perdure.stores.base import Append, NewObject
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["fork", "fork_problem"]
+__all__ = ["build", "fork", "fork_problem"]
 
 _HELD_BACK = 100 * 365 * 24 * 3600.0  # a half-written fork is not claimable meanwhile
 _STEP_STARTED = Kind.STEP_STARTED.value
@@ -126,9 +126,30 @@ def _origin_of(records: Sequence[Record]) -> dict[str, object] | None:
 
 def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle:
     """See ``App.fork``."""
+    oid = check_object_id(new_id) if new_id is not None else uuid.uuid4().hex
+    new, rest, origin, prefix = build(app, object_id, at, oid)
+    existing = app.store.get(oid)
+    if existing is not None:
+        return _existing(app, oid, origin, existing.head_seq, prefix)
+    now = time.time()
+    if not app.store.create(new, now):
+        existing = app.store.get(oid)
+        return _existing(app, oid, origin, existing.head_seq if existing else 0, prefix)
+    if rest:
+        _finish(app, oid, rest, now)
+    head = rest[-1] if rest else new.first
+    app.anchors.note(oid, new.first.hash, head.seq, head.hash)
+    return Handle(app, oid, created=True)
+
+
+def build(app: App, object_id: str, at: int, oid: str
+          ) -> tuple[NewObject, list[Record], dict[str, object], list[Record]]:
+    """The fork ``oid`` of ``object_id`` at record ``at``, not yet stored: its row and
+    first record (held back from workers while more records follow), the records after
+    the first, its origin (``forked_from``) and the original's verified prefix.
+    ``ForkError``, ``IntegrityError`` or ``ObjectNotFoundError`` as ``App.fork`` says."""
     if isinstance(at, bool) or not isinstance(at, int):
         raise ConfigurationError(f"a fork point is a record's seq (a whole number), not {at!r}")
-    oid = check_object_id(new_id) if new_id is not None else uuid.uuid4().hex
     row, records = verified_memory(app, object_id)
     if not 1 <= at <= len(records):
         raise ForkError(f"object {object_id!r} has records #1..#{len(records)}; "
@@ -137,11 +158,8 @@ def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle
     if problem is not None:
         raise ForkError(f"cannot fork object {object_id!r} at #{at}: {problem}")
     prefix = records[:at]
-    origin = {"object_id": object_id, "seq": at, "hash": prefix[-1].hash}
+    origin: dict[str, object] = {"object_id": object_id, "seq": at, "hash": prefix[-1].hash}
     signer = app._ensure_node()
-    existing = app.store.get(oid)
-    if existing is not None:
-        return _existing(app, oid, origin, existing.head_seq, prefix)
     first = decode(prefix[0])
     assert isinstance(first, Instantiated)
     trace_id = uuid.uuid4().hex
@@ -159,17 +177,11 @@ def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle
         copied.append(new)
         prev = new.hash
     held = at > 1
-    made = app.store.create(NewObject(
+    made = NewObject(
         object_id=oid, agent=row.agent, agent_version=first.intent.version, first=copied[0],
         ready_at=now + _HELD_BACK if held else now, parent_id=None,
-        requires=first.intent.requires), now)
-    if not made:
-        existing = app.store.get(oid)
-        return _existing(app, oid, origin, existing.head_seq if existing else 0, prefix)
-    if held:
-        _finish(app, oid, copied[1:], now)
-    app.anchors.note(oid, copied[0].hash, copied[-1].seq, copied[-1].hash)
-    return Handle(app, oid, created=True)
+        requires=first.intent.requires)
+    return made, copied[1:], origin, prefix
 
 
 def _finish(app: App, oid: str, rest: Sequence[Record], now: float) -> None:
@@ -200,4 +212,5 @@ def _existing(app: App, oid: str, origin: dict[str, object], head_seq: int,
                                trace_id=trace_id, ts_us=rec.ts_us,
                                policy_ref=rec.policy_ref, signer=signer))
         _finish(app, oid, copied[1:], time.time())
+        app.anchors.note(oid, copied[0].hash, copied[-1].seq, copied[-1].hash)
     return Handle(app, oid, created=False)

@@ -226,3 +226,30 @@ def test_one_record_by_seq_on_every_store(make_app: Callable[..., perdure.App],
         with app.background_worker():
             assert fork.result(timeout=10) == ["a", "b", "c"]
         app.close()
+
+
+def test_a_fork_cut_short_is_finished_by_forking_again(
+        make_app: Callable[..., perdure.App], tmp_path: Path) -> None:
+    """A fork whose process died after its first record was stored (the object held back
+    from workers, its other records missing) is finished by the same fork call again."""
+    import time
+
+    from perdure.fork import build
+
+    app = register(make_app())
+    marks = str(tmp_path / "marks")
+    with app.background_worker():
+        app.start("pipeline", marks, object_id="src").result(timeout=10)
+    at = _seq_of(app, "src", "step_done", "b")
+    new, rest, _, _ = build(app, "src", at, "half")
+    assert app.store.create(new, time.time())  # ... and the process dies here
+    with app.background_worker():
+        time.sleep(0.3)
+        assert app.get("half", explain=False).records == 1  # no worker touched it
+        assert app.get("half").status is perdure.Status.READY
+        again = app.fork("src", at=at, new_id="half")
+        assert not again.created
+        assert again.result(timeout=10) == ["a", "b", "c"]
+    assert len(rest) == at - 1
+    assert app.verify("half").ok
+    assert _lines(marks) == ["a", "b", "c", "c"]
