@@ -503,7 +503,8 @@ class App:
             first = self.store.record(info.object_id, 1)
         except RecordDecodeError:
             first = None
-        origin = forked_from([first]) if first is not None else None
+        origin = (forked_from([first]) if first is not None
+                  and self._vouched(info.object_id, [first]) else None)
         info = self._asking(info)
         return dataclasses.replace(info, forked_from=origin) if origin else info
 
@@ -523,10 +524,24 @@ class App:
         (where the wait's record is, unless a gather branch asked long before), else from
         all of it."""
         tail = self.store.records(object_id, after_seq=max(0, head_seq - QUESTION_TAIL))
-        found = pending_questions(tail, agent)
+        found = pending_questions(tail, agent) if self._vouched(object_id, tail) else []
         if found or head_seq <= QUESTION_TAIL:
             return found
-        return pending_questions(self.store.records(object_id), agent)
+        records = self.store.records(object_id)
+        return pending_questions(records, agent) if self._vouched(object_id, records) else []
+
+    def _vouched(self, object_id: str, records: builtins.list[Record]) -> bool:
+        """Whether ``records`` (a run of an object's memory) link up and their last one is
+        signed under a key this node trusts, which vouches for the run; what a forged or
+        damaged record makes ``get`` and ``questions`` leave out (``verify`` names it)."""
+        if not records:
+            return True
+        try:
+            check_links(object_id, records, start_hash=records[0].prev_hash,
+                        start_seq=records[0].seq)
+        except IntegrityError:
+            return False
+        return self.verifier.record_problem(records[-1]) is None
 
     # -- watching and steering: questions, queries, retry, fork ------------------------
 

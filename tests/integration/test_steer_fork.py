@@ -167,8 +167,8 @@ def test_a_fork_refuses_memory_that_does_not_verify(make_app: Callable[..., perd
     seq = _seq_of(app, "tampered", "step_done", "a")
     if store_url.startswith("sqlite"):
         conn = sqlite3.connect(store_url.removeprefix("sqlite:///"))
-        conn.execute("UPDATE records SET body = replace(body, '\"a\"}', '\"x\"}') "
-                     "WHERE object_id = 'tampered' AND seq = ?", (seq,))
+        conn.execute("UPDATE records SET body = CAST(replace(CAST(body AS TEXT), '\"a\"}', "
+                     "'\"x\"}') AS BLOB) WHERE object_id = 'tampered' AND seq = ?", (seq,))
         conn.commit()
         conn.close()
     else:
@@ -177,7 +177,8 @@ def test_a_fork_refuses_memory_that_does_not_verify(make_app: Callable[..., perd
             pg.execute("UPDATE records SET body = convert_to(replace(convert_from(body, "
                        "'UTF8'), '\"a\"}', '\"x\"}'), 'UTF8') "
                        "WHERE object_id = 'tampered' AND seq = %s", (seq,))
-    with pytest.raises(perdure.IntegrityError):
+    assert app.history("tampered")[seq - 1].body["result"] == "x"
+    with pytest.raises(perdure.IntegrityError, match=f"#{seq}"):
         app.fork("tampered", at=seq + 1, new_id="from-tampered")
     assert app.store.get("from-tampered") is None
 

@@ -154,3 +154,32 @@ def test_a_question_asked_long_before_the_head_is_found(
         assert [q.object_id for q in app.questions()] == ["long-ask"]
         app.send("long-ask", "left", "L")
         assert handle.result(timeout=10) == ["L", 80]
+
+
+def test_a_forged_question_is_not_shown(make_app: Callable[..., perdure.App],
+                                        store_url: str) -> None:
+    """Someone with write access to the store rewrites what an agent asks: the question
+    no longer vouched for by a trusted signature is left out (``verify`` names it)."""
+    app = register(make_app())
+    app.start("asker", "Ship v3?", object_id="forged-ask")
+    with app.background_worker():
+        assert wait_until(lambda: bool(_asking(app, "forged-ask")), timeout=10)
+    seq = app.get("forged-ask").asking[0].seq
+    if store_url.startswith("sqlite"):
+        import sqlite3
+        conn = sqlite3.connect(store_url.removeprefix("sqlite:///"))
+        conn.execute("UPDATE records SET body = CAST(replace(CAST(body AS TEXT), 'Ship v3?', "
+                     "'Wire $9k?') AS BLOB) "
+                     "WHERE object_id = 'forged-ask' AND seq = ?", (seq,))
+        conn.commit()
+        conn.close()
+    else:
+        import psycopg
+        with psycopg.connect(store_url) as pg:
+            pg.execute("UPDATE records SET body = convert_to(replace(convert_from(body, "
+                       "'UTF8'), 'Ship v3?', 'Wire $9k?'), 'UTF8') "
+                       "WHERE object_id = 'forged-ask' AND seq = %s", (seq,))
+    assert "Wire" in str(app.history("forged-ask")[seq - 1].body)
+    assert app.get("forged-ask").asking == ()
+    assert app.questions() == []
+    assert not app.verify("forged-ask").ok
