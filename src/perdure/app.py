@@ -137,6 +137,7 @@ class App:
         self.prices = prices
         self._agents: dict[str, AgentDef] = {}
         self._queries = QueryRegistry()  # queries declared for each agent (``define_query``)
+        self._origins: dict[str, dict[str, Any] | None] = {}  # first records' forked_from
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
@@ -499,14 +500,28 @@ class App:
         """``info`` with what its memory adds: the questions it asks, where it was forked
         from (its first record). Damaged memory adds nothing here (``verify`` and
         ``show`` say what is wrong)."""
-        try:
-            first = self.store.record(info.object_id, 1)
-        except RecordDecodeError:
-            first = None
-        origin = (forked_from([first]) if first is not None
-                  and self._vouched(info.object_id, [first]) else None)
+        origin = self._origin(info.object_id)
         info = self._asking(info)
         return dataclasses.replace(info, forked_from=origin) if origin else info
+
+    def _origin(self, object_id: str) -> dict[str, Any] | None:
+        """Where the object was forked from, as its first record (vouched for by a trusted
+        signature) says; kept once read, as a first record never changes."""
+        with self._lock:
+            if object_id in self._origins:
+                return self._origins[object_id]
+        try:
+            first = self.store.record(object_id, 1)
+        except RecordDecodeError:
+            return None
+        if first is None or not self._vouched(object_id, [first]):
+            return None
+        origin = forked_from([first])
+        with self._lock:
+            if len(self._origins) >= 4096:
+                self._origins.clear()
+            self._origins[object_id] = origin
+        return origin
 
     def _asking(self, info: ObjectInfo) -> ObjectInfo:
         """``info`` with the questions it asks, for an object whose note says it asks."""
