@@ -596,15 +596,45 @@ class App:
 
         return declare
 
-    def query(self, object_id: str, name: str, *args: Any) -> Any:
-        """Answer query ``name`` (declared with ``define_query`` for the object's agent)
-        over the object's checked memory, with ``args``; running, dormant or ended, the
-        object is not woken, no lease is taken and nothing is written.
+    @overload
+    def query(self, object_id: str, name: str, /, *args: Any) -> Any: ...
 
-        ``ObjectNotFoundError``, ``UnknownQueryError``, ``IntegrityError`` (memory does
-        not verify), ``QueryFailedError`` (the query raised).
+    @overload
+    def query(self, object_id: str, /, *args: Any, name: str) -> Any: ...
+
+    @overload
+    def query(self, *, agent: Callable[..., Any] | str, name: str | None = None
+              ) -> Callable[[F], F]: ...
+
+    def query(self, *args: Any, agent: Callable[..., Any] | str | None = None,
+              name: str | None = None) -> Any:
+        """Answer query ``name`` (declared with ``define_query`` for the object's agent)
+        over the object's checked memory: ``app.query(object_id, name, *args)``; running,
+        dormant or ended, the object is not woken, no lease is taken and nothing is
+        written. ``ObjectNotFoundError``, ``UnknownQueryError``, ``IntegrityError``
+        (memory does not verify), ``QueryFailedError`` (the query raised).
+
+        ``@app.query(agent=..., name=None)`` is ``define_query``: it declares one.
         """
-        return run_query(self, self._queries, object_id, name, args)
+        if agent is not None:
+            if args:
+                raise ConfigurationError(
+                    "app.query(agent=..., name=...) declares a query and takes nothing else; "
+                    "to ask one, call app.query(object_id, name, *args)")
+            return self.define_query(agent, name=name)
+        if name is None:
+            if len(args) < 2:
+                raise ConfigurationError("app.query takes an object id and a query name: "
+                                         "app.query(object_id, name, *args)")
+            object_id, name, rest = args[0], args[1], args[2:]
+        else:
+            if not args:
+                raise ConfigurationError("app.query takes an object id: "
+                                         "app.query(object_id, name, *args)")
+            object_id, rest = args[0], args[1:]
+        if not isinstance(object_id, str):
+            raise ConfigurationError(f"an object id is a string, not {type(object_id).__name__}")
+        return run_query(self, self._queries, object_id, name, rest)
 
     def retry(self, object_id: str) -> ObjectInfo:
         """Retry a parked object (after fixing what parked it): it becomes runnable and

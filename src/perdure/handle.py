@@ -54,6 +54,11 @@ class ObjectInfo:
     forked_from: dict[str, Any] | None = None
 
     @property
+    def prompt(self) -> Any:
+        """The prompt of the first question the object asks (``asking``), or ``None``."""
+        return self.asking[0].prompt if self.asking else None
+
+    @property
     def terminal(self) -> bool:
         """True once the object has completed, failed or been cancelled."""
         return self.status in (Status.COMPLETED, Status.FAILED, Status.CANCELLED)

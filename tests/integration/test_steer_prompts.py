@@ -30,6 +30,7 @@ def test_a_waiting_agent_asks_and_is_answered(make_app: Callable[..., perdure.Ap
         assert question.choices == ("yes", "no")
         assert question.agent == "asker" and question.object_id == "ask-1"
         assert question.timeout_at is None
+        assert app.get("ask-1").prompt == {"text": "Ship v2?", "risk": "low"}
         assert app.get("ask-1").status is perdure.Status.DORMANT
         [listed] = [i for i in app.list() if i.object_id == "ask-1"]
         assert listed.asking == (question,)

@@ -35,9 +35,20 @@ def test_a_query_reads_a_dormant_object_without_waking_it(
     assert handle.query("total") == 6
     assert app.query("count-1", "steps_over", 1) == [3, 6]
     assert app.query("count-1", "total") == 6
+    assert app.query("count-1", name="total") == 6
+
+    @app.query(agent="counter", name="doubled")
+    def doubled(view: perdure.MemoryView) -> int:
+        return 2 * int(view.last_emitted("total", 0))
+
+    assert handle.query("doubled") == 12
+    with pytest.raises(perdure.ConfigurationError, match="takes nothing else"):
+        app.query("count-1", agent="counter")
+    with pytest.raises(perdure.ConfigurationError, match="object id and a query name"):
+        app.query("count-1")
     assert _row_state(app, "count-1") == before  # no lease, no write, not woken
     assert len(app.history("count-1")) == records
-    with pytest.raises(perdure.UnknownQueryError, match="declared: broken, steps_over, total"):
+    with pytest.raises(perdure.UnknownQueryError, match="declared: broken, doubled, steps_over, total"):
         app.query("count-1", "nope")
     with pytest.raises(perdure.ObjectNotFoundError):
         app.query("ghost", "total")
