@@ -48,7 +48,8 @@ def test_a_query_reads_a_dormant_object_without_waking_it(
         app.query("count-1")
     assert _row_state(app, "count-1") == before  # no lease, no write, not woken
     assert len(app.history("count-1")) == records
-    with pytest.raises(perdure.UnknownQueryError, match="declared: broken, doubled, steps_over, total"):
+    with pytest.raises(perdure.UnknownQueryError,
+                       match="declared: broken, doubled, steps_over, total"):
         app.query("count-1", "nope")
     with pytest.raises(perdure.ObjectNotFoundError):
         app.query("ghost", "total")
