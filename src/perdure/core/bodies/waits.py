@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
+from perdure.core.bodies.fields import JSON, Body, BodyReader, MalformedBodyError, Position, put
 from perdure.core.records import Kind
 
 __all__ = ["NO_RESULT", "OUTCOMES", "ChildFinished", "Delegated", "Dormant", "EventReceived",
@@ -131,6 +131,8 @@ class Dormant(Body):
         keys = _DORMANT_KEYS[cmd]
         asks = cmd == "wait"
         prompt = fields.value("prompt") if asks and fields.has("prompt") else None
+        if asks and fields.has("prompt") and prompt is None:
+            raise MalformedBodyError("'prompt' is null (a wait that asks nothing leaves it out)")
         choices = (tuple(fields.array("choices")) if asks and fields.has("choices")
                    else None)
         return cls(
