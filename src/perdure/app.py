@@ -554,9 +554,16 @@ class App:
         try:
             check_links(object_id, records, start_hash=records[0].prev_hash,
                         start_seq=records[0].seq)
-        except IntegrityError:
-            return False
-        return self.verifier.record_problem(records[-1]) is None
+        except IntegrityError as exc:
+            problem: str | None = exc.reason
+        else:
+            problem = self.verifier.record_problem(records[-1])
+        if problem is not None:
+            log.warning("object %s: records #%d..#%d are not vouched for (%s); what they "
+                        "say is not shown (run `perdure verify %s`)", object_id,
+                        records[0].seq, records[-1].seq, problem, object_id,
+                        extra={"action": "not_vouched"})
+        return problem is None
 
     # -- watching and steering: questions, queries, retry, fork ------------------------
 
