@@ -610,6 +610,7 @@ cli.add_command(keys)
 cli.add_command(tail)
 for _steer in (questions, query, fork, retry):
     cli.add_command(_steer)
+cli.add_command(ls_, name="list")  # the same listing under its long name
 
 
 @cli.command()
