@@ -29,6 +29,7 @@ object, SEQ and id returns the fork made before (finishing one a crash cut short
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 import uuid
@@ -59,31 +60,35 @@ _STEP_ENDS = frozenset({Kind.STEP_DONE.value, Kind.STEP_FAILED.value,
 
 def fork_problem(records: Sequence[Record], at: int) -> str | None:
     """Why memory ``records`` cannot be forked after record ``at`` (see the module), or
-    ``None`` when it can."""
+    ``None`` when it can. One pass over memory, whatever its length."""
     last = records[at - 1]
     if last.kind == Kind.TERMINATED:
         return (f"#{at} is the object's terminal record; fork at #{at - 1} or before "
                 "to run its end again")
-    later = records[at:]
+    step_ends: dict[object, list[int]] = {}
+    child_ends: dict[object, int] = {}
+    for rec in records:
+        if rec.kind in _STEP_ENDS:
+            step_ends.setdefault(_key(rec.body.get("pos")), []).append(rec.seq)
+        elif rec.kind == Kind.CHILD_FINISHED:
+            child_ends.setdefault(_key(rec.body.get("child_id")), rec.seq)
     for rec in records[:at]:
         body = rec.body
-        pos = body.get("pos")
         if rec.kind == _STEP_STARTED:
-            end = next((r for r in later if r.kind in _STEP_ENDS and r.body.get("pos") == pos),
-                       None)
-            if end is not None:
+            ends = step_ends.get(_key(body.get("pos")), [])
+            after = bisect.bisect_right(ends, rec.seq)
+            end = ends[after] if after < len(ends) else None
+            if end is not None and end > at:
                 return (f"#{at} falls between the start of step {body.get('name')!r} (#{rec.seq})"
-                        f" and its outcome (#{end.seq}); fork at #{rec.seq - 1} or #{end.seq}")
+                        f" and its outcome (#{end}); fork at #{rec.seq - 1} or #{end}")
         elif rec.kind == Kind.DELEGATED:
             child = body.get("child_id")
-            if not any(r.kind == Kind.CHILD_FINISHED and r.body.get("child_id") == child
-                       for r in records[:at]):
-                end = next((r for r in later if r.kind == Kind.CHILD_FINISHED
-                            and r.body.get("child_id") == child), None)
-                after = f" or at #{end.seq} or later" if end is not None else ""
+            end = child_ends.get(_key(child))
+            if end is None or end > at:
+                later = f" or at #{end} or later" if end is not None else ""
                 return (f"#{at} is after child {child!r} was delegated (#{rec.seq}) and before"
                         f" its end; the child signals only its own parent: fork before "
-                        f"#{rec.seq}{after}")
+                        f"#{rec.seq}{later}")
     gather = _gather_span(records, at)
     if gather is not None:
         pos, first, final = gather
@@ -92,22 +97,41 @@ def fork_problem(records: Sequence[Record], at: int) -> str | None:
     return None
 
 
+def _key(value: object) -> object:
+    """A position or id as a dict key (a JSON list or object in a damaged body is not
+    hashable: its text stands for it)."""
+    return value if isinstance(value, int | str | None) else repr(value)
+
+
+def _top(pos: object) -> int | None:
+    """The top-level position of a branch position (``"3.1.0"``: 3), else ``None``."""
+    if not isinstance(pos, str):
+        return None
+    try:
+        return top(pos)
+    except ValueError:
+        return None
+
+
 def _gather_span(records: Sequence[Record], at: int) -> tuple[int, int, int] | None:
-    """``(position, first seq, last seq)`` of a gather ``at`` falls inside, or ``None``."""
+    """``(position, first seq, last seq)`` of a gather ``at`` falls inside, or ``None``:
+    its records are its branches' (positions ``P.b.n``) and its own dormancy (``P``)."""
     branch_top = None
     for rec in reversed(records[:at]):
         pos = rec.body.get("pos")
         if isinstance(pos, str):
-            branch_top = top(pos)
+            branch_top = _top(pos)
             break
         if isinstance(pos, int) and not isinstance(pos, bool):
+            if rec.body.get("cmd") == "gather":
+                branch_top = pos
             break
     if branch_top is None:
         return None
 
     def under(rec: Record) -> bool:
         pos = rec.body.get("pos")
-        return (isinstance(pos, str) and top(pos) == branch_top) or (
+        return _top(pos) == branch_top or (
             pos == branch_top and rec.body.get("cmd") == "gather")
 
     seqs = [rec.seq for rec in records if under(rec)]

@@ -89,3 +89,25 @@ def test_step_timeouts_accepted() -> None:
     assert check_timeout(None, "s") is None
     assert check_timeout(2, "s") == 2.0
     assert check_timeout(dt.timedelta(milliseconds=250), "s") == 0.25
+
+
+def test_fork_points_of_a_retried_step_and_a_dormant_gather() -> None:
+    """A non-idempotent step that failed once and then ran again: between its first
+    failure and its second start is a fork point. A gather that went dormant: its
+    dormancy between branch records is inside it."""
+    from perdure.core.bodies import StepFailed
+
+    failed = StepFailed(0, "pay", 1, {"type": "x", "message": "m"}, "transient", 0.1,
+                        None, False, 1.0).draft()
+    records = chain([StepStarted(0, "pay", 1, "k").draft(), failed,
+                     StepStarted(0, "pay", 2, "k").draft(),
+                     StepDone(0, "pay", 2, 0.1, 1).draft()])
+    assert fork_problem(records, 2) is not None  # between start 1 and failure 1
+    assert fork_problem(records, 3) is None  # after the failure: it is retried
+    assert "#3 or #5" in (fork_problem(records, 4) or "")
+    gathered = chain([StepDone("1.0.0", "l", 1, 0.1, 1).draft(),
+                      Dormant.gather(1, None, "go", []).draft(),
+                      StepDone("1.1.0", "r", 1, 0.1, 2).draft()])
+    assert "inside the gather at position 1 (#2..#4)" in (fork_problem(gathered, 3) or "")
+    assert fork_problem(gathered, 4) is None
+    assert fork_problem(gathered, 1) is None
