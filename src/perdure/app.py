@@ -50,8 +50,9 @@ from perdure.fork import fork as fork_object
 from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.hooks import Hooks
 from perdure.inspect import waiting_note
+from perdure.memory_notes import MemoryNotes
 from perdure.queries import QueryRegistry, run_query
-from perdure.questions import ASKING_MARK, Question, forked_from, pending_questions
+from perdure.questions import Question
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
 
@@ -62,7 +63,6 @@ __all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
 
 LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
 CORRUPT_RETRY_SECONDS = 30.0  # a worker on a damaged store checks it again this often
-QUESTION_TAIL = 64  # records read back from an object's head for the questions it asks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -137,7 +137,7 @@ class App:
         self.prices = prices
         self._agents: dict[str, AgentDef] = {}
         self._queries = QueryRegistry()  # queries declared for each agent (``define_query``)
-        self._origins: dict[str, dict[str, Any] | None] = {}  # first records' forked_from
+        self._notes = MemoryNotes(self)  # what memory adds to ObjectInfo (questions, origin)
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
@@ -469,7 +469,7 @@ class App:
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
         info = info_from_row(row, time.time())
-        return self._annotate(self._explain(info)) if explain else info
+        return self._notes.annotate(self._explain(info)) if explain else info
 
     def list(self, *, status: str | None = None, phase: str | None = None,
              agent: str | None = None, parent: str | None = None,
@@ -483,7 +483,8 @@ class App:
         rows = self.store.list(status=status, phase=phase, agent=agent, parent=parent,
                                limit=limit)
         live = self._live_nodes(now)
-        return [self._asking(self._explain(info_from_row(row, now), live)) for row in rows]
+        return [self._notes.asking(self._explain(info_from_row(row, now), live))
+                for row in rows]
 
     def _live_nodes(self, now: float) -> builtins.list[NodeInfo]:
         return self.store.live_nodes(now - LIVE_NODE_SECONDS)
@@ -496,75 +497,6 @@ class App:
         note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)
 
-    def _annotate(self, info: ObjectInfo) -> ObjectInfo:
-        """``info`` with what its memory adds: the questions it asks, where it was forked
-        from (its first record). Damaged memory adds nothing here (``verify`` and
-        ``show`` say what is wrong)."""
-        origin = self._origin(info.object_id)
-        info = self._asking(info)
-        return dataclasses.replace(info, forked_from=origin) if origin else info
-
-    def _origin(self, object_id: str) -> dict[str, Any] | None:
-        """Where the object was forked from, as its first record (vouched for by a trusted
-        signature) says; kept once read, as a first record never changes."""
-        with self._lock:
-            if object_id in self._origins:
-                return self._origins[object_id]
-        try:
-            first = self.store.record(object_id, 1)
-        except RecordDecodeError:
-            return None
-        if first is None or not self._vouched(object_id, [first]):
-            return None
-        origin = forked_from([first])
-        with self._lock:
-            if len(self._origins) >= 4096:
-                self._origins.clear()
-            self._origins[object_id] = origin
-        return origin
-
-    def _asking(self, info: ObjectInfo) -> ObjectInfo:
-        """``info`` with the questions it asks, for an object whose note says it asks."""
-        if info.terminal or not info.note or ASKING_MARK not in info.note:
-            return info
-        try:
-            asking = self._questions_of(info.object_id, info.agent, info.records)
-        except RecordDecodeError:
-            return info
-        return dataclasses.replace(info, asking=tuple(asking))
-
-    def _questions_of(self, object_id: str, agent: str, head_seq: int
-                      ) -> builtins.list[Question]:
-        """The pending questions of an object that asks: read from the tail of its memory
-        (where the wait's record is, unless a gather branch asked long before), else from
-        all of it."""
-        tail = self.store.records(object_id, after_seq=max(0, head_seq - QUESTION_TAIL))
-        found = pending_questions(tail, agent) if self._vouched(object_id, tail) else []
-        if found or head_seq <= QUESTION_TAIL:
-            return found
-        records = self.store.records(object_id)
-        return pending_questions(records, agent) if self._vouched(object_id, records) else []
-
-    def _vouched(self, object_id: str, records: builtins.list[Record]) -> bool:
-        """Whether ``records`` (a run of an object's memory) link up and their last one is
-        signed under a key this node trusts, which vouches for the run; what a forged or
-        damaged record makes ``get`` and ``questions`` leave out (``verify`` names it)."""
-        if not records:
-            return True
-        try:
-            check_links(object_id, records, start_hash=records[0].prev_hash,
-                        start_seq=records[0].seq)
-        except IntegrityError as exc:
-            problem: str | None = exc.reason
-        else:
-            problem = self.verifier.record_problem(records[-1])
-        if problem is not None:
-            log.warning("object %s: records #%d..#%d are not vouched for (%s); what they "
-                        "say is not shown (run `perdure verify %s`)", object_id,
-                        records[0].seq, records[-1].seq, problem, object_id,
-                        extra={"action": "not_vouched"})
-        return problem is None
-
     # -- watching and steering: questions, queries, retry, fork ------------------------
 
     def questions(self, *, agent: str | None = None, limit: int = 100
@@ -576,18 +508,7 @@ class App:
         Reads the end of the memory of each dormant object whose note says it asks
         something (of up to 100,000 dormant objects).
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ConfigurationError(f"limit must be a whole number, 0 or more, not {limit!r}")
-        found: builtins.list[Question] = []
-        for row in self.store.list(status=Status.DORMANT.value, agent=agent, limit=100_000):
-            if row.waiting_event is None or not row.note or ASKING_MARK not in row.note:
-                continue
-            try:
-                found.extend(self._questions_of(row.object_id, row.agent, row.head_seq))
-            except RecordDecodeError:
-                continue  # damaged memory: ``verify`` names it
-        found.sort(key=lambda q: (q.asked_at, q.object_id, q.seq), reverse=True)
-        return found[:limit]
+        return self._notes.questions(agent, limit)
 
     def define_query(self, agent: Callable[..., Any] | str, *, name: str | None = None
                      ) -> Callable[[F], F]:
