@@ -21,13 +21,17 @@ from perdure.follow import StreamEvent, follow
 __all__ = ["event_json", "event_line", "tail"]
 
 _CHUNKS = "model_chunks"
+_EMITTED = "emitted"
 
 
 def event_json(event: StreamEvent) -> dict[str, Any]:
     """``event`` as one JSON object: seq, kind, and for a model record its call's
-    position, name and attempt, a batch's text, a recovery; other records their body."""
+    position, name and attempt, a batch's text, a recovery; an emitted event its position,
+    name and data; every record but a batch its body."""
     doc: dict[str, Any] = {"seq": event.seq, "kind": event.kind, "ts": event.record.ts}
-    if event.name is not None:
+    if event.kind == _EMITTED:
+        doc.update(pos=event.pos, name=event.name, data=event.data)
+    elif event.name is not None:
         doc.update(pos=event.pos, name=event.name, attempt=event.attempt)
     if event.kind == _CHUNKS:
         doc["text"] = event.text

@@ -42,6 +42,7 @@ from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
     IntegrityError,
+    NotParkedError,
     ObjectConflictError,
     ObjectNotFoundError,
     RecordDecodeError,
@@ -49,9 +50,13 @@ from perdure.errors import (
     StoreError,
     UnknownAgentError,
 )
+from perdure.fork import fork as fork_object
 from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.hooks import Hooks
 from perdure.inspect import waiting_note
+from perdure.memory_notes import MemoryNotes
+from perdure.queries import QueryRegistry, run_query
+from perdure.questions import Question
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
 
@@ -73,11 +78,14 @@ def step(
     name: str | None = None,
     idempotent: bool = True,
     retry: RetryPolicy | None = None,
+    timeout: float | None = None,
 ) -> Callable[[F], F]:
-    """Set a step function's defaults for ``run.step``: name, idempotency, retry policy."""
+    """Set a step function's defaults for ``run.step``: name, idempotency, retry policy,
+    timeout of each attempt (seconds)."""
 
     def mark(fn: F) -> F:
-        fn.__perdure_step__ = {"name": name, "idempotent": idempotent, "retry": retry}  # type: ignore[attr-defined]
+        fn.__perdure_step__ = {"name": name, "idempotent": idempotent, "retry": retry,  # type: ignore[attr-defined]
+                               "timeout": timeout}
         return fn
 
     return mark
@@ -147,6 +155,8 @@ class App:
         self.capabilities = frozenset(capabilities or ())
         self.prices = prices
         self._agents: dict[str, AgentDef] = {}
+        self._queries = QueryRegistry()  # queries declared for each agent (``define_query``)
+        self._notes = MemoryNotes(self)  # what memory adds to ObjectInfo (questions, origin)
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
@@ -249,6 +259,7 @@ class App:
             data_keys=data_keys if data_keys is not None else self._data_keys_arg,
         )
         clone._agents = dict(self._agents)
+        clone._queries = self._queries.copy()
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
         return clone
 
@@ -498,7 +509,7 @@ class App:
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
         info = info_from_row(row, time.time())
-        return self._explain(info) if explain else info
+        return self._notes.annotate(self._explain(info)) if explain else info
 
     def list(self, *, status: str | None = None, phase: str | None = None,
              agent: str | None = None, parent: str | None = None,
@@ -512,7 +523,8 @@ class App:
         rows = self.store.list(status=status, phase=phase, agent=agent, parent=parent,
                                limit=limit)
         live = self._live_nodes(now)
-        return [self._explain(info_from_row(row, now), live) for row in rows]
+        return [self._notes.asking(self._explain(info_from_row(row, now), live))
+                for row in rows]
 
     def _live_nodes(self, now: float) -> builtins.list[NodeInfo]:
         return self.store.live_nodes(now - LIVE_NODE_SECONDS)
@@ -524,6 +536,96 @@ class App:
             return info  # nothing to explain: no need to ask for the live nodes
         note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)
+
+    # -- watching and steering: questions, queries, retry, fork ------------------------
+
+    def questions(self, *, agent: str | None = None, limit: int = 100
+                  ) -> builtins.list[Question]:
+        """The questions waiting objects ask (``run.wait_for(event, prompt=...)``) across
+        the store, newest first, at most ``limit`` (of ``agent``'s objects only, if
+        given). Answer one with ``send(question.object_id, question.event, payload)``.
+
+        Reads the end of the memory of each dormant object whose note says it asks
+        something (of up to 100,000 dormant objects).
+        """
+        return self._notes.questions(agent, limit)
+
+    def define_query(self, agent: Callable[..., Any] | str, *, name: str | None = None
+                     ) -> Callable[[F], F]:
+        """Declare a query of ``agent``'s objects: ``@app.define_query(agent=research)``
+        over ``def sources(view: MemoryView, *args)``. Its name is the function's, or
+        ``name``. See ``perdure.queries``."""
+        agent_name = (check_name(agent, "agent name") if isinstance(agent, str)
+                      else self._resolve(agent).name)
+
+        def declare(fn: F) -> F:
+            self._queries.add(agent_name, name or str(getattr(fn, "__name__", "")), fn)
+            return fn
+
+        return declare
+
+    @overload
+    def query(self, object_id: str, name: str, /, *args: Any) -> Any: ...
+
+    @overload
+    def query(self, object_id: str, /, *args: Any, name: str) -> Any: ...
+
+    @overload
+    def query(self, *, agent: Callable[..., Any] | str, name: str | None = None
+              ) -> Callable[[F], F]: ...
+
+    def query(self, *args: Any, agent: Callable[..., Any] | str | None = None,
+              name: str | None = None) -> Any:
+        """Answer query ``name`` (declared with ``define_query`` for the object's agent)
+        over the object's checked memory: ``app.query(object_id, name, *args)``; running,
+        dormant or ended, the object is not woken, no lease is taken and nothing is
+        written. ``ObjectNotFoundError``, ``UnknownQueryError``, ``IntegrityError``
+        (memory does not verify), ``QueryFailedError`` (the query raised).
+
+        ``@app.query(agent=..., name=None)`` is ``define_query``: it declares one.
+        """
+        if agent is not None:
+            if args:
+                raise ConfigurationError(
+                    "app.query(agent=..., name=...) declares a query and takes nothing else; "
+                    "to ask one, call app.query(object_id, name, *args)")
+            return self.define_query(agent, name=name)
+        if name is None:
+            if len(args) < 2:
+                raise ConfigurationError("app.query takes an object id and a query name: "
+                                         "app.query(object_id, name, *args)")
+            object_id, name, rest = args[0], args[1], args[2:]
+        else:
+            if not args:
+                raise ConfigurationError("app.query takes an object id: "
+                                         "app.query(object_id, name, *args)")
+            object_id, rest = args[0], args[1:]
+        if not isinstance(object_id, str):
+            raise ConfigurationError(f"an object id is a string, not {type(object_id).__name__}")
+        return run_query(self, self._queries, object_id, name, rest)
+
+    def retry(self, object_id: str) -> ObjectInfo:
+        """Retry a parked object (after fixing what parked it): it becomes runnable and
+        its next worker replays it with the code that worker runs. ``NotParkedError`` if
+        the object is not parked (``resume`` also releases a paused one)."""
+        info = self.get(object_id, explain=False)
+        if info.status is not Status.PARKED:
+            raise NotParkedError(f"object {object_id!r} is {info.status}, not parked; "
+                                 "nothing to retry")
+        return self.resume(object_id)
+
+    def fork(self, object_id: str, *, at: int, new_id: str | None = None) -> Handle:
+        """A new object whose memory is the object's verified memory up to record ``at``,
+        re-signed by this node, with ``forked_from`` pointing at it; it runs from there
+        with current code (recorded steps are not run again). ``new_id`` names it (the
+        call is then idempotent), else an id is generated.
+
+        ``ForkError`` for a record the object cannot be forked at (inside a step pair or
+        a gather, after a child it still waits for, its end: see ``perdure.fork``),
+        ``IntegrityError`` if its memory does not verify, ``ObjectConflictError`` if
+        ``new_id`` is another object's.
+        """
+        return fork_object(self, object_id, at, new_id)
 
     def history(self, object_id: str, *, after: int = 0) -> builtins.list[Record]:
         """The object's memory, in order (only its records after seq ``after``, if

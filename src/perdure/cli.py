@@ -26,6 +26,7 @@ from perdure import __version__
 from perdure import inspect as view
 from perdure._cli_keys import keys
 from perdure._cli_secrets import data_key
+from perdure._cli_steer import fork, query, questions, retry
 from perdure._cli_tail import tail
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
@@ -149,6 +150,7 @@ def _info_json(info: ObjectInfo) -> dict[str, Any]:
     doc = {field.name: getattr(info, field.name) for field in dataclasses.fields(info)}
     doc["status"] = str(info.status)
     doc["requires"] = list(info.requires)
+    doc["asking"] = [q.to_json() for q in info.asking]
     return doc
 
 
@@ -423,6 +425,8 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
     if info.note:
         for index, line in enumerate(_wrap(info.note, width - 6)):
             out.print(Text(("note: " if index == 0 else "      ") + line))
+    if info.forked_from:
+        out.print(Text(view.origin(info) or ""))
     asks = view.waiting_for(info)
     if asks:
         out.print(Text(asks))
@@ -630,6 +634,9 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
 keys.add_command(data_key)
 cli.add_command(keys)
 cli.add_command(tail)
+for _steer in (questions, query, fork, retry):
+    cli.add_command(_steer)
+cli.add_command(ls_, name="list")  # the same listing under its long name
 
 
 @cli.command()

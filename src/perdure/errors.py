@@ -25,6 +25,11 @@ The tree::
     ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
     ├── ResultTimeoutError        ``Handle.result()``: no result within the timeout
+    ├── StepTimeoutError          a step's attempt ran past ``run.step(timeout=...)``
+    ├── UnknownQueryError         no query of that name is declared for the object's agent
+    ├── QueryFailedError          a query's function raised on the object's memory
+    ├── ForkError                 a fork point is not one the object can be forked at
+    ├── NotParkedError            ``App.retry``: the object is not parked
     └── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
                                   whether and when to try again
 
@@ -60,24 +65,29 @@ __all__ = [
     "ChildFailedError",
     "ConfigurationError",
     "DataKeyError",
+    "ForkError",
     "IntegrityError",
     "LeaseLostError",
     "NodeIdentityError",
     "NonDeterminismError",
+    "NotParkedError",
     "ObjectConflictError",
     "ObjectNotFoundError",
     "ObjectTerminatedError",
     "PerdureError",
     "PerdureSignal",
+    "QueryFailedError",
     "RecordDecodeError",
     "ResultTimeoutError",
     "SealBrokenError",
     "SerializationError",
     "StepFailedError",
     "StepInDoubtError",
+    "StepTimeoutError",
     "StoreCorruptError",
     "StoreError",
     "UnknownAgentError",
+    "UnknownQueryError",
 ]
 
 
@@ -267,6 +277,29 @@ class AgentParkedError(PerdureError):
 
 class ResultTimeoutError(PerdureError, TimeoutError):
     """No result arrived within the timeout; the object keeps running."""
+
+
+class StepTimeoutError(PerdureError, TimeoutError):
+    """A step's attempt ran longer than its ``timeout``: recorded as a failure of class
+    ``timeout`` and retried by the step's retry policy (semantic backoff)."""
+
+
+class UnknownQueryError(PerdureError):
+    """No query of that name is declared for the object's agent (``App.query``)."""
+
+
+class QueryFailedError(PerdureError):
+    """A query's function raised while reading an object's memory; ``__cause__`` holds
+    what it raised. Nothing was written."""
+
+
+class ForkError(PerdureError):
+    """An object cannot be forked at that record: the message says why and which
+    records are fork points near it. Nothing was written."""
+
+
+class NotParkedError(PerdureError):
+    """``App.retry`` was asked for an object that is not parked."""
 
 
 class PerdureSignal(BaseException):

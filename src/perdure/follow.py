@@ -12,7 +12,13 @@ what was done with them (``continue``: the next attempt's chunks go on from that
 Chunks a killed worker had not yet journaled are in no record: nobody sees them, and a
 continued call goes on from what memory holds, so the text a follower collects is the
 text of the reply (on Anthropic the reply joins the salvage with its trailing
-whitespace cut, as prefill requires). Pure reads: nothing here writes to memory.
+whitespace cut, as prefill requires).
+
+Events the agent emits (``run.emit(name, data)``) come in the same stream, in memory
+order among the model records: each is one ``emitted`` record at its own position,
+written once (a replay after a crash finds it and writes nothing), so a follower gets
+each emitted event exactly once and in order, before and after a crash alike. Pure
+reads: nothing here writes to memory.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from perdure.errors import ResultTimeoutError
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["MODEL_KINDS", "StreamEvent", "Until", "afollow", "follow"]
+__all__ = ["FOLLOWED_KINDS", "MODEL_KINDS", "StreamEvent", "Until", "afollow", "follow"]
 
 Until = Literal["end", "reply"]
 """When a follower stops: when the object ends (``end``), or when a model call has its
@@ -38,9 +44,14 @@ reply or gave up (``reply``); always when the object ends."""
 
 MODEL_KINDS = frozenset({Kind.MODEL_CALL.value, Kind.MODEL_FAILED.value,
                          Kind.MODEL_CHUNKS.value, Kind.MODEL_RECOVERED.value})
-"""The record kinds of model calls, which a follower yields by default."""
+"""The record kinds of model calls."""
+
+FOLLOWED_KINDS = MODEL_KINDS | {Kind.EMITTED.value}
+"""The record kinds a follower yields by default (with the terminal record): model
+calls and emitted events."""
 
 _TERMINATED = Kind.TERMINATED.value
+_EMITTED = Kind.EMITTED.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +62,9 @@ class StreamEvent:
     it); ``kind`` the record's kind. For a model record ``pos``, ``name`` and
     ``attempt`` name the call and its attempt; a ``model_chunks`` batch has its chunks'
     JSON forms in ``chunks`` and their text joined in ``text``; a ``model_recovered``
-    record has ``recovery`` (``continue``, ``restart`` or ``surface``). ``record`` is the
-    whole record.
+    record has ``recovery`` (``continue``, ``restart`` or ``surface``). An ``emitted``
+    event has its ``name``, ``pos`` and ``data`` (``run.emit(name, data)``). ``record``
+    is the whole record.
     """
 
     seq: int
@@ -64,6 +76,7 @@ class StreamEvent:
     text: str = ""
     chunks: tuple[dict[str, Any], ...] = ()
     recovery: str | None = None
+    data: Any = None
 
     @property
     def ended(self) -> bool:
@@ -80,6 +93,10 @@ class StreamEvent:
 def event_of(record: Record) -> StreamEvent:
     """``record`` as a ``StreamEvent``."""
     body = record.body
+    if record.kind == _EMITTED:
+        name = body.get("name")
+        return StreamEvent(record.seq, record.kind, record, body.get("pos"),
+                           name if isinstance(name, str) else None, data=body.get("data"))
     if record.kind not in MODEL_KINDS:
         return StreamEvent(record.seq, record.kind, record)
     attempt = body.get("attempt")
@@ -115,7 +132,7 @@ class _Cursor:
                 break
             self.after = record.seq
             event = event_of(record)
-            if self.every or event.kind in MODEL_KINDS or event.ended:
+            if self.every or event.kind in FOLLOWED_KINDS or event.ended:
                 events.append(event)
             if event.ended or (self.until == "reply" and event.completes):
                 self.done = True
@@ -138,7 +155,8 @@ def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
            every: bool = False, timeout: float | None = None, poll: float = 0.05,
            stop: threading.Event | None = None) -> Iterator[StreamEvent]:
     """Yield the object's records after ``after`` as ``StreamEvent``s while they are
-    written: its model records and its terminal record, or every record with
+    written: its model records, its emitted events and its terminal record, or every
+    record with
     ``every=True``. Ends after the terminal record (or, with ``until="reply"``, after a
     call's outcome), when ``stop`` is set, or raises ``ResultTimeoutError`` once
     ``timeout`` seconds have gone by. ``ObjectNotFoundError`` if there is no such

@@ -16,6 +16,7 @@ from perdure.errors import (
     ResultTimeoutError,
 )
 from perdure.follow import StreamEvent, Until, afollow, follow
+from perdure.questions import Question
 from perdure.stores.base import ObjectRow
 
 if TYPE_CHECKING:
@@ -43,6 +44,19 @@ class ObjectInfo:
     created_at: float
     updated_at: float
     requires: tuple[str, ...] = ()
+    #: The questions the object asks while it waits (``run.wait_for(..., prompt=...)``),
+    #: oldest first; filled by ``App.get`` and ``App.list`` (empty when it asks none, and
+    #: with ``explain=False``).
+    asking: tuple[Question, ...] = ()
+    #: ``{"object_id", "seq", "hash"}`` of the object and record this one was forked
+    #: from (``App.fork``), as its first record says; filled by ``App.get`` (``App.list``
+    #: and ``explain=False`` leave it ``None``).
+    forked_from: dict[str, Any] | None = None
+
+    @property
+    def prompt(self) -> Any:
+        """The prompt of the first question the object asks (``asking``), or ``None``."""
+        return self.asking[0].prompt if self.asking else None
 
     @property
     def terminal(self) -> bool:
@@ -110,7 +124,7 @@ class Handle:
 
     def status(self) -> Status:
         """The object's current status."""
-        return self.info().status
+        return self.app.get(self.object_id, explain=False).status
 
     def result(self, timeout: float | None = None, *, poll: float = 0.05) -> Any:
         """Wait for the object to terminate and return its result, polling the store.
@@ -158,7 +172,8 @@ class Handle:
                timeout: float | None = None, poll: float = 0.05,
                stop: threading.Event | None = None) -> Iterator[StreamEvent]:
         """Follow the object's memory as it is written, from any process: each model
-        record after seq ``after`` once, in order (a streamed call's ``model_chunks``
+        record and each event the agent emitted (``run.emit``) after seq ``after`` once,
+        in order (a streamed call's ``model_chunks``
         batches, a ``model_recovered`` marker where a crash cut a stream short, each
         call's outcome), then the terminal record. ``every=True`` yields every record;
         ``until="reply"`` stops after the first call's outcome; ``stop`` ends it when
@@ -189,3 +204,15 @@ class Handle:
     def send(self, event: str, payload: Any = None, *, dedupe_key: str | None = None) -> bool:
         """See ``App.send``."""
         return self.app.send(self.object_id, event, payload, dedupe_key=dedupe_key)
+
+    def query(self, name: str, *args: Any) -> Any:
+        """See ``App.query``: the named query's answer over the object's memory."""
+        return self.app.query(self.object_id, name, *args)
+
+    def retry(self) -> None:
+        """See ``App.retry``."""
+        self.app.retry(self.object_id)
+
+    def fork(self, at: int, *, new_id: str | None = None) -> Handle:
+        """See ``App.fork``."""
+        return self.app.fork(self.object_id, at=at, new_id=new_id)

@@ -34,6 +34,7 @@ from perdure.core.bodies import (
     JSON,
     Body,
     Dormant,
+    Emitted,
     EventReceived,
     Instantiated,
     IntentRefined,
@@ -57,6 +58,8 @@ from perdure.core.sealing import sealed_shown
 from perdure.core.usage import UsageTotals
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
+from perdure.questions import asking_note
+from perdure.questions import question_text as question
 from perdure.stores.base import NodeInfo
 
 __all__ = [
@@ -74,6 +77,8 @@ __all__ = [
     "lineage",
     "listing_row",
     "object_parts",
+    "origin",
+    "question",
     "short_type",
     "timeline",
     "usage",
@@ -151,9 +156,16 @@ def _step(body: StepStarted | StepDone | StepFailed | StepInDoubt) -> Line:
 
 def _dormant(body: Dormant) -> Line:
     until = f" until {when(body.wake_at)}" if body.wake_at is not None else ""
+    if body.event and body.cmd == "wait" and (body.prompt is not None or body.choices):
+        return Line(f"#{body.pos} {asking_note(body.event, body.prompt, body.choices)}{until}",
+                    False)
     if body.event:
         return Line(f"#{body.pos} waiting for event {body.event!r}{until}", False)
     return Line(f"#{body.pos} {body.reason}{until}", True)
+
+
+def _emitted(body: Emitted) -> Line:
+    return Line(f"#{body.pos} emitted {body.name!r} {_json_text(body.data, 200)}", False)
 
 
 def _woke(body: Woke) -> Line:
@@ -244,6 +256,7 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     IntentRefined: _refined,
     Nondeterminism: _nondeterminism,
     Progress: _progress,
+    Emitted: _emitted,
     ModelCall: _model_call,
     ModelFailed: _model_failed,
     ModelChunks: _model_chunks,
@@ -339,8 +352,20 @@ def waiting_note(info: ObjectInfo, nodes: Sequence[NodeInfo]) -> str | None:
 
 
 def waiting_for(info: ObjectInfo) -> str | None:
-    """What the object waits for before it goes on (an event), or ``None``."""
+    """What the object waits for before it goes on (an event, and the question it asks
+    if it asks one: ``ObjectInfo.asking``), or ``None`` (also when its note says it)."""
+    if info.asking:
+        text = "; ".join(asking_note(q.event, q.prompt, q.choices) for q in info.asking)
+        return None if text == info.note else text  # the note says it already
     return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
+
+
+def origin(info: ObjectInfo) -> str | None:
+    """Where a fork was forked from (``forked from ID at #SEQ``), or ``None``."""
+    source = info.forked_from
+    if not source:
+        return None
+    return f"forked from {source.get('object_id')} at #{source.get('seq')}"
 
 
 # -- an object on one line, and its lineage ---------------------------------------------------

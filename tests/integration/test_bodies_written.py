@@ -65,11 +65,12 @@ def _agents(app: perdure.App) -> None:
         await run.uuid()
         await run.random()
         await run.progress(done=1)
+        await run.emit("half", {"done": 1})
         if run.patched("extra"):
             await run.step(square, 4)
         await run.refine(goal={"stage": "two"})
         await run.sleep(0.01)
-        got = await run.wait_for("go", timeout=TIMEOUT)
+        got = await run.wait_for("go", timeout=TIMEOUT, prompt={"q": "go?"}, choices=[1, "2"])
         none = await run.wait_for("never", timeout=0.01)
         kids = await run.join(await run.delegate("kid", 5), await run.delegate("kid", 6))
         both = await run.gather(run.step(square, 7), run.delegate("kid", 8))

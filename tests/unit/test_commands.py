@@ -15,7 +15,7 @@ import perdure
 from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
-from perdure.engine.commands import intent, lineage, model, steps, values, waits
+from perdure.engine.commands import emits, intent, lineage, model, steps, values, waits
 from perdure.engine.commands.lineage import _combined, _unwinding
 from perdure.engine.journal import StoreUnavailable
 from perdure.engine.replay import replay_check
@@ -33,6 +33,7 @@ COMMANDS = {
     "uuid": values.uuid,
     "random": values.random,
     "progress": values.progress,
+    "emit": emits.emit,
     "refine": intent.refine,
     "patched": intent.patched,
     "deprecate_patch": intent.deprecate_patch,
@@ -67,10 +68,12 @@ SURFACE = {
     "Run.sleep": ("(seconds: 'float') -> 'None'", True),
     "Run.step": ("(fn: 'Callable[..., Any]', *args: 'Any', name: 'str | None' = None, "
                  "idempotent: 'bool | None' = None, retry: 'RetryPolicy | None' = None, "
-                 "requires: 'set[str] | frozenset[str] | None' = None, **kwargs: 'Any') "
-                 "-> 'Any'", True),
+                 "requires: 'set[str] | frozenset[str] | None' = None, "
+                 "timeout: 'float | None' = None, **kwargs: 'Any') -> 'Any'", True),
     "Run.uuid": ("() -> 'str'", True),
-    "Run.wait_for": ("(event: 'str', *, timeout: 'float | None' = None) -> 'Any'", True),
+    "Run.wait_for": ("(event: 'str', *, timeout: 'float | None' = None, prompt: 'Any' = None, "
+                     "choices: 'Sequence[Any] | None' = None) -> 'Any'", True),
+    "Run.emit": ("(name: 'str', data: 'Any' = None) -> 'None'", True),
     "SyncRun.delegate": ("(agent: 'Callable[..., Any] | str', *args: 'Any', "
                          "object_id: 'str | None' = None, **kwargs: 'Any') "
                          "-> 'SyncChildHandle'", False),
@@ -88,7 +91,10 @@ SURFACE = {
     "SyncRun.step": ("(fn: 'Callable[..., Any]', *args: 'Any', **kwargs: 'Any') -> 'Any'",
                      False),
     "SyncRun.uuid": ("() -> 'str'", False),
-    "SyncRun.wait_for": ("(event: 'str', *, timeout: 'float | None' = None) -> 'Any'", False),
+    "SyncRun.wait_for": ("(event: 'str', *, timeout: 'float | None' = None, "
+                         "prompt: 'Any' = None, choices: 'Sequence[Any] | None' = None) "
+                         "-> 'Any'", False),
+    "SyncRun.emit": ("(name: 'str', data: 'Any' = None) -> 'None'", False),
 }
 
 

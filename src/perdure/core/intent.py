@@ -131,10 +131,17 @@ class Context:
     tenant: str | None = None
     trust_scope: str = "default"
     labels: dict[str, str] = field(default_factory=dict)
+    #: The object this one was forked from (``App.fork``): ``{"object_id", "seq",
+    #: "hash"}`` of the original's last record it copied; ``None`` for any other object.
+    forked_from: dict[str, Any] | None = None
 
     def to_body(self) -> dict[str, Any]:
-        """Encode as a JSON object for a memory record."""
-        return asdict(self)
+        """Encode as a JSON object for a memory record (``forked_from`` only when set,
+        so the context of any other object encodes as it always did)."""
+        body = asdict(self)
+        if self.forked_from is None:
+            del body["forked_from"]
+        return body
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> Context:
@@ -148,4 +155,6 @@ class Context:
             tenant=body.get("tenant"),
             trust_scope=str(body.get("trust_scope", "default")),
             labels=dict(body.get("labels", {})),
+            forked_from=(dict(body["forked_from"]) if isinstance(body.get("forked_from"), dict)
+                         else None),
         )

@@ -66,6 +66,7 @@ class Kind(StrEnum):
     MODEL_FAILED = "model_failed"  # run.model: an attempt that failed, and when to retry
     MODEL_CHUNKS = "model_chunks"  # run.model(stream=True): a batch of a streamed reply
     MODEL_RECOVERED = "model_recovered"  # run.model: what was done with a cut stream
+    EMITTED = "emitted"  # run.emit(name, data): an event for the object's followers
 
 
 @dataclass(frozen=True, slots=True)

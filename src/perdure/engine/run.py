@@ -26,8 +26,8 @@ from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
+from perdure.engine.commands import emits, lineage, steps, values, waits
 from perdure.engine.commands import intent as intent_commands
-from perdure.engine.commands import lineage, steps, values, waits
 from perdure.engine.commands import model as model_command
 from perdure.engine.commands.lineage import (
     CHILD_EVENT,
@@ -240,6 +240,7 @@ class Run:
     uuid = values.uuid
     random = values.random
     progress = values.progress
+    emit = emits.emit
     refine = intent_commands.refine  # (the module's name is taken: ``Run.intent``)
     patched = intent_commands.patched
     deprecate_patch = intent_commands.deprecate_patch

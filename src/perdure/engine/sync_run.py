@@ -68,9 +68,11 @@ class SyncRun:
         """See ``Run.sleep``."""
         self._call(self._run.sleep(seconds))
 
-    def wait_for(self, event: str, *, timeout: float | None = None) -> Any:
+    def wait_for(self, event: str, *, timeout: float | None = None, prompt: Any = None,
+                 choices: Sequence[Any] | None = None) -> Any:
         """See ``Run.wait_for``."""
-        return self._call(self._run.wait_for(event, timeout=timeout))
+        return self._call(self._run.wait_for(event, timeout=timeout, prompt=prompt,
+                                             choices=choices))
 
     def now(self) -> float:
         """See ``Run.now``."""
@@ -115,6 +117,10 @@ class SyncRun:
     def progress(self, **fields: Any) -> None:
         """See ``Run.progress``."""
         self._call(self._run.progress(**fields))
+
+    def emit(self, name: str, data: Any = None) -> None:
+        """See ``Run.emit``."""
+        self._call(self._run.emit(name, data))
 
 
 class SyncChildHandle:

@@ -266,6 +266,9 @@ class Records(Protocol):
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """The object's records with ``seq > after_seq`` in order, decoded fail-closed."""
 
+    def record(self, object_id: str, seq: int) -> Record | None:
+        """The object's record ``seq``, decoded fail-closed, or ``None``."""
+
     def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
               ) -> builtins.list[Record]:
         """``records``, with sequence, links and hashes checked from ``start_hash`` (the

@@ -226,6 +226,12 @@ class MemoryStore:
             rows = [row for seq, row in t.records.get(object_id, {}).items() if seq > after_seq]
         return [record_from_row(row) for row in rows]
 
+    def record(self, object_id: str, seq: int) -> Record | None:
+        """The object's record ``seq``, decoded from its stored columns, or ``None``."""
+        with self._held() as t:
+            row = t.records.get(object_id, {}).get(seq)
+        return None if row is None else record_from_row(row)
+
     def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
               ) -> builtins.list[Record]:
         """Records after ``after_seq``, links and hashes checked from ``start_hash``."""

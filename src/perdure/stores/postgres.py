@@ -237,6 +237,13 @@ class PostgresStore(PostgresDatabase):
                                     binary=True).fetchall()
             return [record_from_row(row) for row in rows]
 
+    def record(self, object_id: str, seq: int) -> Record | None:
+        """The object's record ``seq``, decoded, or ``None``; ``RecordDecodeError`` on
+        damage."""
+        with self._single() as conn:
+            rows = conn.execute(_Q["record_at"], (object_id, seq), binary=True).fetchall()
+        return record_from_row(rows[0]) if rows else None
+
     def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
               ) -> builtins.list[Record]:
         """Records after ``after_seq``, links and hashes checked from ``start_hash``."""

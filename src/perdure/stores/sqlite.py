@@ -239,6 +239,18 @@ class SQLiteStore(SQLiteFile):
                 _, rows = self._as_bytes(_Q["records_after"], (object_id, after_seq))
             return [record_from_row(row) for row in rows]
 
+    def record(self, object_id: str, seq: int) -> Record | None:
+        """The object's record ``seq``, decoded, or ``None``; ``RecordDecodeError`` on
+        damage."""
+        try:
+            with self._read() as conn:
+                rows = conn.execute(_Q["record_at"], (object_id, seq)).fetchall()
+        except StoreError as exc:
+            if not bad_text(exc):
+                raise
+            _, rows = self._as_bytes(_Q["record_at"], (object_id, seq))
+        return record_from_row(rows[0]) if rows else None
+
     def chain(self, object_id: str, after_seq: int = 0, start_hash: str = GENESIS_HASH
               ) -> builtins.list[Record]:
         """Records after ``after_seq``, links and hashes checked from ``start_hash``."""

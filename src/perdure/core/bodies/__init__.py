@@ -43,6 +43,7 @@ from perdure.core.bodies.objects import (
     Terminated,
 )
 from perdure.core.bodies.steps import (
+    Emitted,
     Patched,
     Progress,
     StepDone,
@@ -75,6 +76,7 @@ __all__ = [
     "ChildFinished",
     "Delegated",
     "Dormant",
+    "Emitted",
     "EventReceived",
     "EventRefused",
     "Instantiated",
@@ -105,7 +107,7 @@ RecordBody = (
     Instantiated | StepStarted | StepDone | StepFailed | StepInDoubt | Value | Dormant | Woke
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
-    | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered
+    | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered | Emitted
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -114,7 +116,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         Instantiated, StepStarted, StepDone, StepFailed, StepInDoubt, Value, Dormant, Woke,
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
-        ModelCall, ModelFailed, ModelChunks, ModelRecovered,
+        ModelCall, ModelFailed, ModelChunks, ModelRecovered, Emitted,
     )
 }
 """The body class of each record kind, by the kind's value."""

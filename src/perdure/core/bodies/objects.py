@@ -53,6 +53,7 @@ def _read_context(fields: BodyReader, key: str) -> Context:
         tenant=nested.nullable_text("tenant"),
         trust_scope=nested.text("trust_scope"),
         labels=labels,
+        forked_from=nested.optional_mapping("forked_from"),
     )
     nested.finish()
     return context

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, cast
 from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
 from perdure.core.records import Kind, RecordDraft, step_done_bytes
 
-__all__ = ["Patched", "Progress", "StepDone", "StepFailed", "StepInDoubt", "StepStarted",
+__all__ = ["Emitted", "Patched", "Progress", "StepDone", "StepFailed", "StepInDoubt", "StepStarted",
            "Value"]
 
 # -- steps -------------------------------------------------------------------------------
@@ -174,3 +174,23 @@ class Progress(Body):
     @classmethod
     def read(cls, fields: BodyReader) -> Progress:
         return cls(fields.mapping("fields"))
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted(Body):
+    """``run.emit(name, data)``: an event for whoever follows the object (its stream),
+    at command ``pos``; replayed, so each is written once."""
+
+    kind: ClassVar[Kind] = Kind.EMITTED
+    pos: Position
+    name: str
+    data: JSON
+
+    def encode(self) -> dict[str, Any]:
+        return {"pos": self.pos, "cmd": "emit", "name": self.name, "data": self.data}
+
+    @classmethod
+    def read(cls, fields: BodyReader) -> Emitted:
+        pos = fields.position("pos")
+        fields.const("cmd", "emit")
+        return cls(pos, fields.text("name"), fields.value("data"))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
+from perdure.core.bodies.fields import JSON, Body, BodyReader, MalformedBodyError, Position, put
 from perdure.core.records import Kind
 
 __all__ = ["NO_RESULT", "OUTCOMES", "ChildFinished", "Delegated", "Dormant", "EventReceived",
@@ -54,7 +54,9 @@ class Dormant(Body):
     ``cmd``, as the constructors build them: ``sleep`` (seconds), ``step`` and ``model``
     (a retry, or for ``model`` an exhausted budget: name), ``wait`` (name and event),
     ``join`` (name, children, event) and ``gather`` (event, null when no branch waits
-    for one, and children).
+    for one, and children). A ``wait`` may also hold the question the agent asks
+    (``prompt``, any JSON value) and the answers it offers (``choices``); the keys are
+    left out when it asks none.
     """
 
     kind: ClassVar[Kind] = Kind.DORMANT
@@ -66,6 +68,8 @@ class Dormant(Body):
     event: str | None = None
     children: tuple[str, ...] = ()
     seconds: float | None = None
+    prompt: JSON = None
+    choices: tuple[JSON, ...] | None = None
 
     @classmethod
     def sleep(cls, pos: Position, wake_at: float, seconds: float) -> Dormant:
@@ -89,9 +93,12 @@ class Dormant(Body):
         return cls(pos, "model", "budget", None, name=name)
 
     @classmethod
-    def wait(cls, pos: Position, event: str, wake_at: float | None) -> Dormant:
-        """``run.wait_for(event)``, timing out at ``wake_at`` (``None``: never)."""
-        return cls(pos, "wait", "event", wake_at, name=event, event=event)
+    def wait(cls, pos: Position, event: str, wake_at: float | None, prompt: JSON = None,
+             choices: tuple[JSON, ...] | None = None) -> Dormant:
+        """``run.wait_for(event)``, timing out at ``wake_at`` (``None``: never), asking
+        ``prompt`` with ``choices`` (``None``: none)."""
+        return cls(pos, "wait", "event", wake_at, name=event, event=event, prompt=prompt,
+                   choices=choices)
 
     @classmethod
     def join(cls, pos: Position, children: Sequence[str], event: str) -> Dormant:
@@ -111,6 +118,10 @@ class Dormant(Body):
                                 "wake_at": self.wake_at}
         for key in _DORMANT_KEYS[self.cmd]:
             body[key] = list(self.children) if key == "children" else getattr(self, key)
+        if self.cmd == "wait":
+            put(body, "prompt", self.prompt)
+            if self.choices is not None:
+                body["choices"] = list(self.choices)
         return body
 
     @classmethod
@@ -118,12 +129,19 @@ class Dormant(Body):
         pos = fields.position("pos")
         cmd = fields.choice("cmd", tuple(_DORMANT_KEYS))
         keys = _DORMANT_KEYS[cmd]
+        asks = cmd == "wait"
+        prompt = fields.value("prompt") if asks and fields.has("prompt") else None
+        if asks and fields.has("prompt") and prompt is None:
+            raise MalformedBodyError("'prompt' is null (a wait that asks nothing leaves it out)")
+        choices = (tuple(fields.array("choices")) if asks and fields.has("choices")
+                   else None)
         return cls(
             pos, cmd, fields.text("reason"), fields.nullable_number("wake_at"),
             name=fields.text("name") if "name" in keys else None,
             event=fields.nullable_text("event") if "event" in keys else None,
             children=fields.texts("children") if "children" in keys else (),
             seconds=fields.number("seconds") if "seconds" in keys else None,
+            prompt=prompt, choices=choices,
         )
 
 

@@ -12,7 +12,9 @@ the ``Run`` (named ``self``); ``Run`` binds it as a method in one line
 - ``step_failures``: a step that fails, cannot run on this node, or keeps killing
   workers (retry later, fail for good, route elsewhere, park)
 - ``waits``: ``run.sleep`` and ``run.wait_for`` (timers, events, event vouching)
+- ``step_timeout``: ``run.step(fn, timeout=...)`` (an attempt that runs too long)
 - ``values``: ``run.now``, ``run.uuid``, ``run.random`` and ``run.progress``
+- ``emits``: ``run.emit`` (events for the object's followers, written once)
 - ``lineage``: ``run.delegate``, ``run.join``, ``run.gather`` and ``ChildHandle``
 - ``intent``: ``run.refine``, ``run.patched`` and ``run.deprecate_patch``
 - ``model``: ``run.model`` (needs ``perdure[llm]``, imported at the first call), with

@@ -39,6 +39,7 @@ from perdure.engine.commands.step_failures import (
     recorded_failures,
     retry_not_due,
 )
+from perdure.engine.commands.step_timeout import check_timeout, run_with_timeout
 from perdure.engine.context import StepInfo
 from perdure.engine.signals import Park, Suspend
 from perdure.errors import CannotDo
@@ -80,6 +81,7 @@ async def step(
     idempotent: bool | None = None,
     retry: RetryPolicy | None = None,
     requires: set[str] | frozenset[str] | None = None,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> T: ...
 
@@ -93,6 +95,7 @@ async def step(
     idempotent: bool | None = None,
     retry: RetryPolicy | None = None,
     requires: set[str] | frozenset[str] | None = None,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> T: ...
 
@@ -105,6 +108,7 @@ async def step(
     idempotent: bool | None = None,
     retry: RetryPolicy | None = None,
     requires: set[str] | frozenset[str] | None = None,
+    timeout: float | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)`` once, durably; on replay return its record.
@@ -112,7 +116,9 @@ async def step(
     ``idempotent=False`` records "started" first: after a crash mid-step the
     agent gets ``StepInDoubtError`` instead of a silent second run. ``retry``
     sets attempts and pace (semantic backoff); between attempts the object is
-    dormant. Options may also be set with ``@perdure.step(...)`` on ``fn``.
+    dormant. ``timeout`` (seconds) ends an attempt that runs longer with
+    ``StepTimeoutError``, retried like any timeout (see ``step_timeout``). Options may also be
+    set with ``@perdure.step(...)`` on ``fn``.
     """
     # Resolve: the name the step is recorded under.
     if name:
@@ -144,6 +150,7 @@ async def step(
         await check_started(self, step_name, pos, key, recs, failures)
         retry_not_due(self, step_name, failures)
     opts: Mapping[str, Any] = getattr(fn, "__perdure_step__", {})
+    limit = check_timeout(timeout if timeout is not None else opts.get("timeout"), step_name)
     check_capabilities(self, step_name, pos, requires, opts)
     attempt = len(failures) + 1
     if monotonic() - self._journal.flags_at > FLAGS_FRESH:  # else the last commit's
@@ -157,7 +164,11 @@ async def step(
     info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
     began = time.perf_counter()
     try:
-        result = await self._step_executor(info, fn, args, kwargs)
+        if limit is None:
+            result = await self._step_executor(info, fn, args, kwargs)
+        else:
+            result = await run_with_timeout(
+                lambda: self._step_executor(info, fn, args, kwargs), limit, step_name)
         stored, result_bytes = self._stored(result, what=f"result of step {step_name!r}")
     except CannotDo as exc:
         cannot_do(self, step_name, pos, exc.reason)

@@ -14,7 +14,7 @@ before; a refused event is recorded as such and consumed, so it never comes back
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import (
@@ -24,18 +24,20 @@ from perdure.core.bodies import (
     WaitTimedOut,
     Woke,
 )
-from perdure.core.codec import decode, detached
+from perdure.core.codec import MAX_DEPTH, decode, detached, encode
 from perdure.core.names import check_name
 from perdure.core.records import Kind, RecordDraft
 from perdure.core.sealing import marked
 from perdure.engine.commands.positions import find
 from perdure.engine.signals import Suspend
+from perdure.errors import ConfigurationError
+from perdure.questions import asking_note
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
 
-__all__ = ["received", "sleep", "vouched", "wait_for"]
+__all__ = ["check_question", "received", "sleep", "vouched", "wait_for"]
 
 _EVENT_RECEIVED = Kind.EVENT_RECEIVED.value  # compared as the plain string a record holds
 
@@ -68,14 +70,20 @@ async def sleep(self: Run, seconds: float) -> None:
     )
 
 
-async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> Any:
+async def wait_for(self: Run, event: str, *, timeout: float | None = None,
+                   prompt: Any = None, choices: Sequence[Any] | None = None) -> Any:
     """Wait for the event ``event``; return its payload, or ``None`` after ``timeout`` s.
 
-    Events sent before the agent waits are kept and delivered in order.
+    Events sent before the agent waits are kept and delivered in order. ``prompt`` (a
+    JSON value: the question, or a document describing it) and ``choices`` (the answers
+    offered) are recorded with the wait, so callers see what the agent asks while it
+    waits (``ObjectInfo.asking``, ``App.questions``, ``perdure show``); an answer is
+    ``App.send(object_id, event, payload)``.
     """
     if timeout is not None and hasattr(timeout, "total_seconds"):
         timeout = timeout.total_seconds()
     check_name(event, "event name")
+    offered = check_question(event, prompt, choices)
     pos, recs = self._take("wait", event)
     got = find(recs, Kind.EVENT_RECEIVED)
     if got is not None:
@@ -109,14 +117,37 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None) -> An
     if dormant is not None:
         deadline = dormant.body.get("wake_at")
         drafts: list[RecordDraft] = []
+        # What memory says it asks (the code may ask otherwise now: memory is the truth).
+        prompt, asked = dormant.body.get("prompt"), dormant.body.get("choices")
+        offered = tuple(asked) if isinstance(asked, list) else None
     else:
         deadline = now + float(timeout) if timeout is not None else None
-        drafts = [Dormant.wait(pos, event, deadline).draft()]
+        drafts = [Dormant.wait(pos, event, deadline, prompt, offered).draft()]
     if deadline is not None and now >= deadline:
         self._journal.defer(WaitTimedOut(pos, event).draft())
         return None
+    note = (asking_note(event, prompt, offered)
+            if prompt is not None or offered is not None else None)
     raise Suspend(drafts, ready_at=deadline, waiting_event=event,
-                  reason=f"waiting for event {event!r}")
+                  reason=f"waiting for event {event!r}", note=note)
+
+
+def check_question(event: str, prompt: Any, choices: Sequence[Any] | None
+                   ) -> tuple[Any, ...] | None:
+    """``choices`` as a tuple, after checking that ``prompt`` and ``choices`` are JSON
+    values memory can hold (``SerializationError``; ``ConfigurationError`` for choices
+    that are not a list)."""
+    if prompt is not None:
+        encode(prompt, what=f"prompt of the wait for {event!r}", max_depth=MAX_DEPTH)
+    if choices is None:
+        return None
+    if isinstance(choices, str | bytes | Mapping) or not isinstance(choices, Sequence):
+        raise ConfigurationError(
+            f"choices of the wait for {event!r} must be a list of JSON values, "
+            f"not {type(choices).__name__}")
+    offered = tuple(choices)
+    encode(list(offered), what=f"choices of the wait for {event!r}", max_depth=MAX_DEPTH)
+    return offered
 
 
 def vouched(run: Run, ev: Event) -> str | None:

@@ -114,6 +114,12 @@ SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_ha
        signature
 FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
 
+-- name: record_at
+-- One record by its seq (an object's first record says where it was forked from).
+SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash,
+       signature
+FROM records WHERE object_id = %s AND seq = %s;
+
 -- name: chain_after
 -- The claim-time read: the four header strings as one value (few distinct values in
 -- one history), joined with U+001F (the columns are TEXT NOT NULL).
