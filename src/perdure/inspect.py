@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from perdure._resource_lines import RESOURCE_LINES
 from perdure.core.bodies import (
     JSON,
     Body,
@@ -248,6 +249,8 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     ModelChunks: _model_chunks,
     ModelRecovered: _model_recovered,
 }
+_DESCRIBE.update({cls: (lambda say: lambda body: Line(*say(body)))(say)
+                  for cls, say in RESOURCE_LINES.items()})  # resources, checkpoints
 
 
 def describe(record: Record) -> Line:

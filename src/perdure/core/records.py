@@ -66,6 +66,10 @@ class Kind(StrEnum):
     MODEL_FAILED = "model_failed"  # run.model: an attempt that failed, and when to retry
     MODEL_CHUNKS = "model_chunks"  # run.model(stream=True): a batch of a streamed reply
     MODEL_RECOVERED = "model_recovered"  # run.model: what was done with a cut stream
+    RESOURCE = "resource"  # run.resource: a live thing's descriptor (declared or updated)
+    RESTORE_REPORT = "restore_report"  # reentry: what was restored, how long, what failed
+    STEP_CHECKPOINT = "step_checkpoint"  # current_step().checkpoint: progress inside a step
+    INVALIDATED = "invalidated"  # recorded steps from a position on are run again
 
 
 @dataclass(frozen=True, slots=True)

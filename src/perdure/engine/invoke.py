@@ -18,6 +18,7 @@ from typing import Any
 
 from perdure.core.intent import Intent
 from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.restore import close_resources, restore_resources
 from perdure.engine.run import Run, SyncRun
 from perdure.engine.settings import AgentDef
 
@@ -40,15 +41,21 @@ async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executo
     returns with work still open raises as ``Run.check_finished`` says.
     """
     intent = run.intent
-    if agent.is_async:
-        result = await agent.fn(run, *intent.args, **intent.kwargs)
-    else:
-        loop = asyncio.get_running_loop()
-        sync = SyncRun(run, loop)
-        result = await loop.run_in_executor(
-            executor, lambda: agent.fn(sync, *intent.args, **intent.kwargs)
-        )
-    run.check_finished()
+    if run._journal.committer is not None:  # (a replay check restores nothing)
+        await restore_resources(run, run._records)
+    try:
+        if agent.is_async:
+            result = await agent.fn(run, *intent.args, **intent.kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            sync = SyncRun(run, loop)
+            result = await loop.run_in_executor(
+                executor, lambda: agent.fn(sync, *intent.args, **intent.kwargs)
+            )
+        run.check_finished()
+    finally:
+        if run._held:
+            await close_resources(run)
     return result
 
 

@@ -42,6 +42,12 @@ from perdure.core.bodies.objects import (
     Parked,
     Terminated,
 )
+from perdure.core.bodies.resources import (
+    Invalidated,
+    ResourceHeld,
+    RestoreReport,
+    StepCheckpoint,
+)
 from perdure.core.bodies.steps import (
     Patched,
     Progress,
@@ -79,6 +85,7 @@ __all__ = [
     "EventRefused",
     "Instantiated",
     "IntentRefined",
+    "Invalidated",
     "ModelCall",
     "ModelChunks",
     "ModelFailed",
@@ -89,6 +96,9 @@ __all__ = [
     "Position",
     "Progress",
     "RecordBody",
+    "ResourceHeld",
+    "RestoreReport",
+    "StepCheckpoint",
     "StepDone",
     "StepFailed",
     "StepInDoubt",
@@ -106,6 +116,7 @@ RecordBody = (
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
     | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered
+    | ResourceHeld | RestoreReport | StepCheckpoint | Invalidated
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -115,6 +126,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
         ModelCall, ModelFailed, ModelChunks, ModelRecovered,
+        ResourceHeld, RestoreReport, StepCheckpoint, Invalidated,
     )
 }
 """The body class of each record kind, by the kind's value."""

@@ -1,0 +1,272 @@
+"""Resources: declared, recorded as descriptors, restored on reentry all or nothing."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+import perdure
+from perdure.inspect import timeline
+from perdure.resources import (
+    Environment,
+    FileHash,
+    Fresh,
+    Invalidate,
+    OpenFile,
+    Resource,
+    Stale,
+    Validity,
+    WorkingDirectory,
+)
+
+AppFactory = Callable[..., perdure.App]
+
+
+def _bodies(app: perdure.App, object_id: str, kind: perdure.Kind) -> list[dict[str, Any]]:
+    return [r.body for r in app.history(object_id) if r.kind == kind]
+
+
+def test_resources_come_back_after_dormancy_with_a_report(make_app: AppFactory,
+                                                        tmp_path: Path) -> None:
+    """A directory, environment and half-written file held across a sleep are restored
+    before the agent continues: the file continues at its checkpointed position (bytes
+    written after the checkpoint are cut), and a restore report says what came back."""
+    app = make_app()
+    work = tmp_path / "work"
+
+    @app.agent(name="holder")
+    async def holder(run: perdure.Run) -> dict[str, Any]:
+        where = await run.resource("wd", WorkingDirectory(work))
+        env = await run.resource("env", Environment({"MODE": "test", "TOKEN": "s3cret"},
+                                                    secret=["TOKEN"]))
+        out = await run.resource("out", OpenFile(where / "out.txt", "w"))
+        if not run.replaying:
+            out.write("first half;")
+            await run.checkpoint_resources()
+            out.write("LOST")  # after the checkpoint: dropped on restore
+            out.flush()
+        await run.sleep(0.05)
+        out.write("second half")
+        out.flush()
+        return {"dir": str(where), "env": env["MODE"], "pos": out.tell()}
+
+    handle = app.start("holder", object_id="holder-1")
+    with app.background_worker():
+        result = handle.result(timeout=15)
+    assert result["env"] == "test" and result["dir"] == str(work)
+    assert (work / "out.txt").read_text() == "first half;second half"
+    [report] = _bodies(app, "holder-1", perdure.Kind.RESTORE_REPORT)
+    assert report["outcome"] == "restored"
+    assert [(e["name"], e["status"]) for e in report["resources"]] == [
+        ("wd", "restored"), ("env", "restored"), ("out", "restored")]
+    assert all(e["seconds"] >= 0 for e in report["resources"])
+    shown = "\n".join(row.what for row in timeline(app.history("holder-1")))
+    assert "restore restored" in shown and "out restored" in shown
+    assert "s3cret" not in shown
+
+
+class Flaky(Resource[str]):
+    """A user recipe whose restore fails while a marker file exists."""
+
+    versions: ClassVar[tuple[int, ...]] = (1,)
+    closed: ClassVar[list[str]] = []
+
+    def __init__(self, tag: str, marker: str) -> None:
+        super().__init__()
+        self.tag, self.marker = tag, marker
+
+    async def open(self) -> str:
+        return self.tag
+
+    def describe(self, live: str) -> dict[str, Any]:
+        return {"tag": self.tag, "marker": self.marker}
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> str:
+        if os.path.exists(descriptor["marker"]):
+            raise ConnectionError(f"{descriptor['tag']} unreachable")
+        return str(descriptor["tag"])
+
+    @classmethod
+    async def close(cls, live: str) -> None:
+        cls.closed.append(live)
+
+
+def test_a_failed_restore_rolls_back_and_retries_with_backoff(make_app: AppFactory,
+                                                            tmp_path: Path) -> None:
+    """The third of four resources fails: the first two are closed again, the report
+    says so, and the object retries later; once restorable, it goes on."""
+    app = make_app()
+    marker = tmp_path / "down"
+    Flaky.closed.clear()
+
+    @app.agent(name="four")
+    async def four(run: perdure.Run) -> list[str]:
+        got = [await run.resource(f"r{i}", Flaky(f"r{i}", str(marker if i == 3 else
+                                                                tmp_path / "never")))
+               for i in range(1, 5)]
+        await run.sleep(0.05)
+        return got
+
+    handle = app.start("four", object_id="four-1")
+    with app.background_worker():
+        import time
+
+        deadline = time.monotonic() + 10
+        while not _bodies(app, "four-1", perdure.Kind.DORMANT):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        marker.touch()
+        while not _bodies(app, "four-1", perdure.Kind.RESTORE_REPORT):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first = _bodies(app, "four-1", perdure.Kind.RESTORE_REPORT)[0]
+        marker.unlink()
+        assert handle.result(timeout=15) == ["r1", "r2", "r3", "r4"]
+    assert first["outcome"] == "rolled_back" and first["retry_at"] > 0
+    statuses = [(e["name"], e["status"], e.get("rolled_back", False))
+                for e in first["resources"]]
+    assert statuses == [("r1", "restored", True), ("r2", "restored", True),
+                        ("r3", "failed", False), ("r4", "not restored", False)]
+    assert "ConnectionError: r3 unreachable" in first["resources"][2]["reason"]
+    # Closed as the object went dormant (all four), then the rollback (the two restored).
+    assert Flaky.closed[:6] == ["r4", "r3", "r2", "r1", "r2", "r1"]
+
+
+class Versioned(Resource[str]):
+    """Knows descriptor version 1 only, and a memory says 2."""
+
+    async def open(self) -> str:
+        return "v"
+
+    def describe(self, live: str) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> str:
+        return "v"
+
+
+def test_an_unknown_descriptor_version_parks(make_app: AppFactory) -> None:
+    """Code meeting a descriptor version it does not know parks the object, saying so."""
+    app = make_app()
+    Versioned.versions = (2,)
+
+    @app.agent(name="versioned")
+    async def versioned(run: perdure.Run) -> str:
+        got = await run.resource("v", Versioned())
+        Versioned.versions = (1,)  # the next node runs older code
+        await run.sleep(0.01)
+        return got
+
+    handle = app.start("versioned", object_id="ver-1")
+    with app.background_worker(), pytest.raises(perdure.AgentParkedError):
+        handle.result(timeout=10)
+    [parked] = _bodies(app, "ver-1", perdure.Kind.PARKED)
+    assert "descriptor version 2" in parked["reason"] and "knows version(s) 1" in parked["reason"]
+    [report] = _bodies(app, "ver-1", perdure.Kind.RESTORE_REPORT)
+    assert report["outcome"] == "parked"
+
+
+def test_stale_file_invalidates_recorded_steps(make_app: AppFactory, tmp_path: Path) -> None:
+    """A FileHash check sees an input file changed while the object slept: its policy
+    invalidates the recorded steps from ``analyse`` on, which run again; memory keeps the
+    first results and an ``invalidated`` record."""
+    app = make_app()
+    source = tmp_path / "input.txt"
+    source.write_text("one")
+    runs: list[str] = []
+
+    def analyse() -> str:
+        runs.append(source.read_text())
+        return source.read_text().upper()
+
+    @app.agent(name="analyst")
+    async def analyst(run: perdure.Run) -> str:
+        await run.resource("input", WorkingDirectory(
+            tmp_path, checks=[FileHash(source)], on_stale=Invalidate("analyse")))
+        result = await run.step(analyse, name="analyse")
+        await run.sleep(0.2)
+        return result
+
+    handle = app.start("analyst", object_id="an-1")
+    with app.background_worker():
+        import time
+
+        deadline = time.monotonic() + 10
+        while not _bodies(app, "an-1", perdure.Kind.DORMANT):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        source.write_text("two")
+        assert handle.result(timeout=15) == "TWO"
+    assert runs == ["one", "two"]
+    [inv] = _bodies(app, "an-1", perdure.Kind.INVALIDATED)
+    assert inv["step"] == "analyse" and "input.txt changed" in inv["reason"]
+    assert len(_bodies(app, "an-1", perdure.Kind.STEP_DONE)) == 2
+    app.verify("an-1")
+
+
+class Checked(Resource[str]):
+    """Always stale after a restore, with policy from the declaration."""
+
+    async def open(self) -> str:
+        return "x"
+
+    def describe(self, live: str) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> str:
+        return "x"
+
+    @classmethod
+    async def validate(cls, descriptor: dict[str, Any], live: str) -> Validity:
+        return Stale("the world moved") if descriptor.get("stale", True) else Fresh()
+
+
+@pytest.mark.parametrize("policy", ["park", "fail"])
+def test_stale_policy_park_or_fail(make_app: AppFactory, policy: str) -> None:
+    """A stale resource whose policy is ``park`` parks the object; ``fail`` fails it."""
+    app = make_app()
+
+    @app.agent(name="checked")
+    async def checked(run: perdure.Run) -> str:
+        await run.resource("c", Checked(on_stale=policy))
+        await run.sleep(0.01)
+        return "done"
+
+    handle = app.start("checked", object_id=f"ck-{policy}")
+    expected = perdure.AgentParkedError if policy == "park" else perdure.AgentFailedError
+    with app.background_worker(), pytest.raises(expected) as caught:
+        handle.result(timeout=10)
+    assert "the world moved" in str(caught.value) or policy == "park"
+    [report] = _bodies(app, f"ck-{policy}", perdure.Kind.RESTORE_REPORT)
+    assert report["outcome"] == ("parked" if policy == "park" else "failed")
+    assert report["resources"][0]["reason"] == "the world moved"
+
+
+def test_bad_declarations_are_refused(make_app: AppFactory, tmp_path: Path) -> None:
+    """Bad input to ``run.resource`` gets a typed error and memory stays intact."""
+    with pytest.raises(perdure.ConfigurationError):
+        Environment({"A=B": "x"})
+    with pytest.raises(perdure.ConfigurationError):
+        OpenFile(tmp_path / "f", "q")
+    with pytest.raises(perdure.ConfigurationError):
+        WorkingDirectory(tmp_path, on_stale="explode")
+    app = make_app()
+
+    @app.agent(name="bad")
+    async def bad(run: perdure.Run) -> str:
+        try:
+            await run.resource("x", "not a recipe")  # type: ignore[arg-type]
+        except perdure.ConfigurationError as exc:
+            return str(exc)
+        return "accepted"
+
+    with app.background_worker():
+        said = app.start("bad").result(timeout=10)
+    assert "is not a perdure.resources.Resource" in said
