@@ -70,12 +70,15 @@ class StepRunner:
         """``fn(*args, **kwargs)`` with ``current_step()`` telling ``info``: awaited on
         the loop if it is ``async def``, else on a code thread."""
         token = step_scope.set(info)
+        failed = True
         try:
             # An ``async def`` function says so in its code flags: a cheaper test than
             # ``iscoroutinefunction``'s, which still decides everything else.
             if ((type(fn) is FunctionType and fn.__code__.co_flags & CO_COROUTINE)
                     or asyncio.iscoroutinefunction(fn)):
-                return await fn(*args, **kwargs)
+                result = await fn(*args, **kwargs)
+                failed = False
+                return result
 
             def call() -> Any:
                 # Pool threads are reused (also for sync agent code): reset, never leak.
@@ -85,6 +88,11 @@ class StepRunner:
                 finally:
                     step_scope.reset(inner)
 
-            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            failed = False
+            return result
         finally:
             step_scope.reset(token)
+            marks = info._marks
+            if marks is not None and marks.used:  # progress markers: see engine.checkpoints
+                await marks.close(flush=failed)
