@@ -32,7 +32,8 @@ def _held(body: ResourceHeld) -> tuple[str, bool]:
 def _report(body: RestoreReport) -> tuple[str, bool]:
     parts = []
     for entry in body.resources:
-        text = f"{entry.get('name')} {entry.get('status')} {float(entry.get('seconds') or 0) * 1000:.1f}ms"
+        took = float(entry.get("seconds") or 0) * 1000
+        text = f"{entry.get('name')} {entry.get('status')} {took:.1f}ms"
         if entry.get("rolled_back"):
             text += " (closed again)"
         if entry.get("reason"):

@@ -249,8 +249,13 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     ModelChunks: _model_chunks,
     ModelRecovered: _model_recovered,
 }
-_DESCRIBE.update({cls: (lambda say: lambda body: Line(*say(body)))(say)
-                  for cls, say in RESOURCE_LINES.items()})  # resources, checkpoints
+
+
+def _resource_line(say: Callable[[Any], tuple[str, bool]]) -> Callable[[Any], Line]:
+    return lambda body: Line(*say(body))
+
+
+_DESCRIBE.update({cls: _resource_line(say) for cls, say in RESOURCE_LINES.items()})
 
 
 def describe(record: Record) -> Line:

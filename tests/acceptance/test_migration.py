@@ -14,9 +14,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from examples import migration
 
 import perdure
-from examples import migration
 from tests.pg import fresh_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -25,6 +25,7 @@ its failure is recorded.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from perdure.engine.run import Run
 
 __all__ = ["CHECKPOINT_EVERY", "Marks", "last_marker", "step_marks"]
+
+log = logging.getLogger("perdure.checkpoints")
 
 CHECKPOINT_EVERY = 0.5  # seconds: how long a batched marker may wait to be written
 _CHECKPOINT = Kind.STEP_CHECKPOINT.value
@@ -61,8 +64,20 @@ def step_marks(run: Run, pos: int | str, name: str, attempt: int, recs: Sequence
 class Marks:
     """The progress markers of one attempt of one step (see the module)."""
 
-    __slots__ = ("_count", "_error", "_flight", "_has", "_last_write", "_loop", "_name",
-                 "_pending", "_pos", "_run", "_timer", "_attempt")
+    __slots__ = (
+        "_attempt",
+        "_count",
+        "_error",
+        "_flight",
+        "_has",
+        "_last_write",
+        "_loop",
+        "_name",
+        "_pending",
+        "_pos",
+        "_run",
+        "_timer",
+    )
 
     def __init__(self, run: Run, pos: int | str, name: str, attempt: int,
                  loop: asyncio.AbstractEventLoop) -> None:
@@ -166,14 +181,13 @@ class Marks:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._flight is not None:
-            try:
-                await asyncio.shield(self._flight)
-            except BaseException:  # noqa: BLE001 - the step's own record says what is wrong
-                pass
+        if self._flight is not None:  # (it keeps its own error: it never raises)
+            await asyncio.shield(self._flight)
         if flush and self._has and self._error is None:
             self._has = False
             try:
                 await self._write(self._pending)
-            except Exception:  # noqa: BLE001 - the failure's own commit reports the store
-                pass
+            except Exception:
+                log.warning("the last progress marker of step %s could not be written",
+                            self._name, exc_info=True,
+                            extra={"action": "checkpoint_lost"})

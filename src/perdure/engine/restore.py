@@ -38,7 +38,7 @@ from perdure.errors import (
     PerdureSignal,
     ResourceStaleError,
 )
-from perdure.resources._protocol import recipe_for
+from perdure.resources._protocol import Stale, recipe_for
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
@@ -85,8 +85,9 @@ def held_resources(records: Sequence[Record]) -> list[_Declared]:
     return sorted(found, key=lambda d: (top(d.pos), str(d.pos)))
 
 
-class _StaleStop(Exception):
-    """A stale resource whose policy parks the object or fails it."""
+class _StaleStopError(Exception):
+    """A stale resource whose policy parks the object or fails it (never leaves this
+    module: it is turned into a park or a ``ResourceStaleError``)."""
 
     def __init__(self, name: str, reason: str, policy: str) -> None:
         super().__init__(reason)
@@ -114,7 +115,7 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
             validity = await held.recipe.validate(held.descriptor, held.live)
             entry: dict[str, Any] = {"name": held.name, "type": current.body["type"],
                                      "status": "restored"}
-            if validity.stale:
+            if isinstance(validity, Stale):
                 entry["reason"] = validity.reason
                 policy = held.on_stale
                 if policy == "refresh":
@@ -135,7 +136,7 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
                     entry["status"] = "stale"
                     entry["seconds"] = round(time.perf_counter() - t0, 6)
                     entries.append(entry)
-                    raise _StaleStop(held.name, validity.reason, policy)
+                    raise _StaleStopError(held.name, validity.reason, policy)
             entry["seconds"] = round(time.perf_counter() - t0, 6)
             entries.append(entry)
     except BaseException as exc:
@@ -144,7 +145,7 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
         for entry in entries:
             if entry["name"] in rolled:
                 entry["rolled_back"] = True
-        if current is not None and not isinstance(exc, _StaleStop | PerdureSignal):
+        if current is not None and not isinstance(exc, _StaleStopError | PerdureSignal):
             entries.append({"name": current.name, "type": current.body["type"],
                             "status": "failed", "reason": _reason(exc),
                             "seconds": round(time.perf_counter() - t0, 6)})
@@ -200,7 +201,7 @@ async def _rollback(restored: Sequence[Held]) -> None:
     for held in reversed(restored):
         try:
             await held.recipe.close(held.live)
-        except Exception:  # noqa: BLE001 - rollback closes the rest whatever one does
+        except Exception:
             log.warning("closing resource %s during rollback failed", held.name,
                         exc_info=True, extra={"action": "resource_close_failed"})
 
@@ -248,11 +249,11 @@ async def _failed(run: Run, records: Sequence[Record], node: str, began: float,
             node, f"resource {name}", exc.reason, pos, now).draft()],
             ready_at=now, status=Status.READY, avoid_node=node,
             reason=f"node {node} cannot restore resource {name}: {exc.reason}") from None
-    if isinstance(exc, _StaleStop) and exc.policy == "fail":
+    if isinstance(exc, _StaleStopError) and exc.policy == "fail":
         await run._journal.commit([RestoreReport("failed", node, seconds, entries).draft()])
         raise ResourceStaleError(exc.name, exc.reason) from None
-    if isinstance(exc, _StaleStop | DescriptorVersionError):
-        why = (f"resource {name!r} is stale: {exc.reason}" if isinstance(exc, _StaleStop)
+    if isinstance(exc, _StaleStopError | DescriptorVersionError):
+        why = (f"resource {name!r} is stale: {exc.reason}" if isinstance(exc, _StaleStopError)
                else str(exc))
         await run._journal.commit([RestoreReport("parked", node, seconds, entries).draft()])
         raise Park(RuntimeError(why), Parked(why, "resource", 0).draft()) from None

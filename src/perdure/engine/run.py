@@ -27,8 +27,8 @@ from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
 from perdure.engine.commands import intent as intent_commands
 from perdure.engine.commands import lineage, steps, values, waits
-from perdure.engine.commands import resources as resource_commands
 from perdure.engine.commands import model as model_command
+from perdure.engine.commands import resources as resource_commands
 from perdure.engine.commands.lineage import (
     CHILD_EVENT,
     ChildHandle,

@@ -28,6 +28,9 @@ __all__ = ["Check", "ExpiresAt", "FileHash", "GitHead", "SchemaVersion", "run_ch
            "see_all", "see_checks"]
 
 
+_UTC = "%Y-%m-%d %H:%M:%SZ"
+
+
 class Check:
     """A staleness check: ``see(live)`` what the world says now; ``spec()`` the JSON
     that memory keeps to build the check again; ``explain(seen, now)`` the reason a
@@ -134,7 +137,7 @@ class ExpiresAt(Check):
 
     def explain(self, seen: Any, now: Any) -> str | None:
         if time.time() >= self.when:
-            return f"credential expired at {time.strftime('%Y-%m-%d %H:%M:%SZ', time.gmtime(self.when))}"
+            return f"credential expired at {time.strftime(_UTC, time.gmtime(self.when))}"
         return None
 
 

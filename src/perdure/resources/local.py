@@ -10,6 +10,7 @@ installed here does the same.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -117,7 +118,7 @@ class OpenFile(Resource[IO[Any]]):
         self.encoding = encoding if "b" not in mode else None
 
     async def open(self) -> IO[Any]:
-        return open(self.path, self.mode, encoding=self.encoding)  # noqa: SIM115 - held
+        return open(self.path, self.mode, encoding=self.encoding)
 
     def describe(self, live: IO[Any]) -> dict[str, Any]:
         return _file_descriptor(str(self.path), self.mode, self.encoding, live)
@@ -258,10 +259,8 @@ class Subprocess(Resource[Process]):
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 async def _start(argv: list[str], cwd: str | None, env: dict[str, str],
@@ -274,7 +273,7 @@ async def _start(argv: list[str], cwd: str | None, env: dict[str, str],
     popen = subprocess.Popen(
         argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None)  # noqa: PLW1509
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     live = Process(popen, argv, ready)
     try:
         await _wait_ready(live, ready, timeout)

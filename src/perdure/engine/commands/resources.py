@@ -87,8 +87,7 @@ async def resource(self: Run, name: str, recipe: Resource[T]) -> T:
         held = self._held.get(name)
         # (a name declared again later holds the later declaration's live thing)
         found = held is not None and held.pos == pos
-        live: T = held.live if found else None  # type: ignore[union-attr]
-        return live
+        return held.live if found else None  # type: ignore[union-attr,return-value]
     self._boundary()
     if name in self._held:
         raise ConfigurationError(f"run.resource: {name!r} is already held; release it first")
