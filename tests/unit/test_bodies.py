@@ -17,10 +17,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perdure.core.bodies import (
-    Invalidated,
-    ResourceHeld,
-    RestoreReport,
-    StepCheckpoint,
     BODY_TYPES,
     CapabilityMissing,
     ChildFinished,
@@ -30,6 +26,7 @@ from perdure.core.bodies import (
     EventRefused,
     Instantiated,
     IntentRefined,
+    Invalidated,
     ModelCall,
     ModelChunks,
     ModelFailed,
@@ -39,6 +36,9 @@ from perdure.core.bodies import (
     Patched,
     Progress,
     RecordBody,
+    ResourceHeld,
+    RestoreReport,
+    StepCheckpoint,
     StepDone,
     StepFailed,
     StepInDoubt,
