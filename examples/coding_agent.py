@@ -15,6 +15,7 @@ the dev server. The restore report in memory says what came back and how long it
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -33,10 +34,11 @@ FOLDER = Path(os.environ.get("CODING_AGENT_DIR", "coding-agent-demo")).absolute(
 app = perdure.App(store=f"sqlite:///{FOLDER / 'store.db'}", key_dir=str(FOLDER / "keys"),
                   lease_seconds=1.0, poll_interval=0.01)
 STATEMENTS = 20
+GIT = shutil.which("git") or "git"
 
 
 def _git(*args: str, cwd: Path) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+    return subprocess.run([GIT, *args], cwd=cwd, check=True, capture_output=True,
                           text=True).stdout.strip()
 
 
@@ -56,7 +58,7 @@ def make_source_repo(where: Path) -> Path:
 def clone(source: str, target: str) -> str:
     """Clone ``source`` into ``target`` (kept if a crash left it complete); its HEAD."""
     if not (Path(target) / ".git").exists():
-        subprocess.run(["git", "clone", "-q", source, target], check=True)
+        subprocess.run([GIT, "clone", "-q", source, target], check=True)
     return _git("rev-parse", "HEAD", cwd=Path(target))
 
 
