@@ -14,11 +14,12 @@ event ``go``. A new App (a new node, nothing cached) sends ``go`` and runs a wor
 * ``records``: the memory's length.
 
 Compared against the floor: ``restore_ratio = ms_restore(N) / ms_restore(1)``, what the
-checkpoints cost the restore itself, at most ``RATIO_FLOOR`` (it stays near 1: only the
-latest descriptor of each resource is read). Reported beside it, ``resume_ratio`` (the
+checkpoints cost the restore itself: within the floor when ``ms_restore(N)`` is at most
+``RATIO_FLOOR`` times ``ms_restore(1)`` plus ``SLACK_MS`` (the figures are fractions of a
+millisecond; only the latest descriptor of each resource is read). Reported beside it, ``resume_ratio`` (the
 whole resume): reading and verifying the memory stays linear in its length, so 1,440
-superseded descriptors still cost their share of the read (about 70 ms on SQLite, 55 ms
-on PostgreSQL in the figures in docs/benchmarks.md) until retention prunes them.
+superseded descriptors still cost their share of the read (about 20 ms on SQLite and
+55 ms on PostgreSQL in the figures in docs/howto/resources.md) until they are pruned.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ import perdure
 from bench.common import Backend, fresh_database
 from perdure.resources import Environment, OpenFile, WorkingDirectory
 
-__all__ = ["FULL", "QUICK", "RATIO_FLOOR", "measure"]
+__all__ = ["FULL", "QUICK", "RATIO_FLOOR", "SLACK_MS", "measure"]
 
 QUICK = {"counts": [1, 200], "repeats": 1}
 FULL = {"counts": [1, 1440], "repeats": 3}
 RATIO_FLOOR = 1.5  # restoring after N checkpoints may take at most this many times one's
+SLACK_MS = 1.0  # plus this much: the restore takes well under a millisecond, noise included
 
 
 class _Stamps:
@@ -101,5 +103,6 @@ def measure(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: st
     out["restore_ratio"] = round(restore, 2)
     out["resume_ratio"] = round(out[high]["ms_resume"] / max(out[low]["ms_resume"], 1e-6), 2)
     out["floor"] = RATIO_FLOOR
-    out["within_floor"] = restore <= RATIO_FLOOR
+    out["within_floor"] = (out[high]["ms_restore"]
+                           <= RATIO_FLOOR * out[low]["ms_restore"] + SLACK_MS)
     return out
