@@ -18,8 +18,9 @@ checkpoints cost the restore itself: within the floor when ``ms_restore(N)`` is 
 ``RATIO_FLOOR`` times ``ms_restore(1)`` plus ``SLACK_MS`` (the figures are fractions of a
 millisecond; only the latest descriptor of each resource is read). Reported beside
 it, ``resume_ratio`` (the whole resume): reading and verifying the memory stays linear
-in its length, so 1,440 superseded descriptors still cost their share of the read (about 20 ms on SQLite and
-55 ms on PostgreSQL in the figures in docs/howto/resources.md) until they are pruned.
+in its length, so 1,440 superseded descriptors still cost their share of the read (about
+20 ms on SQLite and 55 ms on PostgreSQL in the figures in docs/howto/resources.md) until
+they are pruned.
 """
 
 from __future__ import annotations
