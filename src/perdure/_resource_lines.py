@@ -10,10 +10,46 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from perdure.core.bodies import Body, Invalidated, ResourceHeld, RestoreReport, StepCheckpoint
 
-__all__ = ["RESOURCE_LINES"]
+__all__ = ["MASK", "RESOURCE_LINES", "shown_body"]
+
+MASK = "***"
+_RESOURCE = "resource"
+
+
+def _masked_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:{MASK}@{host}"))
+
+
+def _masked(descriptor: Mapping[str, Any]) -> dict[str, Any]:
+    secret = {str(name).lower() for name in descriptor.get("secret") or ()}
+    shown = dict(descriptor)
+    for key in ("vars", "headers"):
+        values = descriptor.get(key)
+        if isinstance(values, dict):
+            shown[key] = {k: MASK if str(k).lower() in secret else v for k, v in values.items()}
+    for key, value in descriptor.items():
+        if str(key).endswith("url") and isinstance(value, str):
+            shown[key] = _masked_url(value)
+    return shown
+
+
+def shown_body(kind: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``body`` as output may show it (``--json``): a resource descriptor's secret
+    values (named in its ``secret`` list) and a URL's password masked; other bodies
+    as they are."""
+    if kind != _RESOURCE or not isinstance(body.get("descriptor"), dict):
+        return body
+    return {**body, "descriptor": _masked(body["descriptor"])}
 
 
 def _recipe(type_name: str) -> str:

@@ -270,3 +270,40 @@ def test_bad_declarations_are_refused(make_app: AppFactory, tmp_path: Path) -> N
     with app.background_worker():
         said = app.start("bad").result(timeout=10)
     assert "is not a perdure.resources.Resource" in said
+
+
+def test_cli_show_prints_the_report_and_masks_secrets(make_app: AppFactory, store_url: str,
+                                                      key_dir: Path, tmp_path: Path) -> None:
+    """``perdure show`` prints the restore report; neither it nor ``--json`` shows a
+    secret environment value, a secret header or a URL's password."""
+    import subprocess
+    import sys
+
+    from perdure.resources import HttpSession
+
+    app = make_app()
+
+    @app.agent(name="secretive")
+    async def secretive(run: perdure.Run) -> str:
+        await run.resource("env", Environment({"PUBLIC": "p", "API_KEY": "canary-ab12"},
+                                              secret=["API_KEY"]))
+        await run.resource("api", HttpSession("http://user:canary-pw99@127.0.0.1:9/",
+                                              headers={"Authorization": "Bearer canary-tk77"}))
+        await run.sleep(0.01)
+        return "ok"
+
+    handle = app.start("secretive", object_id="sec-1")
+    with app.background_worker():
+        assert handle.result(timeout=10) == "ok"
+    base = [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir)]
+    import os
+
+    wide = {**os.environ, "COLUMNS": "400"}
+    text = subprocess.run([*base, "show", "sec-1"], capture_output=True, text=True,
+                          check=True, timeout=60, env=wide).stdout
+    data = subprocess.run([*base, "show", "sec-1", "--json"], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    assert "restore restored" in text and "api restored" in text
+    assert '"PUBLIC": "p"' in data and "***" in data
+    for canary in ("canary-ab12", "canary-pw99", "canary-tk77"):
+        assert canary not in text and canary not in data
