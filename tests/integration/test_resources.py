@@ -307,3 +307,88 @@ def test_cli_show_prints_the_report_and_masks_secrets(make_app: AppFactory, stor
     assert '"PUBLIC": "p"' in data and "***" in data
     for canary in ("canary-ab12", "canary-pw99", "canary-tk77"):
         assert canary not in text and canary not in data
+
+
+def test_sync_agent_holding_and_release(make_app: AppFactory, tmp_path: Path) -> None:
+    """A plain ``def`` agent holds resources too; a released resource is not restored at
+    the next reentry, and ``async with run.holding(...)`` releases at the block's end."""
+    app = make_app()
+
+    @app.agent(name="sync_holder")
+    def sync_holder(run: perdure.SyncRun) -> list[str]:
+        where = run.resource("wd", WorkingDirectory(tmp_path / "sync"))
+        run.resource("tmp", WorkingDirectory(tmp_path / "tmp"))
+        run.release("tmp")
+        run.sleep(0.02)
+        return [str(where), str(run.resource("wd2", WorkingDirectory(tmp_path / "x")))]
+
+    @app.agent(name="block_holder")
+    async def block_holder(run: perdure.Run) -> str:
+        async with run.holding("wd", WorkingDirectory(tmp_path / "block")) as where:
+            await run.sleep(0.02)
+            name = where.name
+        await run.sleep(0.02)
+        return name
+
+    first = app.start("sync_holder", object_id="sync-1")
+    second = app.start("block_holder", object_id="block-1")
+    with app.background_worker():
+        assert first.result(timeout=10) == [str(tmp_path / "sync"), str(tmp_path / "x")]
+        assert second.result(timeout=10) == "block"
+    [report] = _bodies(app, "sync-1", perdure.Kind.RESTORE_REPORT)
+    assert [e["name"] for e in report["resources"]] == ["wd"]
+    reports = _bodies(app, "block-1", perdure.Kind.RESTORE_REPORT)
+    assert [[e["name"] for e in r["resources"]] for r in reports] == [["wd"]]
+
+
+def test_a_program_missing_here_moves_the_object(make_app: AppFactory) -> None:
+    """A subprocess whose program this node lacks: a negative capability in memory and
+    the object is left to another node (it waits, ready, for one)."""
+    from perdure.resources import Subprocess
+
+    app = make_app()
+
+    @app.agent(name="needs_tool")
+    async def needs_tool(run: perdure.Run) -> str:
+        await run.resource("tool", Subprocess(["no-such-program-perdure-test", "--serve"]))
+        return "ran"
+
+    app.start("needs_tool", object_id="tool-1")
+    with app.background_worker():
+        import time
+
+        deadline = time.monotonic() + 10
+        while not _bodies(app, "tool-1", perdure.Kind.CAPABILITY_MISSING):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    [missing] = _bodies(app, "tool-1", perdure.Kind.CAPABILITY_MISSING)
+    assert missing["cannot_do"] == "resource tool"
+    assert "not installed on this node" in missing["reason"]
+    assert app.get("tool-1").status == "ready"
+
+
+class Broken(WorkingDirectory):
+    """A buggy recipe: its descriptor lacks the path its restore needs."""
+
+    def describe(self, live: Path) -> dict[str, Any]:
+        return {"create": True}
+
+
+def test_a_malformed_descriptor_parks_with_a_reason(make_app: AppFactory,
+                                                    tmp_path: Path) -> None:
+    """A descriptor that lacks what its recipe needs (here, written by a buggy recipe)
+    parks the object after the restore fails for good, never guessing."""
+    app = make_app()
+
+    @app.agent(name="broken")
+    async def broken(run: perdure.Run) -> str:
+        await run.resource("wd", Broken(tmp_path / "b"))
+        await run.sleep(0.01)
+        return "unreachable"
+
+    handle = app.start("broken", object_id="broken-1")
+    with app.background_worker(), pytest.raises(perdure.AgentParkedError):
+        handle.result(timeout=10)
+    report = _bodies(app, "broken-1", perdure.Kind.RESTORE_REPORT)[-1]
+    assert report["outcome"] == "parked"
+    assert "KeyError" in report["resources"][0]["reason"]

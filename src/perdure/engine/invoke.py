@@ -54,7 +54,7 @@ async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executo
             )
         run.check_finished()
     finally:
-        if run._held:
+        if run._held or run._replayed:
             await close_resources(run)
     return result
 

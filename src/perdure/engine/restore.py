@@ -96,7 +96,11 @@ class _StaleStopError(Exception):
 
 async def restore_resources(run: Run, records: Sequence[Record]) -> None:
     """Restore what ``records`` say ``run`` holds into ``run._held`` (see the module)."""
-    declared = held_resources(records)
+    try:
+        declared = held_resources(records)
+    except (KeyError, TypeError, ValueError) as exc:  # a body no node of ours writes
+        why = f"a resource record in memory is malformed ({type(exc).__name__}: {exc})"
+        raise Park(RuntimeError(why), Parked(why, "resource", 0).draft()) from None
     if not declared:
         return
     node = run._journal.signer.node_id
@@ -210,7 +214,8 @@ async def close_resources(run: Run) -> None:
     """Close every resource the run holds (the node lets the object go); they stay held
     in memory and come back at the next reentry."""
     held, run._held = list(run._held.values()), {}
-    await _rollback(held)
+    again, run._replayed = list(run._replayed.values()), {}
+    await _rollback([*again, *held])
 
 
 def _reason(exc: BaseException) -> str:

@@ -120,6 +120,7 @@ class Run:
         self._refined: list[str] = []  # digests of intent refinements sent from outside
         self._records = records  # what a reentry restores resources from (engine.restore)
         self._held: dict[str, resource_commands.Held] = {}  # resources held, by name
+        self._replayed: dict[str, resource_commands.Held] = {}  # released ones, replayed
         self._max_recorded, self._rerouted = self._index(records)
         # What the commands learn as the agent runs (see their modules).
         self._crashes = crashes

@@ -2,8 +2,9 @@
 
 The replay rule: a position holding a ``resource`` record returns the live thing the
 reentry restored (``engine.restore`` brings back every resource still held before the
-agent's code continues); a resource released later in memory is not restored, and its
-replayed declaration returns ``None``.
+agent's code continues); a resource released later in memory is brought back from its
+last descriptor when its declaration is replayed (the code up to the release runs
+again and may use it), and closed by the replayed release.
 
 The execution rule: open the live thing (``recipe.open()``), describe it (the
 descriptor and what its staleness checks see, through the same JSON encoding step
@@ -20,6 +21,7 @@ the earlier ones, which a resume never reads.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from perdure.core.bodies import CapabilityMissing, ResourceHeld
 from perdure.core.codec import decode, encode
 from perdure.core.lifecycle import Status
+from perdure.core.records import Kind
 from perdure.engine.signals import Suspend
 from perdure.errors import CannotRestoreError, ConfigurationError, PerdureSignal
 from perdure.resources._protocol import Resource, type_name
@@ -41,6 +44,7 @@ __all__ = ["CMD", "Held", "checkpoint_resources", "clean_descriptor", "holding",
 T = TypeVar("T")
 
 CMD = "resource"
+log = logging.getLogger("perdure.resources")
 
 
 @dataclass
@@ -85,9 +89,12 @@ async def resource(self: Run, name: str, recipe: Resource[T]) -> T:
     pos, recs = self._take(CMD, name)
     if recs:
         held = self._held.get(name)
-        # (a name declared again later holds the later declaration's live thing)
-        found = held is not None and held.pos == pos
-        return held.live if found else None  # type: ignore[union-attr,return-value]
+        if held is not None and held.pos == pos:
+            return held.live  # type: ignore[no-any-return]
+        # Released later in memory (or a name declared again since): the code between
+        # here and the release runs again, so it gets the thing again, until the
+        # replayed release closes it.
+        return await _again(self, name, pos)  # type: ignore[no-any-return]
     self._boundary()
     if name in self._held:
         raise ConfigurationError(f"run.resource: {name!r} is already held; release it first")
@@ -113,6 +120,34 @@ async def resource(self: Run, name: str, recipe: Resource[T]) -> T:
         await cls.close(live)
         raise
     self._held[name] = Held(name, cls, pos, recipe.version, recipe.on_stale, descriptor, live)
+    return live
+
+
+async def _again(run: Run, name: str, pos: int | str) -> Any:
+    """The live thing of a resource declared at ``pos`` and released since, restored
+    from its last descriptor for the replay (not validated, nothing recorded); ``None``
+    when a replay check runs (nothing is restored there) or it cannot be restored."""
+    if run._journal.committer is None:
+        return None
+    from perdure.resources._protocol import recipe_for
+
+    body = None
+    for rec in reversed(run._records):
+        if rec.kind == Kind.RESOURCE and rec.body.get("name") == name and (
+                rec.body.get("pos", rec.body.get("decl")) == pos):
+            body = rec.body
+            break
+    if body is None:
+        return None
+    try:
+        recipe = recipe_for(str(body["type"]))
+        live = await recipe.restore(dict(body["descriptor"]))
+    except Exception:  # noqa: BLE001 - the code gets None, and the log says why
+        log.warning("resource %s (released later) could not be brought back for the "
+                    "replay", name, exc_info=True, extra={"action": "resource_replay_failed"})
+        return None
+    run._replayed[name] = Held(name, recipe, pos, int(body["version"]), str(body["on_stale"]),
+                               dict(body["descriptor"]), live)
     return live
 
 
@@ -145,7 +180,10 @@ async def release(self: Run, name: str) -> None:
     """Close the resource held under ``name`` and record that it is no longer held (a
     later reentry does not restore it). Releasing one not held does nothing, and so does
     a release replayed (memory holds it already)."""
-    if self.replaying:
+    if self.replaying:  # recorded already: close what the replay brought back
+        again = self._replayed.pop(name, None)
+        if again is not None:
+            await again.recipe.close(again.live)
         return
     held = self._held.pop(name, None)
     if held is None:
