@@ -392,3 +392,39 @@ def test_a_malformed_descriptor_parks_with_a_reason(make_app: AppFactory,
     report = _bodies(app, "broken-1", perdure.Kind.RESTORE_REPORT)[-1]
     assert report["outcome"] == "parked"
     assert "KeyError" in report["resources"][0]["reason"]
+
+
+def test_every_execution_state_body_decodes_to_its_bytes(make_app: AppFactory,
+                                                         tmp_path: Path) -> None:
+    """The resource, restore report, step checkpoint and invalidation records a worker
+    writes decode to their typed bodies, which encode back to the very bytes stored."""
+    from perdure.core.bodies import decode
+    from perdure.core.codec import encode
+
+    app = make_app()
+    source = tmp_path / "in.txt"
+    source.write_text("a")
+
+    def long_step() -> int:
+        perdure.current_step().checkpoint({"at": 1}, durable=True)
+        return 1
+
+    @app.agent(name="all_kinds")
+    async def all_kinds(run: perdure.Run) -> int:
+        await run.resource("wd", WorkingDirectory(tmp_path, checks=[FileHash(source)],
+                                                  on_stale=Invalidate("long")))
+        await run.step(long_step, name="long")
+        if not run.replaying:
+            source.write_text("b")
+        await run.sleep(0.01)
+        return 1
+
+    handle = app.start("all_kinds", object_id="kinds-1")
+    with app.background_worker():
+        assert handle.result(timeout=10) == 1
+    written = set()
+    for rec in app.history("kinds-1"):
+        typed = decode(rec)
+        assert encode(typed.encode()) == rec.body_bytes
+        written.add(str(rec.kind))
+    assert {"resource", "restore_report", "step_checkpoint", "invalidated"} <= written

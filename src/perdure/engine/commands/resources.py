@@ -142,7 +142,7 @@ async def _again(run: Run, name: str, pos: int | str) -> Any:
     try:
         recipe = recipe_for(str(body["type"]))
         live = await recipe.restore(dict(body["descriptor"]))
-    except Exception:  # noqa: BLE001 - the code gets None, and the log says why
+    except Exception:
         log.warning("resource %s (released later) could not be brought back for the "
                     "replay", name, exc_info=True, extra={"action": "resource_replay_failed"})
         return None
