@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import StepCheckpoint
-from perdure.core.codec import decode, encode
 from perdure.core.records import Kind, Record
+from perdure.engine.payloads import recorded_payload
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
@@ -97,7 +97,7 @@ class Marks:
         return self._count > 0 or self._has
 
     def _clean(self, cursor: Any) -> Any:
-        return decode(encode(cursor, what=f"checkpoint of step {self._name!r}"))
+        return recorded_payload(cursor, what=f"checkpoint of step {self._name!r}")
 
     def _raise_error(self) -> None:
         if self._error is not None:

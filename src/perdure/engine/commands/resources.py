@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from perdure.core.bodies import CapabilityMissing, ResourceHeld
-from perdure.core.codec import decode, encode
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
+from perdure.engine.payloads import recorded_payload
 from perdure.engine.signals import Suspend
 from perdure.errors import CannotRestoreError, ConfigurationError, PerdureSignal
 from perdure.resources._protocol import Resource, type_name
@@ -71,7 +71,8 @@ def clean_descriptor(name: str, descriptor: Any) -> dict[str, Any]:
     if not isinstance(descriptor, dict):
         raise ConfigurationError(f"resource {name!r}: describe() must return a dict, not "
                                  f"{type(descriptor).__name__}")
-    clean: dict[str, Any] = decode(encode(descriptor, what=f"descriptor of resource {name!r}"))
+    clean: dict[str, Any] = recorded_payload(descriptor,
+                                             what=f"descriptor of resource {name!r}")
     return clean
 
 
