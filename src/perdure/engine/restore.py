@@ -174,7 +174,11 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
         restored = keep
         run._invalidate(start)
     report = RestoreReport("restored", node, round(time.perf_counter() - began, 6), entries)
-    await run._journal.commit([*drafts, report.draft()])
+    try:
+        await run._journal.commit([*drafts, report.draft()])
+    except BaseException:  # (a lost lease, the store gone): nothing stays open
+        await _rollback(restored)
+        raise
     run._held.update((h.name, h) for h in restored)
 
 
