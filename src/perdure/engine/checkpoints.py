@@ -54,11 +54,13 @@ def last_marker(recs: Sequence[Record]) -> Any:
 
 
 def step_marks(run: Run, pos: int | str, name: str, attempt: int, recs: Sequence[Record]
-               ) -> tuple[Any, Marks]:
+               ) -> tuple[Any, tuple[Any, ...]]:
     """What a step's ``StepInfo`` carries about progress: the last marker memory holds
-    at its position, and the markers of this attempt."""
+    at its position, and what this attempt's ``Marks`` are made of."""
     last = last_marker(recs) if recs else None
-    return last, Marks(run, pos, name, attempt, asyncio.get_running_loop())
+    # What the markers need, as a tuple: ``StepInfo`` makes the ``Marks`` at the first
+    # marker (most steps give none, and this is on every step's path).
+    return last, (run, pos, name, attempt, asyncio.get_running_loop())
 
 
 class Marks:

@@ -39,15 +39,23 @@ class StepInfo:
         most that much progress. ``durable=True`` (from a plain ``def`` step) returns
         once the marker is in memory. A retry reads it as ``last_checkpoint``.
         """
-        if self._marks is None:
-            raise RuntimeError("this step cannot record checkpoints (a replay check?)")
-        self._marks.checkpoint(cursor, durable=durable)
+        self._markers().checkpoint(cursor, durable=durable)
 
     async def acheckpoint(self, cursor: Any) -> None:
         """Record a progress marker and return once it is durable (``async def`` steps)."""
-        if self._marks is None:
-            raise RuntimeError("this step cannot record checkpoints (a replay check?)")
-        await self._marks.acheckpoint(cursor)
+        await self._markers().acheckpoint(cursor)
+
+    def _markers(self) -> Any:
+        """This attempt's ``engine.checkpoints.Marks``, made at the first marker."""
+        marks = self._marks
+        if type(marks) is tuple:
+            from perdure.engine.checkpoints import Marks
+
+            marks = Marks(*marks)
+            object.__setattr__(self, "_marks", marks)  # (frozen for the step's code)
+        if marks is None:
+            raise RuntimeError("this step cannot record checkpoints")
+        return marks
 
 
 _current: ContextVar[StepInfo | None] = ContextVar("perdure_step", default=None)

@@ -17,6 +17,7 @@ from types import FunctionType
 from typing import Any
 
 from perdure.core.intent import Intent
+from perdure.engine.checkpoints import Marks
 from perdure.engine.context import StepInfo, step_scope
 from perdure.engine.restore import close_resources, restore_resources
 from perdure.engine.run import Run, SyncRun
@@ -94,5 +95,5 @@ class StepRunner:
         finally:
             step_scope.reset(token)
             marks = info._marks
-            if marks is not None and marks.used:  # progress markers: see engine.checkpoints
+            if type(marks) is Marks and marks.used:  # progress markers: engine.checkpoints
                 await marks.close(flush=failed)
