@@ -1,8 +1,9 @@
 """A 100-statement migration on PostgreSQL, killed at 60% and resumed from its markers.
 
 Run it (PostgreSQL on 127.0.0.1:5432, user postgres): python examples/migration.py
-[TARGET_URL]. Two migrations run, each in a worker process that is SIGKILLed after
-statement 60; a second worker takes each one over:
+[ADMIN_URL]; the migrations run in a scratch database, dropped at the end. Two run,
+each in a worker process that is SIGKILLed after statement 60; a second worker takes
+each one over:
 
 - against a **non-transactional** target (autocommit DDL: every statement stands once
   run), the step records a durable progress marker after each statement; the retry reads
@@ -136,5 +137,25 @@ def main(target: str) -> None:
         second.wait()
 
 
+def _scratch_database(admin_url: str) -> tuple[str, str]:
+    """A new database on the server of ``admin_url`` for the demonstration: (name, URL)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = f"perdure_migration_demo_{os.getpid()}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+    return name, urlunsplit(urlsplit(admin_url)._replace(path=f"/{name}"))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "postgresql://postgres@127.0.0.1:5432/postgres")
+    import psycopg
+
+    admin = sys.argv[1] if len(sys.argv) > 1 else "postgresql://postgres@127.0.0.1:5432/postgres"
+    scratch, url = _scratch_database(admin)
+    try:
+        main(url)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')  # type: ignore[arg-type]
