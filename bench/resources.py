@@ -34,7 +34,7 @@ import perdure
 from bench.common import Backend, fresh_database
 from perdure.resources import Environment, OpenFile, WorkingDirectory
 
-__all__ = ["FULL", "QUICK", "RATIO_FLOOR", "SLACK_MS", "measure"]
+__all__ = ["FULL", "QUICK", "RATIO_FLOOR", "SLACK_MS", "measure", "table"]
 
 QUICK = {"counts": [1, 200], "repeats": 1}
 FULL = {"counts": [1, 1440], "repeats": 3}
@@ -107,3 +107,26 @@ def measure(backend: Backend, folder: Path, sizes: dict[str, Any], admin_url: st
     out["within_floor"] = (out[high]["ms_restore"]
                            <= RATIO_FLOOR * out[low]["ms_restore"] + SLACK_MS)
     return out
+
+
+def table(report: dict[str, Any]) -> str:
+    """The figures as a Markdown table (``python -m bench --markdown``); empty when the
+    part did not run."""
+    rows = []
+    for figures in report["backends"].values():
+        got = figures.get("resources")
+        if not got:
+            continue
+        counts = [key for key in got if key.isdigit()]
+        for count in counts:
+            one = got[count]
+            rows.append(f"| {figures['store']} | {int(count):,} | {one['records']:,} | "
+                        f"{one['ms_restore']:.3f} ms | {one['ms_resume']:.1f} ms |")
+        rows.append(f"| {figures['store']} | ratio | | {got['restore_ratio']} "
+                    f"({'within' if got['within_floor'] else 'over'} the floor) | "
+                    f"{got['resume_ratio']} |")
+    if not rows:
+        return ""
+    head = ("| store | checkpoints | records | restore | resume → next step |\n"
+            "| --- | --- | --- | --- | --- |\n")
+    return head + "\n".join(rows) + "\n"
