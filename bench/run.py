@@ -41,6 +41,7 @@ if __package__ in (None, ""):  # run as a script: make the ``bench`` package imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import claims, model, peers, recovery, resume, steps, wake
+from bench import resources as resource_bench
 from bench.common import (
     Backend,
     fresh_database,
@@ -51,7 +52,7 @@ from bench.common import (
     progress,
 )
 
-PARTS = ("steps", "wake", "claims", "recovery", "history", "model")
+PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -62,6 +63,7 @@ QUICK = {
     "recovery": recovery.QUICK,
     "history": resume.QUICK,
     "model": model.QUICK,
+    "resources": resource_bench.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -74,6 +76,7 @@ FULL = {
     "recovery": recovery.FULL,
     "history": resume.FULL,
     "model": model.FULL,
+    "resources": resource_bench.FULL,
 }
 
 
@@ -196,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             if "history" in parts:
                 figures.update(timed("history", resume.measure, backend, here / "history",
                                      sizes["history"], args.pg))
+            if "resources" in parts:
+                figures["resources"] = timed("resources", resource_bench.measure, backend,
+                                             here / "resources", sizes["resources"], args.pg)
             report["backends"][backend.name] = figures
         if "model" in parts:
             report["model"] = measure_model(run_dir / "model", sizes["model"],

@@ -26,6 +26,7 @@ PRIVATE_EXCEPTIONS = {
     "perdure.stores.memory:_Busy",
     "perdure.engine.failures:_TooLarge",
     "perdure.engine.failures:_Refused",
+    "perdure.engine.restore:_StaleStopError",
     "perdure.demo.story:DemoError",
     "perdure.core.bodies.fields:MalformedBodyError",
     "perdure.llm._wire_responses:ResponsesStreamError",

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from perdure import inspect as view
+from perdure._resource_lines import shown_body
 from perdure.follow import StreamEvent, follow
 
 __all__ = ["event_json", "event_line", "tail"]
@@ -39,7 +40,7 @@ def event_json(event: StreamEvent) -> dict[str, Any]:
         doc["recovery"] = event.recovery
         doc["body"] = event.record.body
     else:
-        doc["body"] = event.record.body
+        doc["body"] = shown_body(event.kind, event.record.body)  # (resource secrets masked)
     return doc
 
 

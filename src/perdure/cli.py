@@ -30,6 +30,7 @@ from perdure._cli_steer import fork, query, questions, retry
 from perdure._cli_tail import tail
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
+from perdure._resource_lines import shown_body
 from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
@@ -156,7 +157,7 @@ def _info_json(info: ObjectInfo) -> dict[str, Any]:
 
 def _record_json(rec: Record) -> dict[str, Any]:
     return {"seq": rec.seq, "ts": rec.ts, "node_id": rec.node_id, "kind": str(rec.kind),
-            "body": rec.body}
+            "body": shown_body(rec.kind, rec.body)}  # (resource secrets masked)
 
 
 def _report_json(report: VerifyReport) -> dict[str, Any]:

@@ -21,6 +21,10 @@ The tree::
     ├── StepFailedError           a step failed for good and its exception cannot be rebuilt
     ├── ChildFailedError          a delegated child object failed or was cancelled
     ├── CannotDo                  raised by a step: this node cannot do it; another node may
+    ├── ResourceError             (``perdure.resources``) a resource cannot be declared or restored
+    │   ├── CannotRestoreError    this node cannot restore it (no binary, no route); another may
+    │   ├── DescriptorVersionError  a descriptor's version is one this code does not know
+    │   └── ResourceStaleError    a resource no longer matches the world and its policy fails
     ├── AgentFailedError          ``Handle.result()``: the agent terminated with an error
     ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
@@ -62,9 +66,11 @@ __all__ = [
     "AgentParkedError",
     "CancelRequestedError",
     "CannotDo",
+    "CannotRestoreError",
     "ChildFailedError",
     "ConfigurationError",
     "DataKeyError",
+    "DescriptorVersionError",
     "ForkError",
     "IntegrityError",
     "LeaseLostError",
@@ -78,6 +84,8 @@ __all__ = [
     "PerdureSignal",
     "QueryFailedError",
     "RecordDecodeError",
+    "ResourceError",
+    "ResourceStaleError",
     "ResultTimeoutError",
     "SealBrokenError",
     "SerializationError",
@@ -255,6 +263,42 @@ class CannotDo(PerdureError):  # noqa: N818 - the name the API promises
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class ResourceError(PerdureError):
+    """A resource (``run.resource``) could not be declared, captured or restored."""
+
+
+class CannotRestoreError(ResourceError):
+    """Raised by a restore recipe: this node cannot bring the resource back (a binary is
+    missing, a network is unreachable from here). Recorded as a negative capability of
+    this node; the object goes to another node. Not a failure of the object."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class DescriptorVersionError(ResourceError):
+    """A recorded descriptor carries a version this code does not understand: the object
+    parks rather than guessing (deploy code that knows the version, then resume)."""
+
+    def __init__(self, name: str, type_name: str, version: int, known: tuple[int, ...]
+                 ) -> None:
+        self.name, self.type_name, self.version, self.known = name, type_name, version, known
+        super().__init__(
+            f"resource {name!r} ({type_name}) was recorded with descriptor version {version}; "
+            f"this code knows version(s) {', '.join(map(str, known)) or 'none'}: run code "
+            f"that knows it, then `perdure resume`")
+
+
+class ResourceStaleError(ResourceError):
+    """A resource no longer matches the world (``reason``) and its ``on_stale`` policy is
+    ``fail``: the object fails with this error."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(f"resource {name!r} is stale: {reason}")
 
 
 class AgentFailedError(PerdureError):

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from perdure._resource_lines import RESOURCE_LINES
 from perdure.core.bodies import (
     JSON,
     Body,
@@ -262,6 +263,13 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     ModelChunks: _model_chunks,
     ModelRecovered: _model_recovered,
 }
+
+
+def _resource_line(say: Callable[[Any], tuple[str, bool]]) -> Callable[[Any], Line]:
+    return lambda body: Line(*say(body))
+
+
+_DESCRIBE.update({cls: _resource_line(say) for cls, say in RESOURCE_LINES.items()})
 
 
 def describe(record: Record) -> Line:

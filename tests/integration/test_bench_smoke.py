@@ -83,7 +83,8 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
     packages; ``test_peers_quick_print_figures_or_na`` covers them.
     """
     report = _run([sys.executable, "-m", "bench", "--no-peers"], tmp_path)
-    assert report["parts"] == ["steps", "wake", "claims", "recovery", "history", "model"]
+    assert report["parts"] == ["steps", "wake", "claims", "recovery", "history", "model",
+                               "resources"]  # (resources: test_bench_resources_smoke.py)
     # model calls run once, on SQLite, whatever the backends (test_bench_model_smoke.py)
     if "na" not in report["model"]:
         assert report["model"]["stream"]["run_model_tokens_per_s"] > 0

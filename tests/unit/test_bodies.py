@@ -27,6 +27,7 @@ from perdure.core.bodies import (
     EventRefused,
     Instantiated,
     IntentRefined,
+    Invalidated,
     ModelCall,
     ModelChunks,
     ModelFailed,
@@ -36,6 +37,9 @@ from perdure.core.bodies import (
     Patched,
     Progress,
     RecordBody,
+    ResourceHeld,
+    RestoreReport,
+    StepCheckpoint,
     StepDone,
     StepFailed,
     StepInDoubt,
@@ -196,6 +200,23 @@ CASES: list[tuple[RecordBody, dict[str, Any]]] = [
       "lost_usage": {"input_tokens": 10, "output_tokens": 5}}),
     (Dormant.model_retry(3, "m", 1.7e9),
      {"pos": 3, "cmd": "model", "name": "m", "reason": "retry", "wake_at": 1.7e9}),
+    # execution state: resources, restore reports, step checkpoints, invalidations
+    (ResourceHeld("wd", "perdure.resources.local:WorkingDirectory", 1, {"path": "/w"}, "open",
+                  "refresh", pos=2),
+     {"pos": 2, "cmd": "resource", "name": "wd", "type": "perdure.resources.local:"
+      "WorkingDirectory", "version": 1, "descriptor": {"path": "/w"}, "state": "open",
+      "on_stale": "refresh"}),
+    (ResourceHeld("wd", "m:C", 2, {}, "closed", "invalidate:fetch", decl="2.1.0"),
+     {"cmd": "resource", "name": "wd", "type": "m:C", "version": 2, "descriptor": {},
+      "state": "closed", "on_stale": "invalidate:fetch", "decl": "2.1.0"}),
+    (RestoreReport("rolled_back", "n1", 0.5, [{"name": "wd", "status": "failed"}], 1.7e9),
+     {"outcome": "rolled_back", "node": "n1", "seconds": 0.5,
+      "resources": [{"name": "wd", "status": "failed"}], "retry_at": 1.7e9}),
+    (StepCheckpoint(4, "migrate", 1, 60, {"applied": 60}),
+     {"pos": 4, "cmd": "step", "name": "migrate", "attempt": 1, "count": 60,
+      "cursor": {"applied": 60}}),
+    (Invalidated(3, "analyse", "input", "input.txt changed"),
+     {"from_pos": 3, "step": "analyse", "resource": "input", "reason": "input.txt changed"}),
 ]
 
 

@@ -15,7 +15,16 @@ import perdure
 from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
-from perdure.engine.commands import emits, intent, lineage, model, steps, values, waits
+from perdure.engine.commands import (
+    emits,
+    intent,
+    lineage,
+    model,
+    resources,
+    steps,
+    values,
+    waits,
+)
 from perdure.engine.commands.lineage import _combined, _unwinding
 from perdure.engine.journal import StoreUnavailable
 from perdure.engine.replay import replay_check
@@ -41,11 +50,22 @@ COMMANDS = {
     "join": lineage.join,
     "gather": lineage.gather,
     "model": model.model,
+    "resource": resources.resource,
+    "release": resources.release,
+    "checkpoint_resources": resources.checkpoint_resources,
+    "holding": resources.holding,
 }
 
 # What agents see, as it was before the commands moved to their modules: the
 # signature of each bound method and whether it must be awaited.
 SURFACE = {
+    "Run.resource": ("(name: 'str', recipe: 'Resource[T]') -> 'T'", True),
+    "Run.release": ("(name: 'str') -> 'None'", True),
+    "Run.checkpoint_resources": ("(*names: 'str') -> 'int'", True),
+    "Run.holding": ("(name: 'str', recipe: 'Resource[T]') -> 'AsyncIterator[T]'", False),
+    "SyncRun.resource": ("(name: 'str', recipe: 'Resource[T]') -> 'T'", False),
+    "SyncRun.release": ("(name: 'str') -> 'None'", False),
+    "SyncRun.checkpoint_resources": ("(*names: 'str') -> 'int'", False),
     "Run.check_finished": ("() -> 'None'", False),
     "Run.delegate": ("(agent: 'Callable[..., Any] | str', *args: 'Any', "
                      "object_id: 'str | None' = None, **kwargs: 'Any') -> 'ChildHandle'", True),

@@ -67,6 +67,10 @@ class Kind(StrEnum):
     MODEL_CHUNKS = "model_chunks"  # run.model(stream=True): a batch of a streamed reply
     MODEL_RECOVERED = "model_recovered"  # run.model: what was done with a cut stream
     EMITTED = "emitted"  # run.emit(name, data): an event for the object's followers
+    RESOURCE = "resource"  # run.resource: a live thing's descriptor (declared or updated)
+    RESTORE_REPORT = "restore_report"  # reentry: what was restored, how long, what failed
+    STEP_CHECKPOINT = "step_checkpoint"  # current_step().checkpoint: progress inside a step
+    INVALIDATED = "invalidated"  # recorded steps from a position on are run again
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ __all__ = [
     "KEY_BYTES",
     "SEALED",
     "SECRET_TAG",
+    "canonical_with_secrets",
     "check_reserved",
     "has_secrets",
     "key_id",
@@ -169,6 +170,13 @@ def seal(value: Any, dek: bytes, object_id: str, *, whole: bool, what: str = "va
     if whole:
         return _blob(_map(value, _tagged), dek, object_id, what)
     return _map(value, lambda secret: _blob(_tagged(secret), dek, object_id, what))
+
+
+def canonical_with_secrets(value: Any, *, what: str) -> Any:
+    """``value`` through the canonical encoder and back, its ``Secret`` objects kept
+    (``SerializationError`` naming ``what`` if the rest is not a JSON value)."""
+    check_reserved(_map(value, lambda secret: None), what)
+    return _untag(decode(encode(_map(value, _tagged), what=what, max_depth=MAX_DEPTH + 1)))
 
 
 def _untag(value: Any) -> Any:

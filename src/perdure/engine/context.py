@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["StepInfo", "current_step", "step_scope"]
 
@@ -25,6 +26,36 @@ class StepInfo:
     attempt: int
     idempotency_key: str
     epoch: int
+    #: The cursor of the last progress marker an earlier attempt recorded (``None``:
+    #: none): where a retry after a crash continues from.
+    last_checkpoint: Any = None
+    _marks: Any = field(default=None, repr=False, compare=False)
+
+    def checkpoint(self, cursor: Any, *, durable: bool = False) -> None:
+        """Record a progress marker (any JSON value) for this step.
+
+        Batched: returns at once and the latest cursor is written within
+        ``perdure.engine.checkpoints.CHECKPOINT_EVERY`` (0.5 s), so a crash loses at
+        most that much progress. ``durable=True`` (from a plain ``def`` step) returns
+        once the marker is in memory. A retry reads it as ``last_checkpoint``.
+        """
+        self._markers().checkpoint(cursor, durable=durable)
+
+    async def acheckpoint(self, cursor: Any) -> None:
+        """Record a progress marker and return once it is durable (``async def`` steps)."""
+        await self._markers().acheckpoint(cursor)
+
+    def _markers(self) -> Any:
+        """This attempt's ``engine.checkpoints.Marks``, made at the first marker."""
+        marks = self._marks
+        if type(marks) is tuple:
+            from perdure.engine.checkpoints import Marks
+
+            marks = Marks(*marks)
+            object.__setattr__(self, "_marks", marks)  # (frozen for the step's code)
+        if marks is None:
+            raise RuntimeError("this step cannot record checkpoints")
+        return marks
 
 
 _current: ContextVar[StepInfo | None] = ContextVar("perdure_step", default=None)

@@ -17,7 +17,9 @@ from types import FunctionType
 from typing import Any
 
 from perdure.core.intent import Intent
+from perdure.engine.checkpoints import Marks
 from perdure.engine.context import StepInfo, step_scope
+from perdure.engine.restore import close_resources, restore_resources
 from perdure.engine.run import Run, SyncRun
 from perdure.engine.settings import AgentDef
 
@@ -40,15 +42,21 @@ async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executo
     returns with work still open raises as ``Run.check_finished`` says.
     """
     intent = run.intent
-    if agent.is_async:
-        result = await agent.fn(run, *intent.args, **intent.kwargs)
-    else:
-        loop = asyncio.get_running_loop()
-        sync = SyncRun(run, loop)
-        result = await loop.run_in_executor(
-            executor, lambda: agent.fn(sync, *intent.args, **intent.kwargs)
-        )
-    run.check_finished()
+    if run._journal.committer is not None:  # (a replay check restores nothing)
+        await restore_resources(run, run._records)
+    try:
+        if agent.is_async:
+            result = await agent.fn(run, *intent.args, **intent.kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            sync = SyncRun(run, loop)
+            result = await loop.run_in_executor(
+                executor, lambda: agent.fn(sync, *intent.args, **intent.kwargs)
+            )
+        run.check_finished()
+    finally:
+        if run._held or run._replayed:
+            await close_resources(run)
     return result
 
 
@@ -63,12 +71,15 @@ class StepRunner:
         """``fn(*args, **kwargs)`` with ``current_step()`` telling ``info``: awaited on
         the loop if it is ``async def``, else on a code thread."""
         token = step_scope.set(info)
+        failed = True
         try:
             # An ``async def`` function says so in its code flags: a cheaper test than
             # ``iscoroutinefunction``'s, which still decides everything else.
             if ((type(fn) is FunctionType and fn.__code__.co_flags & CO_COROUTINE)
                     or asyncio.iscoroutinefunction(fn)):
-                return await fn(*args, **kwargs)
+                result = await fn(*args, **kwargs)
+                failed = False
+                return result
 
             def call() -> Any:
                 # Pool threads are reused (also for sync agent code): reset, never leak.
@@ -78,6 +89,11 @@ class StepRunner:
                 finally:
                     step_scope.reset(inner)
 
-            return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            result = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            failed = False
+            return result
         finally:
             step_scope.reset(token)
+            marks = info._marks
+            if type(marks) is Marks and marks.used:  # progress markers: engine.checkpoints
+                await marks.close(flush=failed)

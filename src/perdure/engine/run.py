@@ -29,6 +29,7 @@ from perdure.core.records import Kind, Record
 from perdure.engine.commands import emits, lineage, steps, values, waits
 from perdure.engine.commands import intent as intent_commands
 from perdure.engine.commands import model as model_command
+from perdure.engine.commands import resources as resource_commands
 from perdure.engine.commands.lineage import (
     CHILD_EVENT,
     ChildHandle,
@@ -66,7 +67,8 @@ _CHILD_FINISHED = Kind.CHILD_FINISHED.value
 _CAPABILITY_MISSING = Kind.CAPABILITY_MISSING.value
 _INSTANTIATED = Kind.INSTANTIATED.value
 _STEP_DONE = Kind.STEP_DONE.value
-_SPECIAL_KINDS = frozenset((_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED))
+_INVALIDATED = Kind.INVALIDATED.value
+_SPECIAL_KINDS = frozenset((_CHILD_FINISHED, _CAPABILITY_MISSING, _INSTANTIATED, _INVALIDATED))
 _INTENT_REFINED = Kind.INTENT_REFINED.value
 
 
@@ -121,6 +123,9 @@ class Run:
         self._children: dict[str, dict[str, Any]] = {}
         self._refusals: set[str] = set()
         self._refined: list[str] = []  # digests of intent refinements sent from outside
+        self._records = records  # what a reentry restores resources from (engine.restore)
+        self._held: dict[str, resource_commands.Held] = {}  # resources held, by name
+        self._replayed: dict[str, resource_commands.Held] = {}  # released ones, replayed
         self._max_recorded, self._rerouted = self._index(records)
         # What the commands learn as the agent runs (see their modules).
         self._crashes = crashes
@@ -165,6 +170,8 @@ class Run:
                 elif kind == _CAPABILITY_MISSING:
                     self._refusals.add(str(body.get("refusal")))
                     rerouted = True
+                elif kind == _INVALIDATED:
+                    top_pos = self._invalidate(int(body["from_pos"]))
                 continue
             pos = body.get("pos")
             if type(pos) is int:
@@ -203,6 +210,14 @@ class Run:
         if self._sealer is None:
             return value
         return self._sealer.open(value)
+    def _invalidate(self, from_pos: int) -> int:
+        """Forget what memory holds at top-level positions ``from_pos`` and later (an
+        ``invalidated`` record: those commands run again); the highest position left."""
+        for index in (self._history, self._done):
+            for pos in [p for p in index if top(p) >= from_pos]:
+                del index[pos]
+        self._max_recorded = max((top(p) for p in (*self._history, *self._done)), default=-1)
+        return self._max_recorded
 
     # -- what the agent can read ---------------------------------------------
 
@@ -248,6 +263,10 @@ class Run:
     join = lineage.join
     gather = lineage.gather
     model = model_command.model
+    resource = resource_commands.resource
+    holding = resource_commands.holding
+    release = resource_commands.release
+    checkpoint_resources = resource_commands.checkpoint_resources
 
     # -- the cursor: what every command does first -----------------------------
 

@@ -18,6 +18,7 @@ from perdure.core.intent import Context, Intent
 if TYPE_CHECKING:
     from perdure.engine.run import Run
     from perdure.llm import ModelClient, ModelReply, ModelRequest
+    from perdure.resources import Resource
 
 __all__ = ["SyncChildHandle", "SyncRun", "is_async"]
 
@@ -121,6 +122,18 @@ class SyncRun:
     def emit(self, name: str, data: Any = None) -> None:
         """See ``Run.emit``."""
         self._call(self._run.emit(name, data))
+    def resource(self, name: str, recipe: Resource[T]) -> T:
+        """See ``Run.resource`` (the live thing is made on the event loop: an async
+        session such as ``PostgresSession``'s is for ``async def`` code)."""
+        return self._call(self._run.resource(name, recipe))
+
+    def release(self, name: str) -> None:
+        """See ``Run.release``."""
+        self._call(self._run.release(name))
+
+    def checkpoint_resources(self, *names: str) -> int:
+        """See ``Run.checkpoint_resources``."""
+        return self._call(self._run.checkpoint_resources(*names))
 
 
 class SyncChildHandle:

@@ -42,6 +42,12 @@ from perdure.core.bodies.objects import (
     Parked,
     Terminated,
 )
+from perdure.core.bodies.resources import (
+    Invalidated,
+    ResourceHeld,
+    RestoreReport,
+    StepCheckpoint,
+)
 from perdure.core.bodies.steps import (
     Emitted,
     Patched,
@@ -81,6 +87,7 @@ __all__ = [
     "EventRefused",
     "Instantiated",
     "IntentRefined",
+    "Invalidated",
     "ModelCall",
     "ModelChunks",
     "ModelFailed",
@@ -91,6 +98,9 @@ __all__ = [
     "Position",
     "Progress",
     "RecordBody",
+    "ResourceHeld",
+    "RestoreReport",
+    "StepCheckpoint",
     "StepDone",
     "StepFailed",
     "StepInDoubt",
@@ -108,6 +118,7 @@ RecordBody = (
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
     | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered | Emitted
+    | ResourceHeld | RestoreReport | StepCheckpoint | Invalidated
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -117,6 +128,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
         ModelCall, ModelFailed, ModelChunks, ModelRecovered, Emitted,
+        ResourceHeld, RestoreReport, StepCheckpoint, Invalidated,
     )
 }
 """The body class of each record kind, by the kind's value."""

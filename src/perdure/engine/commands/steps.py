@@ -29,6 +29,7 @@ from perdure.core.backoff import RetryPolicy
 from perdure.core.bodies import StepDone, StepStarted
 from perdure.core.codec import decode, detached
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.checkpoints import step_marks
 from perdure.engine.commands.positions import branch
 from perdure.engine.commands.step_failures import (
     cannot_do,
@@ -161,7 +162,8 @@ async def step(
     first = durable_first(self, pos, step_name, attempt, key, idempotent, opts)
     if first is not None:
         await self._journal.commit(first)
-    info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch)
+    info = StepInfo(self.object_id, step_name, pos, attempt, key, self.epoch,
+                    *step_marks(self, pos, step_name, attempt, recs))
     began = time.perf_counter()
     try:
         if limit is None:

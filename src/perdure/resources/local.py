@@ -1,0 +1,362 @@
+"""Built-in recipes for things on the node itself: a working directory, environment
+variables, an open file with its position, a subprocess such as a dev server.
+
+Each restores from its descriptor alone. A thing that lives on one machine's disk (a
+file, a directory not to be created) raises ``CannotRestoreError`` on a node where it is
+missing, so the object moves to a node that has it; a subprocess whose program is not
+installed here does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from perdure.errors import CannotRestoreError, ConfigurationError
+from perdure.resources._protocol import Fresh, Invalidate, Resource, Stale, Validity
+
+__all__ = ["Environment", "OpenFile", "Process", "Subprocess", "WorkingDirectory"]
+
+
+class WorkingDirectory(Resource[Path]):
+    """A directory the agent works in: created if ``create`` (also on restore), else it
+    must exist (a node without it cannot restore)."""
+
+    def __init__(self, path: str | Path, *, create: bool = True,
+                 on_stale: str | Invalidate = "refresh", checks: Sequence[Any] = ()) -> None:
+        super().__init__(on_stale=on_stale, checks=checks)
+        self.path = Path(path).absolute()
+        self.create = create
+
+    async def open(self) -> Path:
+        return _directory(str(self.path), self.create)
+
+    def describe(self, live: Path) -> dict[str, Any]:
+        return {"path": str(live), "create": self.create}
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> Path:
+        return _directory(str(descriptor["path"]), bool(descriptor.get("create")))
+
+
+def _directory(path: str, create: bool) -> Path:
+    where = Path(path)
+    if create:
+        where.mkdir(parents=True, exist_ok=True)
+    elif not where.is_dir():
+        raise CannotRestoreError(f"directory {path} does not exist on this node")
+    return where
+
+
+class Environment(Resource[dict[str, str]]):
+    """Environment variables (the live thing is a ``dict`` to hand to subprocesses);
+    ``apply=True`` also sets them in this process's ``os.environ`` on every restore.
+    Names in ``secret`` are never printed (``perdure show``, restore reports)."""
+
+    def __init__(self, variables: Mapping[str, str], *, secret: Iterable[str] = (),
+                 apply: bool = False, on_stale: str | Invalidate = "refresh") -> None:
+        super().__init__(on_stale=on_stale)
+        bad = [k for k, v in variables.items()
+               if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k]
+        if bad:
+            raise ConfigurationError(f"Environment: names and values must be strings, a name "
+                                     f"without '=': {sorted(map(repr, bad))}")
+        self.variables = dict(variables)
+        self.secret = sorted(set(secret))
+        self.apply = apply
+
+    async def open(self) -> dict[str, str]:
+        if self.apply:
+            os.environ.update(self.variables)
+        return dict(self.variables)
+
+    def describe(self, live: dict[str, str]) -> dict[str, Any]:
+        return {"vars": dict(live), "secret": self.secret, "apply": self.apply}
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> dict[str, str]:
+        variables = {str(k): str(v) for k, v in dict(descriptor["vars"]).items()}
+        if descriptor.get("apply"):
+            os.environ.update(variables)
+        return variables
+
+    @classmethod
+    async def validate(cls, descriptor: dict[str, Any], live: dict[str, str]) -> Validity:
+        if descriptor.get("apply"):
+            differ = sorted(k for k, v in live.items() if os.environ.get(k) != v)
+            if differ:
+                return Stale(f"environment variables {', '.join(differ)} differ")
+        return Fresh()
+
+
+class OpenFile(Resource[IO[Any]]):
+    """A file open at a position. Restored by opening it again (never truncating on
+    open), checking the bytes before the position are the ones recorded, and seeking
+    there; a writable file is cut back to the position, so bytes written after the last
+    checkpoint are dropped and writing continues exactly where it was recorded."""
+
+    def __init__(self, path: str | Path, mode: str = "a+", *, encoding: str | None = None,
+                 on_stale: str | Invalidate = "fail", checks: Sequence[Any] = ()) -> None:
+        super().__init__(on_stale=on_stale, checks=checks)
+        if not set(mode) <= set("rwaxb+t") or sum(c in mode for c in "rwax") != 1:
+            raise ConfigurationError(f"OpenFile: {mode!r} is not a file mode")
+        self.path = Path(path).absolute()
+        self.mode = mode
+        self.encoding = encoding if "b" not in mode else None
+
+    async def open(self) -> IO[Any]:
+        return open(self.path, self.mode, encoding=self.encoding)
+
+    def describe(self, live: IO[Any]) -> dict[str, Any]:
+        return _file_descriptor(str(self.path), self.mode, self.encoding, live)
+
+    @classmethod
+    async def recapture(cls, descriptor: dict[str, Any], live: IO[Any]) -> dict[str, Any]:
+        return _file_descriptor(str(descriptor["path"]), str(descriptor["mode"]),
+                                descriptor.get("encoding"), live)
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> IO[Any]:
+        path, mode = Path(str(descriptor["path"])), str(descriptor["mode"])
+        if not path.is_file():
+            raise CannotRestoreError(f"file {path} does not exist on this node")
+        writable = any(c in mode for c in "wax+")
+        reopen = ("r+" if writable else "r") + ("b" if "b" in mode else "")
+        live = open(path, reopen, encoding=descriptor.get("encoding"))  # noqa: SIM115
+        try:
+            position = int(descriptor["position"])
+            if path.stat().st_size >= position:
+                live.seek(position)
+                if writable:
+                    live.truncate()
+        except BaseException:
+            live.close()
+            raise
+        return live
+
+    @classmethod
+    async def validate(cls, descriptor: dict[str, Any], live: IO[Any]) -> Validity:
+        position = int(descriptor["position"])
+        path = Path(str(descriptor["path"]))
+        if path.stat().st_size < position:
+            return Stale(f"{path} is shorter ({path.stat().st_size} bytes) than the "
+                         f"recorded position {position}")
+        if _prefix_hash(path, position) != descriptor.get("sha256"):
+            return Stale(f"the first {position} bytes of {path} changed")
+        return await super().validate(descriptor, live)
+
+    @classmethod
+    async def close(cls, live: IO[Any]) -> None:
+        live.close()
+
+
+def _file_descriptor(path: str, mode: str, encoding: str | None, live: IO[Any]
+                     ) -> dict[str, Any]:
+    live.flush()
+    position = live.tell()
+    return {"path": path, "mode": mode, "encoding": encoding, "position": position,
+            "sha256": _prefix_hash(Path(path), position)}
+
+
+def _prefix_hash(path: Path, length: int) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        left = length
+        while left > 0:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Process:
+    """A running subprocess (``Subprocess``'s live thing)."""
+
+    popen: subprocess.Popen[bytes]
+    argv: list[str]
+    ready: dict[str, Any] | None = None
+    started: float = field(default_factory=time.time)
+
+    @property
+    def pid(self) -> int:
+        """The process id."""
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """Whether it still runs."""
+        return self.popen.poll() is None
+
+
+class Subprocess(Resource[Process]):
+    """A long-running subprocess (a dev server): started, then probed until ready;
+    on reentry started again and probed before the agent continues.
+
+    ``ready`` is ``{"http": url}`` (an answer of any status) or ``{"tcp": [host, port]}``
+    (a connection), waited for up to ``ready_timeout`` seconds. ``env`` adds to this
+    process's environment. The subprocess dies with the worker (Linux: parent-death
+    signal); one left over from a dead worker on this host is stopped first.
+    """
+
+    def __init__(self, argv: Sequence[str], *, cwd: str | Path | None = None,
+                 env: Mapping[str, str] | None = None, ready: Mapping[str, Any] | None = None,
+                 ready_timeout: float = 30.0, on_stale: str | Invalidate = "refresh") -> None:
+        super().__init__(on_stale=on_stale)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ConfigurationError("Subprocess: argv must be a non-empty list of strings")
+        if ready is not None and not (set(ready) <= {"http", "tcp"} and len(ready) == 1):
+            raise ConfigurationError('Subprocess: ready is {"http": url} or {"tcp": [host, '
+                                     'port]}')
+        self.argv = list(argv)
+        self.cwd = None if cwd is None else str(Path(cwd).absolute())
+        self.env = dict(env or {})
+        self.ready = None if ready is None else dict(ready)
+        self.ready_timeout = float(ready_timeout)
+
+    async def open(self) -> Process:
+        return await _start(self.argv, self.cwd, self.env, self.ready, self.ready_timeout)
+
+    def describe(self, live: Process) -> dict[str, Any]:
+        return {"argv": self.argv, "cwd": self.cwd, "env": self.env, "ready": self.ready,
+                "ready_timeout": self.ready_timeout, "pid": live.pid,
+                "host": socket.gethostname()}
+
+    @classmethod
+    async def recapture(cls, descriptor: dict[str, Any], live: Process) -> dict[str, Any]:
+        return {**descriptor, "pid": live.pid, "host": socket.gethostname()}
+
+    @classmethod
+    async def restore(cls, descriptor: dict[str, Any]) -> Process:
+        argv = [str(a) for a in descriptor["argv"]]
+        _stop_leftover(descriptor, argv)
+        return await _start(argv, descriptor.get("cwd"), dict(descriptor.get("env") or {}),
+                            descriptor.get("ready"), float(descriptor["ready_timeout"]))
+
+    @classmethod
+    async def validate(cls, descriptor: dict[str, Any], live: Process) -> Validity:
+        if not live.alive():
+            return Stale(f"{live.argv[0]} exited with status {live.popen.returncode}")
+        return Fresh()
+
+    @classmethod
+    async def close(cls, live: Process) -> None:
+        _stop(live.popen)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+async def _start(argv: list[str], cwd: str | None, env: dict[str, str],
+                 ready: dict[str, Any] | None, timeout: float) -> Process:
+    full_env = {**os.environ, **env}
+    if shutil.which(argv[0], path=full_env.get("PATH")) is None:
+        raise CannotRestoreError(f"program {argv[0]!r} is not installed on this node")
+    if cwd is not None and not Path(cwd).is_dir():
+        raise CannotRestoreError(f"directory {cwd} does not exist on this node")
+    popen = subprocess.Popen(
+        argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    live = Process(popen, argv, ready)
+    try:
+        await _wait_ready(live, ready, timeout)
+    except BaseException:
+        _stop(popen)
+        raise
+    return live
+
+
+async def _wait_ready(live: Process, ready: dict[str, Any] | None, timeout: float) -> None:
+    if ready is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        if not live.alive():
+            raise RuntimeError(f"{live.argv[0]} exited with status {live.popen.returncode} "
+                               f"before it was ready")
+        if await _probe(ready):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{live.argv[0]} was not ready ({ready}) within {timeout}s")
+        await asyncio.sleep(0.05)
+
+
+async def _probe(ready: dict[str, Any]) -> bool:
+    if "tcp" in ready:
+        host, port = ready["tcp"]
+    else:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(str(ready["http"]))
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    try:
+        if "http" not in ready:
+            return True
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(str(ready["http"]))
+        writer.write(f"GET {parts.path or '/'} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 2.0)
+        return line.startswith(b"HTTP/")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    if popen.poll() is not None:
+        return
+    try:
+        os.killpg(popen.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        popen.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(timeout=5)
+
+
+def _stop_leftover(descriptor: dict[str, Any], argv: list[str]) -> None:
+    """A subprocess a dead worker on this host left running (its pid runs ``argv``):
+    stop its process group, so the new one can have its port."""
+    pid = descriptor.get("pid")
+    if not isinstance(pid, int) or descriptor.get("host") != socket.gethostname():
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if [part.decode(errors="replace") for part in cmdline if part] != argv:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.01)
