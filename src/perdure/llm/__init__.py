@@ -4,7 +4,9 @@ The pieces, each usable on its own and none touching a store:
 
 - shapes (``Message``, ``ToolSpec``, ``ModelRequest``, ``ModelReply``, ``Usage``,
   ``StreamChunk``), JSON-able for memory, with content hashes; ``split_request`` /
-  ``join_request`` store a request as references to messages stored once;
+  ``join_request`` store a request as references to messages stored once by hash;
+  ``CallTable`` and ``recorded_calls``: how an object's memory holds its calls (each
+  value once, by number) and reads them back with their GenAI attributes;
 - clients over the official SDKs (``ChatCompletionsClient``, ``ResponsesClient``,
   ``AnthropicClient``), retries off, any compatible server by base URL;
 - failure classification (``classify_exception``, ``classify_status``, ``CallFailure``,
@@ -46,6 +48,7 @@ from perdure.llm._failures import (
 from perdure.llm._ledger import Budget, Charge, Ledger, reservation_for
 from perdure.llm._otel import genai_attributes, provider_name
 from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars
+from perdure.llm._records import CallTable, RecordedCall, StreamTexts, recorded_calls
 from perdure.llm._recovery import (
     ChunkBatcher,
     FlushPolicy,
@@ -108,6 +111,7 @@ __all__ = [
     "BpeTokenCounter",
     "Budget",
     "CallFailure",
+    "CallTable",
     "Charge",
     "ChatCompletionsClient",
     "ChunkBatcher",
@@ -127,6 +131,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "PromptView",
+    "RecordedCall",
     "Recovery",
     "RecoveryMarker",
     "RequestRefs",
@@ -138,6 +143,7 @@ __all__ = [
     "SplitRequest",
     "StreamAssembler",
     "StreamChunk",
+    "StreamTexts",
     "Summary",
     "TextPart",
     "TokenCounter",
@@ -164,6 +170,7 @@ __all__ = [
     "plan_compaction",
     "prompt_view",
     "provider_name",
+    "recorded_calls",
     "reply_failure",
     "request_hash",
     "request_refs",

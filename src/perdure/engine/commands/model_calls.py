@@ -16,7 +16,7 @@ reply). From them, each time the agent reaches the call:
 
 A client's rest after a failure is the step retry's pace (``core.backoff.next_delay``
 over that client's failures here, the provider's ``retry-after`` first), so a model call
-and a step back off alike. Messages are stored once per object (``ModelMemory``).
+and a step back off alike. Each message is stored once per object (``model_memory``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,12 @@ from perdure.core.bodies import Dormant, ModelCall, ModelFailed
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.model_budget import (
     call_key,
-    charge_of_call,
-    charges_of,
     exhausted,
     held,
     lineage_of,
     refusal,
 )
+from perdure.engine.commands.model_memory import ModelMemory
 from perdure.engine.commands.positions import find
 from perdure.engine.commands.steps import fresh_flags
 from perdure.engine.journal import HistoryEnd
@@ -47,7 +46,6 @@ from perdure.errors import ConfigurationError, NonDeterminismError, PerdureError
 from perdure.llm import (
     Budget,
     CallFailure,
-    Charge,
     FailureKind,
     FlushPolicy,
     Ledger,
@@ -59,16 +57,10 @@ from perdure.llm import (
     ModelRequest,
     PriceTable,
     Recovery,
-    RequestRefs,
     ToolSpec,
     classify_exception,
-    genai_attributes,
-    join_reply,
     reply_failure,
     request_hash,
-    request_refs,
-    split_reply,
-    split_request,
 )
 
 if TYPE_CHECKING:
@@ -79,7 +71,6 @@ __all__ = [
     "DEFAULT_MODEL_RETRY",
     "Attempts",
     "CallOptions",
-    "ModelMemory",
     "Route",
     "call",
     "error_of",
@@ -172,44 +163,6 @@ def request_of(request: ModelRequest | None, *, model: str | None,
     return ModelRequest(model, tuple(messages), tuple(tools), params or ModelParams())
 
 
-class ModelMemory:
-    """What memory holds of an object's model calls: every message, tool spec and reply
-    message by hash (``blobs``), each request's refs by hash, and the last request's refs
-    (the base the next request is stored against). Built from memory at a run's first
-    model call, then kept up to date as calls are recorded."""
-
-    __slots__ = ("blobs", "charges", "last", "refs")
-
-    def __init__(self) -> None:
-        self.charges: dict[str, Charge] = {}  # the ledger's charges (``model_budget``)
-        self.blobs: dict[str, Any] = {}
-        self.refs: dict[str, RequestRefs] = {}
-        self.last: RequestRefs | None = None
-
-    @classmethod
-    def of(cls, run: Run) -> ModelMemory:
-        """The run's model memory (built from its records the first time)."""
-        memory = run._models
-        if memory is None:
-            memory = run._models = cls()
-            records = [rec for recs in run._history.values() for rec in recs]
-            memory.charges.update(charges_of(records))
-            calls = [rec for rec in records if rec.kind == _MODEL_CALL]
-            for rec in sorted(calls, key=lambda r: r.seq):
-                memory.learn(rec.body)
-        return memory
-
-    def learn(self, body: Mapping[str, Any]) -> None:
-        """Take in a ``model_call`` body: its blobs, its request's refs, its charge."""
-        self.charges[call_key(body)] = charge_of_call(body)
-        self.blobs.update(body["blobs"])
-        stored = body["request"]
-        base = self.refs.get(str(stored.get("base"))) if "base" in stored else None
-        refs = request_refs(stored, base)
-        self.refs[refs.hash] = refs
-        self.last = refs
-
-
 # -- replay -----------------------------------------------------------------------------
 
 
@@ -225,7 +178,7 @@ def _check_asked(pos: int | str, name: str, asked: str, recs: Sequence[Record]) 
 
 def reply_of(run: Run, body: Mapping[str, Any]) -> ModelReply:
     """The reply a ``model_call`` body holds, as the agent gets it."""
-    return join_reply(body["reply"], ModelMemory.of(run).blobs)
+    return ModelMemory.of(run).reply_of(body)
 
 
 def error_of(body: Mapping[str, Any], partial: str = "") -> ModelCallError:
@@ -418,28 +371,28 @@ class Attempts:
 
     async def record(self, route: Route, sent: ModelRequest, reply: ModelReply,
                      skipped: list[dict[str, Any]], recovery: dict[str, Any] | None = None,
-                     before: Sequence[RecordDraft] = ()) -> ModelReply:
-        """Record the reply (with the messages memory does not hold yet, after the
-        records ``before``) and return it as memory holds it."""
+                     before: Sequence[RecordDraft] = (), streamed: int | None = None
+                     ) -> ModelReply:
+        """Record the reply (with the values memory does not hold yet, after the records
+        ``before``; ``streamed``: the attempt whose chunks hold its text) and return it
+        as memory holds it."""
         memory = ModelMemory.of(self.run)
-        split = split_request(sent, memory.last)
-        answer = split_reply(reply)
-        blobs = {h: v for h, v in split.blobs.items() if h not in memory.blobs}
-        if answer.message_hash not in memory.blobs:
-            blobs[answer.message_hash] = answer.message
+        encoded = memory.table.encode(sent, self.asked, reply, base_url=route.client.base_url,
+                                      provider=route.client.provider, streamed=streamed)
         cost = None
         prices = self.options.prices or self.run._model_prices
         if prices is not None:
             cost = prices.cost(sent.model, reply.usage)
             if cost is None and reply.model:
                 cost = prices.cost(reply.model, reply.usage)
-        attributes = genai_attributes(sent, reply, provider=route.client.provider,
-                                      base_url=route.client.base_url)
         body = ModelCall(self.pos, self.name, self.attempt, route.index,
-                         route.client.provider, route.client.base_url, self.asked,
-                         split.body, blobs, answer.body,
-                         None if cost is None else str(cost), dict(attributes),
+                         route.client.provider, self.asked, encoded.request, encoded.blobs,
+                         encoded.reply, None if cost is None else str(cost),
                          tuple(skipped), recovery)
-        await self.run._journal.commit([*before, body.draft()])
+        try:
+            await self.run._journal.commit([*before, body.draft()])
+        except BaseException:
+            memory.table.forget(encoded.numbers)
+            raise
         memory.learn(body.encode())
-        return join_reply(answer.body, memory.blobs)
+        return memory.reply_of(body.encode())
