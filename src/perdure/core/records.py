@@ -66,6 +66,7 @@ class Kind(StrEnum):
     MODEL_FAILED = "model_failed"  # run.model: an attempt that failed, and when to retry
     MODEL_CHUNKS = "model_chunks"  # run.model(stream=True): a batch of a streamed reply
     MODEL_RECOVERED = "model_recovered"  # run.model: what was done with a cut stream
+    MODEL_STARTED = "model_started"  # run.model: a stateful request about to be sent
 
 
 @dataclass(frozen=True, slots=True)

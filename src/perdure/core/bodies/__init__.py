@@ -33,7 +33,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from perdure.core.bodies.fields import JSON, Body, BodyReader, MalformedBodyError, Position
-from perdure.core.bodies.models import ModelCall, ModelChunks, ModelFailed, ModelRecovered
+from perdure.core.bodies.models import (
+    ModelCall,
+    ModelChunks,
+    ModelFailed,
+    ModelRecovered,
+    ModelStarted,
+)
 from perdure.core.bodies.objects import (
     CapabilityMissing,
     Instantiated,
@@ -83,6 +89,7 @@ __all__ = [
     "ModelChunks",
     "ModelFailed",
     "ModelRecovered",
+    "ModelStarted",
     "Nondeterminism",
     "Parked",
     "Patched",
@@ -105,7 +112,7 @@ RecordBody = (
     Instantiated | StepStarted | StepDone | StepFailed | StepInDoubt | Value | Dormant | Woke
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
-    | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered
+    | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered | ModelStarted
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -114,7 +121,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         Instantiated, StepStarted, StepDone, StepFailed, StepInDoubt, Value, Dormant, Woke,
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
-        ModelCall, ModelFailed, ModelChunks, ModelRecovered,
+        ModelCall, ModelFailed, ModelChunks, ModelRecovered, ModelStarted,
     )
 }
 """The body class of each record kind, by the kind's value."""

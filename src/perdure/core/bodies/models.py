@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
 from perdure.core.records import Kind
 
-__all__ = ["ModelCall", "ModelChunks", "ModelFailed", "ModelRecovered"]
+__all__ = ["ModelCall", "ModelChunks", "ModelFailed", "ModelRecovered", "ModelStarted"]
 
 CMD = "model"
 
@@ -181,3 +181,30 @@ class ModelRecovered(Body):
                    fields.choice("recovery", ("continue", "restart", "surface")),
                    fields.text("policy"), fields.integer("chunks"), fields.integer("chars"),
                    fields.text("reason"), fields.optional_mapping("lost_usage"))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStarted(Body):
+    """Attempt ``attempt`` of a model call is about to send a *stateful* request
+    (Responses ``store=True`` or a ``previous_response_id``) to client ``client``.
+    Written and committed before the request leaves, so that a worker dying before the
+    outcome is recorded leaves the call in doubt (the provider may hold a response
+    nobody saw), never silently sent again."""
+
+    kind: ClassVar[Kind] = Kind.MODEL_STARTED
+    pos: Position
+    name: str
+    attempt: int
+    client: int
+    asked: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"pos": self.pos, "cmd": CMD, "name": self.name, "attempt": self.attempt,
+                "client": self.client, "asked": self.asked}
+
+    @classmethod
+    def read(cls, fields: BodyReader) -> ModelStarted:
+        pos = fields.position("pos")
+        fields.const("cmd", CMD)
+        return cls(pos, fields.text("name"), fields.integer("attempt"),
+                   fields.integer("client"), fields.text("asked"))

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, next_delay
-from perdure.core.bodies import Dormant, ModelCall, ModelFailed
+from perdure.core.bodies import Dormant, ModelCall, ModelFailed, ModelStarted
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.model_budget import (
     call_key,
@@ -86,6 +86,10 @@ DEFAULT_MODEL_RETRY = RetryPolicy(max_attempts=5, base=1.0, cap=600.0)
 
 _MODEL_CALL = Kind.MODEL_CALL.value
 _MODEL_FAILED = Kind.MODEL_FAILED.value
+_MODEL_STARTED = Kind.MODEL_STARTED.value
+_MODEL_CHUNKS = Kind.MODEL_CHUNKS.value
+IN_FLIGHT = "the worker was lost while a stateful request was in flight"
+"""The reason recorded for a stateful call whose worker died before its outcome."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,6 +316,7 @@ class Attempts:
 
     async def make(self) -> ModelReply:
         """Try clients until one answers (recorded), the call rests (dormant) or fails."""
+        await self.in_doubt()
         self.lineage = await lineage_of(self.run)
         while True:
             route, skipped = self.choose()
@@ -322,11 +327,37 @@ class Attempts:
             if reply is not None:
                 return reply
 
+    async def in_doubt(self) -> None:
+        """A stateful request sent (``model_started``) by an attempt that has no outcome
+        and no chunks was in flight when its worker died: the provider may hold a
+        response nobody saw, so the call fails for good, in doubt, never sent again."""
+        done = {int(f["attempt"]) for f in self.failures}
+        chunked = {int(r.body["attempt"]) for r in self.recs if r.kind == _MODEL_CHUNKS}
+        for rec in self.recs:
+            attempt = int(rec.body.get("attempt", 0))
+            if rec.kind != _MODEL_STARTED or attempt in done or attempt in chunked:
+                continue
+            index = int(rec.body["client"])
+            route = self.routes[index] if index < len(self.routes) else self.routes[0]
+            sent = route.request(self.request)
+            failure = CallFailure(FailureKind.IN_DOUBT, ErrorClass.PERMANENT, IN_FLIGHT)
+            body = ModelFailed(self.pos, self.name, attempt, index, route.client.provider,
+                               sent.model, self.asked, failure.to_json(), 0.0, None, True)
+            await self.run._journal.commit([body.draft()])
+            raise error_of(body.encode())
+
+    async def started(self, route: Route, sent: ModelRequest) -> None:
+        """Before a stateful request leaves, commit that it is being sent."""
+        if sent.stateful:
+            await self.run._journal.commit([ModelStarted(
+                self.pos, self.name, self.attempt, route.index, self.asked).draft()])
+
     async def attempt_on(self, route: Route, skipped: list[dict[str, Any]]
                          ) -> ModelReply | None:
         """One attempt on ``route``: the reply, recorded; ``None`` when it failed (the
         failure is recorded; a streaming call overrides this: ``model_streams``)."""
         sent = route.request(self.request)
+        await self.started(route, sent)
         began = time.perf_counter()
         try:
             reply = await route.client.complete(sent)

@@ -133,6 +133,7 @@ class StreamAttempts(Attempts):
                 return await self._surface(route, sent, salvage, skipped)
             if chosen is Recovery.CONTINUE:
                 sent = continuation_of(sent, salvage)
+        await self.started(route, sent)
         began = monotonic()
         batches = _Batches(self, route)
         try:
