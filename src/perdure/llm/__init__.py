@@ -15,7 +15,9 @@ The pieces, each usable on its own and none touching a store:
 - prices and cost (``PriceTable``, ``Price``: exact ``Decimal`` dollars, unknown is
   ``None``), offline token counting (``counter_for_model``), and a ledger with budgets
   (``Ledger``, ``Budget``: reserve, settle by call id);
-- the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure;
+- the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure, and
+  ``ContextPolicy``, which makes ``run.model`` send a view and compact by a recorded
+  summary call;
 - OpenTelemetry GenAI attributes (``genai_attributes``);
 - streams that survive a crash, the pure part: ``ChunkBatcher`` (journal batches),
   ``Salvage``, ``choose_recovery`` (continue, restart or surface), ``RecoveryMarker``;
@@ -34,6 +36,7 @@ from perdure.llm._clients import (
     ModelClient,
     ResponsesClient,
 )
+from perdure.llm._context import ContextPolicy
 from perdure.llm._extra import require_extra as _require_extra
 from perdure.llm._failures import (
     CallFailure,
@@ -116,6 +119,7 @@ __all__ = [
     "ChatCompletionsClient",
     "ChunkBatcher",
     "CompactionPlan",
+    "ContextPolicy",
     "Continuation",
     "FailureKind",
     "FlushPolicy",

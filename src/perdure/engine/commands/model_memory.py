@@ -1,6 +1,6 @@
 """What a run knows of its object's model calls: the values memory holds (each message,
 tool spec, reply message and call constants once, by number: ``perdure.llm``'s
-``CallTable``) and the ledger's charges. Built from memory at the run's first model
+``CallTable``), the ledger's charges and the summary in force per conversation. Built from memory at the run's first model
 call, then kept up to date as calls are recorded."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from perdure.engine.commands.model_budget import call_key, charge_of_call, charges_of
-from perdure.llm import CallTable, Charge, ModelReply
+from perdure.llm import CallTable, Charge, ModelReply, Summary
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
@@ -20,11 +20,13 @@ __all__ = ["ModelMemory"]
 class ModelMemory:
     """An object's model values (``table``) and its ledger's charges (``model_budget``)."""
 
-    __slots__ = ("charges", "table")
+    __slots__ = ("charges", "summaries", "table")
 
     def __init__(self) -> None:
         self.charges: dict[str, Charge] = {}
         self.table = CallTable()
+        # the summary in force per conversation (``model_context``), rebuilt by replay
+        self.summaries: dict[str, Summary] = {}
 
     @classmethod
     def of(cls, run: Run) -> ModelMemory:
