@@ -1,7 +1,7 @@
 """What a run knows of its object's model calls: the values memory holds (each message,
 tool spec, reply message and call constants once, by number: ``perdure.llm``'s
-``CallTable``), the ledger's charges and the summary in force per conversation. Built from memory at the run's first model
-call, then kept up to date as calls are recorded."""
+``CallTable``), the ledger's charges and the summary in force per conversation. Built
+from memory at the run's first model call, then kept up to date as calls are recorded."""
 
 from __future__ import annotations
 
