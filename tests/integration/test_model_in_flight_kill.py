@@ -16,6 +16,8 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 
 import perdure
+from perdure.core.bodies import decode
+from perdure.core.codec import encode
 from perdure.llm.scripted import ScriptedReply, ScriptedServer
 from tests.integration.engine_support import kill_process, wait_until
 from tests.integration.model_support import start_model_worker, stateful_call
@@ -67,6 +69,8 @@ def test_a_stateful_call_in_flight_when_its_worker_died_is_in_doubt(
     assert failed["final"] and failed["failure"]["kind"] == "in_doubt"
     assert failed["attempt"] == 1 and "model_call" not in kinds
     assert resumer.verify("call-1").ok
+    for rec in resumer.history("call-1"):  # each body decodes and re-encodes to its bytes
+        assert encode(decode(rec).encode()) == rec.body_bytes
 
 
 def test_a_stateless_call_in_flight_when_its_worker_died_is_sent_again(
