@@ -36,7 +36,8 @@ from typing import Any
 from perdure.core.backoff import ErrorClass
 from perdure.core.bodies import ModelChunks, ModelFailed, ModelRecovered
 from perdure.core.records import Kind, Record, RecordDraft
-from perdure.engine.commands.model_calls import Attempts, Route, failure_of
+from perdure.engine.commands.model_attempts import Attempts, failure_of
+from perdure.engine.commands.model_calls import Route
 from perdure.llm import (
     CallFailure,
     ChunkBatcher,
