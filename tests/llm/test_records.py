@@ -98,3 +98,22 @@ def test_reading_fails_closed_on_a_broken_record() -> None:
     with pytest.raises(ValueError, match="bad streamed"):
         CallTable().learn({**bodies[0], "blobs": {"0": {"role": "assistant",
                                                         "streamed": "1"}}})
+
+
+@pytest.mark.parametrize("change", [
+    {"request": {"model": "gpt-4o", "messages": [[0, 10**7]]}},  # past what memory gave out
+    {"request": {"model": "gpt-4o", "messages": [0], "setup": "2"}},
+    {"request": {"model": "gpt-4o", "messages": [0], "setup": 0}},  # not a constants value
+    {"request": None},
+    {"reply": {"message": "4"}},
+    {"reply": {"message": 0, "usage": "lots"}},
+    {"reply": None},
+])
+def test_a_forged_call_body_is_refused_not_read(change: dict[str, Any]) -> None:
+    """Forged request or reply fields of a call whose values are all held are refused
+    with ``ValueError`` (never another exception, never a different request)."""
+    table, bodies = _conversation(2)
+    forged = {**bodies[1], **change}
+    read = table.reply_of if "reply" in change else table.request_of
+    with pytest.raises(ValueError):
+        read(forged)

@@ -107,16 +107,18 @@ def _runs(numbers: Sequence[int]) -> list[int | list[int]]:
     return out
 
 
-def _numbers(items: Any) -> list[int]:
+def _numbers(items: Any, limit: int = 10_000_000) -> list[int]:
+    """The numbers ``items`` (``_runs``) name, each below ``limit`` (the numbers memory
+    gave out: a forged range cannot make a reader build a huge list)."""
     if not isinstance(items, list):
         raise ValueError(f"bad value list {items!r} in a stored model call")
     out: list[int] = []
     for item in items:
-        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+        if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < limit:
             out.append(item)
         elif (isinstance(item, list) and len(item) == 2
               and all(isinstance(n, int) and not isinstance(n, bool) for n in item)
-              and 0 <= item[0] < item[1] and item[1] - item[0] <= 10_000_000):
+              and 0 <= item[0] < item[1] <= limit):
             out.extend(range(item[0], item[1]))
         else:
             raise ValueError(f"bad value reference {item!r} in a stored model call")
@@ -275,21 +277,29 @@ class CallTable:
         number = request.get("setup")
         if number is None:
             return {}
-        value = self._value(int(number))
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise ValueError(f"bad constants reference {number!r} in a stored model call")
+        value = self._value(number)
         if not isinstance(value, Mapping):
             raise ValueError(f"value {number} is not a model call's constants")
         return dict(value)
 
     def request_of(self, body: Mapping[str, Any]) -> ModelRequest:
         """The request a ``model_call`` body sent, checked against its hash."""
-        stored = body["request"]
+        stored = body.get("request")
+        if not isinstance(stored, Mapping) or "model" not in stored:
+            raise ValueError("a stored model call without its request")
         setup = self.setup_of(stored)
-        request = ModelRequest(
-            str(stored["model"]),
-            tuple(Message.from_json(self._value(n)) for n in _numbers(stored["messages"])),
-            tuple(ToolSpec.from_json(self._value(n))
-                  for n in _numbers(stored.get("tools", []))),
-            ModelParams.from_json(setup.get("params", {})), str(stored.get("prefix", "")))
+        try:
+            request = ModelRequest(
+                str(stored["model"]),
+                tuple(Message.from_json(self._value(n))
+                      for n in _numbers(stored.get("messages"), self.next)),
+                tuple(ToolSpec.from_json(self._value(n))
+                      for n in _numbers(stored.get("tools", []), self.next)),
+                ModelParams.from_json(setup.get("params", {})), str(stored.get("prefix", "")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"a stored model request does not read back: {exc!r}") from None
         expected = stored.get("hash", body.get("asked"))
         if request_hash(request) != expected:
             raise ValueError(f"a stored model request rebuilds to hash "
@@ -298,13 +308,22 @@ class CallTable:
 
     def reply_of(self, body: Mapping[str, Any]) -> ModelReply:
         """The reply a ``model_call`` body holds, as the agent got it."""
-        stored = dict(body["reply"])
-        message = Message.from_json(self._value(int(stored.pop("message"))))
-        stored.setdefault("model", body["request"]["model"])
-        stored.setdefault("provider", body.get("provider", ""))
-        stored["text"] = message.text
-        stored["tool_calls"] = [c.to_json() for c in message.tool_calls]
-        return ModelReply.from_json(stored)
+        reply, request = body.get("reply"), body.get("request")
+        if not isinstance(reply, Mapping) or not isinstance(request, Mapping):
+            raise ValueError("a stored model call without its reply")
+        stored = dict(reply)
+        number = stored.pop("message", None)
+        if not isinstance(number, int) or isinstance(number, bool):
+            raise ValueError(f"bad reply message reference {number!r} in a stored model call")
+        try:
+            message = Message.from_json(self._value(number))
+            stored.setdefault("model", request.get("model", ""))
+            stored.setdefault("provider", body.get("provider", ""))
+            stored["text"] = message.text
+            stored["tool_calls"] = [c.to_json() for c in message.tool_calls]
+            return ModelReply.from_json(stored)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"a stored model reply does not read back: {exc!r}") from None
 
 
 @dataclass(frozen=True, slots=True)
