@@ -42,14 +42,15 @@ async def long_stream(run: perdure.Run, base_url: str) -> dict[str, Any]:
 
 
 @app.agent(name="stateful_call")
-async def stateful_call(run: perdure.Run, base_url: str, store: bool) -> dict[str, Any]:
-    """One call to the Responses API, stored at the provider (``store=True``) or not; a
-    call that ends in doubt is reported, not raised."""
+async def stateful_call(run: perdure.Run, base_url: str, store: bool,
+                        stream: bool = False) -> dict[str, Any]:
+    """One call to the Responses API, stored at the provider (``store=True``) or not,
+    streamed or not; a call that ends in doubt is reported, not raised."""
     client = ResponsesClient(base_url=base_url, api_key=lambda: "test")
     try:
         reply = await run.model(client, model="gpt-4o",
                                 messages=[Message.user("Remember this.")],
-                                params=ModelParams(store=store))
+                                params=ModelParams(store=store), stream=stream)
     except ModelCallError as exc:
         return {"error": str(exc.failure.kind), "reason": exc.failure.reason}
     finally:

@@ -31,15 +31,16 @@ def server() -> Iterator[ScriptedServer]:
 
 
 def _kill_while_in_flight(make_app: Callable[..., perdure.App], server: ScriptedServer,
-                          store_url: str, key_dir: Path, log: Path, store: bool
-                          ) -> perdure.App:
+                          store_url: str, key_dir: Path, log: Path, store: bool,
+                          stream: bool = False) -> perdure.App:
     """Start the call in a worker process, SIGKILL it once the server holds the request
     (its answer is 30 s away), and return an App that resumes the object."""
     server.script(ScriptedReply(text="Stored.", delay=30.0),
                   ScriptedReply(text="Sent again."))
     starter = make_app()
     starter.agent(name="stateful_call")(stateful_call)
-    starter.start("stateful_call", server.openai_base_url, store, object_id="call-1")
+    starter.start("stateful_call", server.openai_base_url, store, stream,
+                  object_id="call-1")
     proc = start_model_worker(store_url, key_dir, log)
     try:
         assert wait_until(lambda: len(server.requests) >= 1, timeout=20), log.read_text()
@@ -50,14 +51,15 @@ def _kill_while_in_flight(make_app: Callable[..., perdure.App], server: Scripted
     return resumer
 
 
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_stateful_call_in_flight_when_its_worker_died_is_in_doubt(
         make_app: Callable[..., perdure.App], server: ScriptedServer, store_url: str,
-        key_dir: Path, tmp_path: Path) -> None:
+        key_dir: Path, tmp_path: Path, stream: bool) -> None:
     """``model_started`` was committed before the request left; on resume it has no
-    outcome, so the call fails for good, in doubt (recorded, the same on replay), and
-    the provider hears the request once."""
+    outcome (and, streamed, no chunk), so the call fails for good, in doubt (recorded,
+    the same on replay), and the provider hears the request once."""
     resumer = _kill_while_in_flight(make_app, server, store_url, key_dir,
-                                    tmp_path / "worker.log", store=True)
+                                    tmp_path / "worker.log", store=True, stream=stream)
     with resumer.background_worker():
         result = resumer.handle("call-1").result(timeout=20)
     assert result["error"] == "in_doubt"
