@@ -119,10 +119,10 @@ def test_a_broken_stream_is_continued_from_its_salvage(
     assert continuation[-1]["role"] == "user"  # asking it to go on
     [call] = model_records(app, "s-1")
     assert call["recovery"] == {"recovery": "continue", "chunks": 4}
-    assert call["request"]["prefix"] == salvaged
+    assert call["request"]["prefix"] == {"streamed": 1}  # the salvage, held once
     assert _replies(call) == [{"role": "assistant", "streamed": 2}]  # prefix + its chunks
     [read] = recorded_calls(app.history("s-1"))
-    assert read.reply.text == salvaged + " And done."
+    assert read.reply.text == salvaged + " And done." and read.request.prefix == salvaged
 
 
 def test_a_broken_stream_is_restarted_under_the_restart_policy(

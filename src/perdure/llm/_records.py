@@ -13,7 +13,8 @@ the same table.
 A streamed reply's text is already in memory, in its ``model_chunks`` records: its
 message value holds ``{"streamed": attempt}`` instead of the text, and reading memory
 puts the chunks' text back (with the text the attempt went on from, for a continued
-stream).
+stream). A continued stream's request names its prefix, the salvage of the attempt cut
+short, the same way.
 
 Nothing here keeps what memory can derive: the request's hash is the call's ``asked``
 (written again only when a fallback asked another model), and the OpenTelemetry GenAI
@@ -226,10 +227,11 @@ class CallTable:
                 del self.index[content_hash(value)]
 
     def encode(self, sent: ModelRequest, asked: str, reply: ModelReply, *,
-               base_url: str | None, provider: str, streamed: int | None = None
-               ) -> EncodedCall:
+               base_url: str | None, provider: str, streamed: int | None = None,
+               prefix_from: int | None = None) -> EncodedCall:
         """Number the values of a call (``streamed``: the attempt whose chunks hold the
-        reply's text, when they do)."""
+        reply's text, when they do; ``prefix_from``: the attempt whose salvage is the
+        request's prefix, a continued stream's)."""
         new: dict[str, Any] = {}
         messages = [self.number(m.to_json(), new) for m in sent.messages]
         tools = [self.number(t.to_json(), new) for t in sent.tools]
@@ -245,7 +247,7 @@ class CallTable:
         if setup:
             request["setup"] = self.number(setup, new)
         if sent.prefix:
-            request["prefix"] = sent.prefix
+            request["prefix"] = sent.prefix if prefix_from is None else {STREAMED: prefix_from}
         digest = request_hash(sent)
         if digest != asked:
             request["hash"] = digest
@@ -297,7 +299,7 @@ class CallTable:
                       for n in _numbers(stored.get("messages"), self.next)),
                 tuple(ToolSpec.from_json(self._value(n))
                       for n in _numbers(stored.get("tools", []), self.next)),
-                ModelParams.from_json(setup.get("params", {})), str(stored.get("prefix", "")))
+                ModelParams.from_json(setup.get("params", {})), self._prefix(body, stored))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"a stored model request does not read back: {exc!r}") from None
         expected = stored.get("hash", body.get("asked"))
@@ -305,6 +307,14 @@ class CallTable:
             raise ValueError(f"a stored model request rebuilds to hash "
                              f"{request_hash(request)}, not the recorded {expected}")
         return request
+
+    def _prefix(self, body: Mapping[str, Any], stored: Mapping[str, Any]) -> str:
+        prefix = stored.get("prefix", "")
+        if isinstance(prefix, str):
+            return prefix
+        if isinstance(prefix, Mapping) and set(prefix) == {STREAMED}:
+            return str(self._streamed(body, {STREAMED: prefix[STREAMED]})["content"])
+        raise ValueError(f"bad prefix {prefix!r} in a stored model request")
 
     def reply_of(self, body: Mapping[str, Any]) -> ModelReply:
         """The reply a ``model_call`` body holds, as the agent got it."""

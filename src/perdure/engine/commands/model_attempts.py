@@ -222,14 +222,16 @@ class Attempts:
 
     async def record(self, route: Route, sent: ModelRequest, reply: ModelReply,
                      skipped: list[dict[str, Any]], recovery: dict[str, Any] | None = None,
-                     before: Sequence[RecordDraft] = (), streamed: int | None = None
-                     ) -> ModelReply:
+                     before: Sequence[RecordDraft] = (), streamed: int | None = None,
+                     prefix_from: int | None = None) -> ModelReply:
         """Record the reply (with the values memory does not hold yet, after the records
-        ``before``; ``streamed``: the attempt whose chunks hold its text) and return it
+        ``before``; ``streamed``: the attempt whose chunks hold its text; ``prefix_from``:
+        the attempt whose salvage is the request's prefix) and return it
         as memory holds it."""
         memory = ModelMemory.of(self.run)
         encoded = memory.table.encode(sent, self.asked, reply, base_url=route.client.base_url,
-                                      provider=route.client.provider, streamed=streamed)
+                                      provider=route.client.provider, streamed=streamed,
+                                      prefix_from=prefix_from)
         cost = None
         prices = self.options.prices or self.run._model_prices
         if prices is not None:

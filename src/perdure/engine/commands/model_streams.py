@@ -127,6 +127,7 @@ class StreamAttempts(Attempts):
         sent = route.request(self.request)
         recovery = self._recovery(sent)
         marker = None
+        prefix_from = None  # the attempt whose salvage the request goes on from
         if recovery is not None:
             chosen, salvage = recovery
             marker = {"recovery": str(chosen), "chunks": salvage.chunks}
@@ -134,6 +135,7 @@ class StreamAttempts(Attempts):
                 return await self._surface(route, sent, salvage, skipped)
             if chosen is Recovery.CONTINUE:
                 sent = continuation_of(sent, salvage)
+                prefix_from = int(self.failures[-1]["attempt"])
         await self.started(route, sent)
         began = monotonic()
         batches = _Batches(self, route)
@@ -150,7 +152,7 @@ class StreamAttempts(Attempts):
         tail = batches.tail()
         return await self.record(route, sent, reply, skipped, marker,
                                  before=[] if tail is None else [tail],
-                                 streamed=self.attempt)
+                                 streamed=self.attempt, prefix_from=prefix_from)
 
     async def _surface(self, route: Route, sent: ModelRequest, salvage: Salvage,
                        skipped: list[dict[str, Any]]) -> ModelReply:
