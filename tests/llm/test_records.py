@@ -117,3 +117,24 @@ def test_a_forged_call_body_is_refused_not_read(change: dict[str, Any]) -> None:
     read = table.reply_of if "reply" in change else table.request_of
     with pytest.raises(ValueError):
         read(forged)
+
+
+def test_a_signed_record_that_does_not_read_back_is_named_by_its_seq() -> None:
+    """Memory read through ``CallTable.of`` or ``recorded_calls`` names the record that
+    does not read back (a node parks the object on it, ``RecordDecodeError``)."""
+    from perdure.core.records import Kind
+    from perdure.llm import StoredCallError, recorded_calls
+    from tests.unit.builders import chain
+
+    _, bodies = _conversation(2)
+    good = [(Kind.MODEL_CALL, {**b, "cmd": "model", "attempt": 1, "client": 0})
+            for b in bodies]
+    records = chain(good)
+    assert [c.reply.text for c in recorded_calls(records)] == ["answer 0", "answer 1"]
+    clash = {**good[1][1], "blobs": {"0": {"role": "user", "content": "forged"}}}
+    with pytest.raises(StoredCallError, match="record #3") as caught:
+        CallTable.of(chain([good[0], (Kind.MODEL_CALL, clash)]))
+    assert caught.value.seq == 3
+    hollow = {**good[1][1], "request": {**good[1][1]["request"], "messages": [[0, 9]]}}
+    with pytest.raises(StoredCallError, match="record #3"):
+        recorded_calls(chain([good[0], (Kind.MODEL_CALL, hollow)]))

@@ -51,7 +51,13 @@ from perdure.llm._failures import (
 from perdure.llm._ledger import Budget, Charge, Ledger, reservation_for
 from perdure.llm._otel import genai_attributes, provider_name
 from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars
-from perdure.llm._records import CallTable, RecordedCall, StreamTexts, recorded_calls
+from perdure.llm._records import (
+    CallTable,
+    RecordedCall,
+    StoredCallError,
+    StreamTexts,
+    recorded_calls,
+)
 from perdure.llm._recovery import (
     ChunkBatcher,
     FlushPolicy,
@@ -145,6 +151,7 @@ __all__ = [
     "ScaledTokenCounter",
     "SplitReply",
     "SplitRequest",
+    "StoredCallError",
     "StreamAssembler",
     "StreamChunk",
     "StreamTexts",

@@ -37,12 +37,21 @@ from perdure.llm._reply import ModelReply, StreamChunk
 from perdure.llm._storage import content_hash, request_hash
 from perdure.llm._types import Message, ModelParams, ModelRequest, ToolSpec
 
-__all__ = ["CallTable", "RecordedCall", "StreamTexts", "recorded_calls"]
+__all__ = ["CallTable", "RecordedCall", "StoredCallError", "StreamTexts", "recorded_calls"]
 
 STREAMED = "streamed"  # a message value whose text is its stream's chunks
 _CHUNKS = Kind.MODEL_CHUNKS.value
 _RECOVERED = Kind.MODEL_RECOVERED.value
 _CALL = Kind.MODEL_CALL.value
+
+
+class StoredCallError(ValueError):
+    """A ``model_call`` record that does not read back (``seq`` names it)."""
+
+    def __init__(self, seq: int, reason: str) -> None:
+        super().__init__(f"record #{seq}: {reason}")
+        self.seq = seq
+        self.reason = reason
 
 
 def _place(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -162,7 +171,10 @@ class CallTable:
             elif rec.kind == _CALL:
                 calls.append(rec)
         for rec in calls:
-            table.learn(rec.body)
+            try:
+                table.learn(rec.body)
+            except ValueError as exc:
+                raise StoredCallError(rec.seq, str(exc)) from None
         return table
 
     def texts(self, place: tuple[str, str]) -> StreamTexts:
@@ -356,14 +368,18 @@ class RecordedCall:
 
 def recorded_calls(records: Iterable[Record]) -> list[RecordedCall]:
     """Every model call an object's records hold, rebuilt, in the order recorded
-    (``ValueError`` when memory does not hold what a call names)."""
+    (``StoredCallError``, a ``ValueError``, when memory does not hold what a call
+    names)."""
     listed = list(records)
     table = CallTable.of(listed)
     out = []
     for rec in sorted((r for r in listed if r.kind == _CALL), key=lambda r: r.seq):
         body = rec.body
-        request = table.request_of(body)
-        reply = table.reply_of(body)
+        try:
+            request = table.request_of(body)
+            reply = table.reply_of(body)
+        except ValueError as exc:
+            raise StoredCallError(rec.seq, str(exc)) from None
         base_url = table.setup_of(body["request"]).get("base_url")
         provider = str(body["provider"])
         cost = body.get("cost")

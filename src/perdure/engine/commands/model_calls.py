@@ -160,9 +160,9 @@ def _check_asked(pos: int | str, name: str, asked: str, recs: Sequence[Record]) 
                 f"model({name!r}) asking request {asked[:12]}"))
 
 
-def reply_of(run: Run, body: Mapping[str, Any]) -> ModelReply:
+def reply_of(run: Run, body: Mapping[str, Any], seq: int = 0) -> ModelReply:
     """The reply a ``model_call`` body holds, as the agent gets it."""
-    return ModelMemory.of(run).reply_of(body)
+    return ModelMemory.of(run).reply_of(body, object_id=run.object_id, seq=seq)
 
 
 def error_of(body: Mapping[str, Any], partial: str = "") -> ModelCallError:
@@ -186,7 +186,7 @@ async def call(run: Run, clients: ModelClient | Sequence[ModelClient | tuple[Mod
         _check_asked(pos, name, asked, recs)
         done = find(recs, Kind.MODEL_CALL)
         if done is not None:
-            return reply_of(run, done.body)
+            return reply_of(run, done.body, done.seq)
     failures = [dict(r.body) for r in recs if r.kind == _MODEL_FAILED]
     if failures and failures[-1]["final"]:
         raise _final_error(recs, failures[-1])

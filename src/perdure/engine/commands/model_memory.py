@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from perdure.engine.commands.model_budget import call_key, charge_of_call, charges_of
-from perdure.llm import CallTable, Charge, ModelReply, Summary
+from perdure.engine.signals import Park
+from perdure.errors import RecordDecodeError
+from perdure.llm import CallTable, Charge, ModelReply, StoredCallError, Summary
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
@@ -36,7 +38,11 @@ class ModelMemory:
             memory = run._models = cls()
             records = [rec for recs in run._history.values() for rec in recs]
             memory.charges.update(charges_of(records))
-            memory.table = CallTable.of(records)
+            try:
+                memory.table = CallTable.of(records)
+            except StoredCallError as exc:  # signed, yet it does not read: a person looks
+                run._models = None
+                raise Park(RecordDecodeError(run.object_id, exc.seq, exc.reason)) from None
         return memory
 
     def learn(self, body: Mapping[str, Any]) -> None:
@@ -44,6 +50,12 @@ class ModelMemory:
         numbered when it was encoded)."""
         self.charges[call_key(body)] = charge_of_call(body)
 
-    def reply_of(self, body: Mapping[str, Any]) -> ModelReply:
-        """The reply a ``model_call`` body holds, as the agent gets it."""
-        return self.table.reply_of(body)
+    def reply_of(self, body: Mapping[str, Any], *, object_id: str = "?",
+                 seq: int = 0) -> ModelReply:
+        """The reply a ``model_call`` body (record ``seq`` of ``object_id``) holds, as
+        the agent gets it; one that does not read back parks the object
+        (``RecordDecodeError``)."""
+        try:
+            return self.table.reply_of(body)
+        except ValueError as exc:
+            raise Park(RecordDecodeError(object_id, seq, str(exc))) from None
