@@ -43,6 +43,7 @@ from perdure.core.bodies import (
     ModelChunks,
     ModelFailed,
     ModelRecovered,
+    ModelStarted,
     Nondeterminism,
     Progress,
     StepDone,
@@ -247,6 +248,11 @@ def _model_recovered(body: ModelRecovered) -> Line:
                 f"{body.reason}", True)
 
 
+def _model_started(body: ModelStarted) -> Line:
+    return Line(f"#{body.pos} {body.name} attempt {body.attempt}: stateful request sent "
+                f"to client {body.client} (in doubt if no outcome follows)", False)
+
+
 _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     Instantiated: _instantiated,
     StepStarted: _step, StepDone: _step, StepFailed: _step, StepInDoubt: _step,
@@ -262,6 +268,7 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     ModelFailed: _model_failed,
     ModelChunks: _model_chunks,
     ModelRecovered: _model_recovered,
+    ModelStarted: _model_started,
 }
 
 

@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import perdure
-from perdure.llm import ChatCompletionsClient, Message
+from perdure.llm import (
+    ChatCompletionsClient,
+    Message,
+    ModelCallError,
+    ModelParams,
+    ResponsesClient,
+)
 from tests.integration.engine_support import REPO_ROOT
 
-__all__ = ["app", "long_stream", "start_model_worker"]
+__all__ = ["app", "long_stream", "start_model_worker", "stateful_call"]
 
 app = perdure.App(store="sqlite:///never-opened.db", lease_seconds=2.0, poll_interval=0.01)
 
@@ -33,6 +39,23 @@ async def long_stream(run: perdure.Run, base_url: str) -> dict[str, Any]:
     finally:
         await client.aclose()
     return {"text": reply.text, "finish": reply.finish_reason}
+
+
+@app.agent(name="stateful_call")
+async def stateful_call(run: perdure.Run, base_url: str, store: bool,
+                        stream: bool = False) -> dict[str, Any]:
+    """One call to the Responses API, stored at the provider (``store=True``) or not,
+    streamed or not; a call that ends in doubt is reported, not raised."""
+    client = ResponsesClient(base_url=base_url, api_key=lambda: "test")
+    try:
+        reply = await run.model(client, model="gpt-4o",
+                                messages=[Message.user("Remember this.")],
+                                params=ModelParams(store=store), stream=stream)
+    except ModelCallError as exc:
+        return {"error": str(exc.failure.kind), "reason": exc.failure.reason}
+    finally:
+        await client.aclose()
+    return {"text": reply.text}
 
 
 def start_model_worker(store_url: str, key_dir: Path, log: Path) -> subprocess.Popen[bytes]:

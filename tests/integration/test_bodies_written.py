@@ -161,7 +161,8 @@ def test_every_stored_body_decodes_and_re_encodes_to_its_bytes(make_app: AppFact
             assert typed.draft().body == rec.body
             written.add(str(rec.kind))
     # model calls' kinds are written and checked so by tests/integration/test_model_*.py
-    model_kinds = {"model_call", "model_failed", "model_chunks", "model_recovered"}
+    model_kinds = {"model_call", "model_failed", "model_chunks", "model_recovered",
+                   "model_started"}
     # execution-state kinds: by tests/integration/test_resources.py
     state_kinds = {"resource", "restore_report", "step_checkpoint", "invalidated"}
     assert written == {kind.value for kind in perdure.Kind} - {"step_in_doubt", "parked",

@@ -155,8 +155,9 @@ def test_a_budget_is_checked_before_anything_is_stored(
 def test_a_lineage_budget_stops_a_child(
         make_app: Callable[..., perdure.App], server: ScriptedServer) -> None:
     """A root's lineage budget counts its descendants' recorded calls: the child's call
-    that would pass it leaves the child dormant, naming the budget's owner; once the
-    root's budget is raised, refining the child lets it go on."""
+    that would pass it leaves the child dormant, naming the budget's owner; refining the
+    root's budget wakes the child by itself (an empty refinement in its memory), and it
+    goes on under the new budget."""
     app = make_app(prices=PRICES)
     server.script(*[ScriptedReply(text=t, input_tokens=100, output_tokens=10)
                     for t in "abc"])
@@ -196,9 +197,79 @@ def test_a_lineage_budget_stops_a_child(
         assert len(server.requests) == 2
         assert app.usage("root-1", lineage=True).total_tokens == 220
         app.refine("root-1", budget={"tokens": 1000, "lineage": True})
-        app.refine("root-1.kid", goal={"go on": True})
         assert handle.result(timeout=TIMEOUT) == ["a", "b", "c"]
     assert app.usage("root-1", lineage=True).total_tokens == 330
+    woke = [r.body for r in app.history("root-1.kid") if r.kind == Kind.INTENT_REFINED]
+    assert [w["changes"] for w in woke] == [{}]
+    assert app.verify("root-1.kid").ok
+
+
+def _note(app: perdure.App, oid: str) -> str:
+    try:
+        return app.get(oid).note or ""
+    except ObjectNotFoundError:
+        return ""
+
+
+def test_refining_the_owner_wakes_only_the_descendants_its_budget_stopped(
+        make_app: Callable[..., perdure.App], server: ScriptedServer) -> None:
+    """A grandchild stopped by the root's lineage budget is woken by the root's
+    refinement and finishes; a sibling stopped by its own budget is not woken (no
+    refinement in its memory, still dormant) until its own budget is refined."""
+    app = make_app(prices=PRICES)
+    server.script(*[ScriptedReply(text=t, input_tokens=100, output_tokens=10)
+                    for t in "abcdef"])
+
+    async def ask(run: perdure.Run, text: str) -> str:
+        client = make_client("chat", server)
+        try:
+            reply = await run.model(client, model="gpt-4o", name=text,
+                                    messages=[Message.user(text)],
+                                    params=ModelParams(max_tokens=10))
+        finally:
+            await client.aclose()
+        return reply.text
+
+    @app.agent(name="leaf")
+    async def leaf(run: perdure.Run) -> str:
+        return await ask(run, "leaf")
+
+    @app.agent(name="middle")
+    async def middle(run: perdure.Run) -> str:
+        [got] = await run.join(await run.delegate("leaf", object_id="deep.mid.leaf"))
+        return str(got)
+
+    @app.agent(name="frugal")
+    async def frugal(run: perdure.Run) -> str:
+        await run.refine(budget={"tokens": 5})  # a budget of its own, not a lineage one
+        return await ask(run, "frugal")
+
+    @app.agent(name="top")
+    async def top(run: perdure.Run) -> list[str]:
+        first = await ask(run, "top")
+        own = await run.delegate("frugal", object_id="deep.frugal")
+        mid = await run.delegate("middle", object_id="deep.mid")
+        return [first, *(await run.join(mid, own))]
+
+    handle = app.start("top", object_id="deep", budget={"tokens": 115, "lineage": True})
+    with app.background_worker():
+        for oid, mark in (("deep.mid.leaf", "lineage budget of deep"),
+                          ("deep.frugal", "budget exhausted")):
+            deadline = time.monotonic() + TIMEOUT
+            while mark not in _note(app, oid):
+                assert time.monotonic() < deadline, (oid, _note(app, oid))
+                time.sleep(0.05)
+        app.refine("deep", budget={"tokens": 10_000, "lineage": True})
+        assert _until(app, "deep.mid.leaf", Status.COMPLETED)
+        frugal_info = app.get("deep.frugal")
+        assert frugal_info.status == Status.DORMANT
+        assert not [r for r in app.history("deep.frugal")
+                    if r.kind == Kind.INTENT_REFINED and "pos" not in r.body]
+        app.refine("deep.frugal", budget={"tokens": 10_000})
+        assert handle.result(timeout=TIMEOUT)[0] == "a"
+    woke = [r.body for r in app.history("deep.mid.leaf") if r.kind == Kind.INTENT_REFINED]
+    assert [w["changes"] for w in woke] == [{}]
+    assert not [r for r in app.history("deep.mid") if r.kind == Kind.INTENT_REFINED]
 
 
 @pytest.mark.parametrize("lineage", [False, True])

@@ -16,6 +16,7 @@ pytest.importorskip("openai")
 pytest.importorskip("anthropic")
 
 import perdure
+from perdure.llm import recorded_calls
 from perdure.llm.scripted import ScriptedReply, ScriptedServer
 from tests.integration.engine_support import kill_process, wait_until
 from tests.integration.model_support import long_stream, start_model_worker
@@ -76,5 +77,7 @@ def test_a_worker_killed_mid_stream_loses_at_most_one_flush_window(
     continuation = server.requests[1].body["messages"]
     assert continuation[-2] == {"role": "assistant", "content": salvaged}
     [call] = model_records(resumer, "story-1")
-    assert call["attempt"] == 2 and call["request"]["prefix"] == salvaged
+    assert call["attempt"] == 2 and call["request"]["prefix"] == {"streamed": 1}
+    [read] = recorded_calls(resumer.history("story-1"))
+    assert read.request.prefix == salvaged and read.reply.text == result["text"]
     assert resumer.verify("story-1").ok

@@ -18,7 +18,7 @@ pytest.importorskip("anthropic")
 
 import perdure
 from perdure.core.backoff import RetryPolicy
-from perdure.llm import FlushPolicy, Message
+from perdure.llm import FlushPolicy, Message, recorded_calls
 from perdure.llm.scripted import ScriptedReply, ScriptedServer
 from tests.integration.engine_support import wait_until
 from tests.integration.test_model_calls import model_records
@@ -58,6 +58,10 @@ def streamer(app: perdure.App, server: ScriptedServer, kind: str = "chat",
         return {"text": reply.text, "finish": reply.finish_reason}
 
 
+def _replies(call: dict[str, Any]) -> list[Any]:
+    return [v for v in call["blobs"].values() if v.get("role") == "assistant"]
+
+
 def finish(app: perdure.App, server: ScriptedServer) -> dict[str, Any]:
     """Start the streamer, let it wait, replay it, and return its result."""
     handle = app.start("streamer", object_id="s-1")
@@ -86,6 +90,12 @@ def test_a_stream_is_journaled_in_batches_and_replayed(
     assert "".join(c.get("text", "") for c in chunks) == TEXT
     [call] = model_records(app, "s-1")
     assert "recovery" not in call and len(server.requests) == 1
+    # the text is held once, in the chunks: the reply's message names them
+    assert TEXT not in str(call) and TEXT[:20] not in str(call)
+    [message] = [v for v in call["blobs"].values() if v.get("role") == "assistant"]
+    assert message == {"role": "assistant", "streamed": 1}
+    [read] = recorded_calls(app.history("s-1"))
+    assert read.reply.text == TEXT and read.reply.message() == Message.assistant(TEXT)
 
 
 def test_a_broken_stream_is_continued_from_its_salvage(
@@ -109,7 +119,10 @@ def test_a_broken_stream_is_continued_from_its_salvage(
     assert continuation[-1]["role"] == "user"  # asking it to go on
     [call] = model_records(app, "s-1")
     assert call["recovery"] == {"recovery": "continue", "chunks": 4}
-    assert call["request"]["prefix"] == salvaged
+    assert call["request"]["prefix"] == {"streamed": 1}  # the salvage, held once
+    assert _replies(call) == [{"role": "assistant", "streamed": 2}]  # prefix + its chunks
+    [read] = recorded_calls(app.history("s-1"))
+    assert read.reply.text == salvaged + " And done." and read.request.prefix == salvaged
 
 
 def test_a_broken_stream_is_restarted_under_the_restart_policy(
@@ -138,3 +151,6 @@ def test_a_broken_stream_is_surfaced_under_the_surface_policy(
     assert len(server.requests) == 1
     [call] = model_records(app, "s-1")
     assert call["recovery"]["recovery"] == "surface"
+    assert _replies(call) == [{"role": "assistant", "streamed": 1}]  # the salvage's chunks
+    [read] = recorded_calls(app.history("s-1"))
+    assert read.reply.text == TEXT[:12]

@@ -79,7 +79,8 @@ SURFACE = {
                   "name: 'str | None' = None, prices: 'PriceTable | None' = None, "
                   "retry: 'RetryPolicy | None' = None, wait_up_to: 'float' = 10.0, "
                   "recovery: 'Recovery | str' = 'continue', "
-                  "flush: 'FlushPolicy | None' = None) -> 'ModelReply'", True),
+                  "flush: 'FlushPolicy | None' = None, "
+                  "context: 'ContextPolicy | None' = None) -> 'ModelReply'", True),
     "Run.now": ("() -> 'float'", True),
     "Run.patched": ("(name: 'str') -> 'bool'", False),
     "Run.progress": ("(**fields: 'Any') -> 'None'", True),

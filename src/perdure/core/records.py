@@ -71,6 +71,7 @@ class Kind(StrEnum):
     RESTORE_REPORT = "restore_report"  # reentry: what was restored, how long, what failed
     STEP_CHECKPOINT = "step_checkpoint"  # current_step().checkpoint: progress inside a step
     INVALIDATED = "invalidated"  # recorded steps from a position on are run again
+    MODEL_STARTED = "model_started"  # run.model: a stateful request about to be sent
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,7 +85,7 @@ def usage_totals(records: Iterable[Record]) -> UsageTotals:
             input_tokens += _tokens(usage, "input_tokens")
             output_tokens += _tokens(usage, "output_tokens")
             cached += _tokens(usage, "cached_input_tokens")
-            if body["cost"] is None:
+            if body.get("cost") is None:
                 unpriced += 1
             else:
                 cost += Decimal(str(body["cost"]))

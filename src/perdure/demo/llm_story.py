@@ -35,6 +35,7 @@ from perdure.demo.story import DemoError, _prepare
 from perdure.demo.workers import WorkerProcess
 from perdure.errors import PerdureError
 from perdure.inspect import Narrator, describe, usage
+from perdure.llm import recorded_calls
 
 __all__ = ["DEFAULT_MODEL", "KILL_AFTER_BATCHES", "LLM_DEFAULT_DIR", "LLM_OBJECT_ID",
            "run_llm_demo"]
@@ -188,7 +189,9 @@ class _LlmStory:
         draft = str(result.get("draft", "")) if isinstance(result, dict) else ""
         recovered = [r.body for r in records if r.kind == Kind.MODEL_RECOVERED]
         if salvaged:
-            self._check_recovery(recovered, calls.get("draft", {}), salvaged, draft, server)
+            prefix = next((c.request.prefix for c in recorded_calls(records)
+                           if c.name == "draft"), "")
+            self._check_recovery(recovered, prefix, salvaged, draft, server)
         console.print(f"  joined draft ({len(draft)} chars): {escape(draft)}")
 
         self.say("5. The ledger (the demo's illustrative prices)")
@@ -213,7 +216,7 @@ class _LlmStory:
                       f"show {LLM_OBJECT_ID}")
         return 0
 
-    def _check_recovery(self, recovered: list[dict[str, Any]], call: dict[str, Any],
+    def _check_recovery(self, recovered: list[dict[str, Any]], prefix: str,
                         salvaged: str, draft: str, server: Any) -> None:
         console = self.console
         if not recovered or {b.get("recovery") for b in recovered} != {"continue"}:
@@ -222,8 +225,7 @@ class _LlmStory:
             console.print(f"  worker B recorded the recovery: continue from "
                           f"{recovered[0]['chars']} salvaged chars "
                           f"({recovered[0]['chunks']} chunks)")
-        prefix = call.get("request", {}).get("prefix", "")
-        if not str(prefix).startswith(salvaged):
+        if not prefix.startswith(salvaged):  # the continued request's, read from memory
             self.problems.append("the continuation did not start from the salvaged text")
         if server is not None:
             self._server_story(server.requests, salvaged, draft)

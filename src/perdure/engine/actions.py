@@ -21,6 +21,7 @@ from perdure.core.cycle import Action, Decision, MemoryFacts
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.engine.budget_wake import wake_stopped
 from perdure.engine.ending import finish, finish_failed, park
 from perdure.engine.invoke import invoke, served
 from perdure.engine.journal import Journal, StoreUnavailable
@@ -245,9 +246,12 @@ async def _refine(node: Node, journal: Journal, facts: MemoryFacts,
     # A refined ``requires`` must reach the row too: claims route by it.
     routed = any(d.kind == Kind.INTENT_REFINED and "requires" in d.body["changes"]
                  for d in drafts)
-    return await journal.commit(drafts, phase=Phase.MUTATION,
-                                consume_event_ids=[e.event_id for e in refinements],
-                                requires=tuple(intent.requires) if routed else None)
+    appended: list[Record] = await journal.commit(
+        drafts, phase=Phase.MUTATION, consume_event_ids=[e.event_id for e in refinements],
+        requires=tuple(intent.requires) if routed else None)
+    if any(d.kind == Kind.INTENT_REFINED and "budget" in d.body["changes"] for d in drafts):
+        await wake_stopped(node, facts.context.object_id)  # its lineage may go on
+    return appended
 
 
 # -- dormancy and terminate: let the object go ---------------------------------------

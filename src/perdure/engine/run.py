@@ -45,7 +45,7 @@ from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismE
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:
-    from perdure.engine.commands.model_calls import ModelMemory
+    from perdure.engine.commands.model_memory import ModelMemory
     from perdure.engine.sealer import Sealer
     from perdure.llm import PriceTable
 

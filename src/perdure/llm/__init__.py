@@ -4,7 +4,9 @@ The pieces, each usable on its own and none touching a store:
 
 - shapes (``Message``, ``ToolSpec``, ``ModelRequest``, ``ModelReply``, ``Usage``,
   ``StreamChunk``), JSON-able for memory, with content hashes; ``split_request`` /
-  ``join_request`` store a request as references to messages stored once;
+  ``join_request`` store a request as references to messages stored once by hash;
+  ``CallTable`` and ``recorded_calls``: how an object's memory holds its calls (each
+  value once, by number) and reads them back with their GenAI attributes;
 - clients over the official SDKs (``ChatCompletionsClient``, ``ResponsesClient``,
   ``AnthropicClient``), retries off, any compatible server by base URL;
 - failure classification (``classify_exception``, ``classify_status``, ``CallFailure``,
@@ -13,7 +15,9 @@ The pieces, each usable on its own and none touching a store:
 - prices and cost (``PriceTable``, ``Price``: exact ``Decimal`` dollars, unknown is
   ``None``), offline token counting (``counter_for_model``), and a ledger with budgets
   (``Ledger``, ``Budget``: reserve, settle by call id);
-- the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure;
+- the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure, and
+  ``ContextPolicy``, which makes ``run.model`` send a view and compact by a recorded
+  summary call;
 - OpenTelemetry GenAI attributes (``genai_attributes``);
 - streams that survive a crash, the pure part: ``ChunkBatcher`` (journal batches),
   ``Salvage``, ``choose_recovery`` (continue, restart or surface), ``RecoveryMarker``;
@@ -32,6 +36,7 @@ from perdure.llm._clients import (
     ModelClient,
     ResponsesClient,
 )
+from perdure.llm._context import ContextPolicy
 from perdure.llm._extra import require_extra as _require_extra
 from perdure.llm._failures import (
     CallFailure,
@@ -46,6 +51,13 @@ from perdure.llm._failures import (
 from perdure.llm._ledger import Budget, Charge, Ledger, reservation_for
 from perdure.llm._otel import genai_attributes, provider_name
 from perdure.llm._prices import Price, PriceTable, cost_of, micro_dollars
+from perdure.llm._records import (
+    CallTable,
+    RecordedCall,
+    StoredCallError,
+    StreamTexts,
+    recorded_calls,
+)
 from perdure.llm._recovery import (
     ChunkBatcher,
     FlushPolicy,
@@ -108,10 +120,12 @@ __all__ = [
     "BpeTokenCounter",
     "Budget",
     "CallFailure",
+    "CallTable",
     "Charge",
     "ChatCompletionsClient",
     "ChunkBatcher",
     "CompactionPlan",
+    "ContextPolicy",
     "Continuation",
     "FailureKind",
     "FlushPolicy",
@@ -127,6 +141,7 @@ __all__ = [
     "Price",
     "PriceTable",
     "PromptView",
+    "RecordedCall",
     "Recovery",
     "RecoveryMarker",
     "RequestRefs",
@@ -136,8 +151,10 @@ __all__ = [
     "ScaledTokenCounter",
     "SplitReply",
     "SplitRequest",
+    "StoredCallError",
     "StreamAssembler",
     "StreamChunk",
+    "StreamTexts",
     "Summary",
     "TextPart",
     "TokenCounter",
@@ -164,6 +181,7 @@ __all__ = [
     "plan_compaction",
     "prompt_view",
     "provider_name",
+    "recorded_calls",
     "reply_failure",
     "request_hash",
     "request_refs",

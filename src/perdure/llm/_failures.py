@@ -112,8 +112,10 @@ class ModelCallError(PerdureError):
             FailureKind.RATE_LIMITED: "rate limited; retry after the delay it asked for",
             FailureKind.TRANSIENT: "transient; retrying may succeed",
             FailureKind.PERMANENT: "permanent; fix the request, key or model before retrying",
-            FailureKind.IN_DOUBT: "in doubt: a stateful stream broke after it started; "
-                                  "the provider may hold a response, so it is not repeated",
+            FailureKind.IN_DOUBT: "in doubt: a stateful request may have reached the "
+                                  "provider (a stream broke after it started, or its "
+                                  "worker died while it was in flight); the provider may "
+                                  "hold a response, so it is not repeated",
         }[failure.kind]
         super().__init__(f"model call to {model or '?'} via {provider or '?'} failed: "
                          f"{failure.reason} ({what})")

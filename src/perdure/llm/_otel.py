@@ -1,9 +1,10 @@
 """OpenTelemetry GenAI attributes of a call, derived from its request and reply.
 
 The names are those of the OpenTelemetry semantic conventions for generative AI
-(``gen_ai.*``, still marked *development* there). A call's record holds this mapping so
-that a span can be exported later without re-deriving anything; only attributes with a
-value are present. No message content is included (the conventions make it opt-in).
+(``gen_ai.*``, still marked *development* there). A call's record holds every field
+they come from, so ``recorded_calls`` gives them from memory alone and a span can be
+exported later without asking the provider again; only attributes with a value are
+present. No message content is included (the conventions make it opt-in).
 """
 
 from __future__ import annotations

@@ -33,7 +33,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from perdure.core.bodies.fields import JSON, Body, BodyReader, MalformedBodyError, Position
-from perdure.core.bodies.models import ModelCall, ModelChunks, ModelFailed, ModelRecovered
+from perdure.core.bodies.models import (
+    ModelCall,
+    ModelChunks,
+    ModelFailed,
+    ModelRecovered,
+    ModelStarted,
+)
 from perdure.core.bodies.objects import (
     CapabilityMissing,
     Instantiated,
@@ -92,6 +98,7 @@ __all__ = [
     "ModelChunks",
     "ModelFailed",
     "ModelRecovered",
+    "ModelStarted",
     "Nondeterminism",
     "Parked",
     "Patched",
@@ -118,6 +125,7 @@ RecordBody = (
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
     | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered | Emitted
+    | ModelStarted
     | ResourceHeld | RestoreReport | StepCheckpoint | Invalidated
 )
 """Any typed body: what ``decode`` returns."""
@@ -127,7 +135,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         Instantiated, StepStarted, StepDone, StepFailed, StepInDoubt, Value, Dormant, Woke,
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
-        ModelCall, ModelFailed, ModelChunks, ModelRecovered, Emitted,
+        ModelCall, ModelFailed, ModelChunks, ModelRecovered, Emitted, ModelStarted,
         ResourceHeld, RestoreReport, StepCheckpoint, Invalidated,
     )
 }

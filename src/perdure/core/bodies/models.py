@@ -5,8 +5,8 @@ The values of a call (its request, the reply, the messages) are held in the JSON
 ``perdure.llm`` gives them (``split_request``, ``split_reply``, ``CallFailure.to_json``,
 ``StreamChunk.to_json``); nothing here imports ``perdure.llm``, so these bodies decode
 without the ``perdure[llm]`` extra. Each message and tool spec is held once per object:
-a ``model_call`` carries under ``blobs`` only those memory did not hold yet, and its
-``request`` names the others by hash. Pure: no I/O.
+a ``model_call`` carries under ``blobs`` only those memory did not hold yet, by number,
+and its ``request`` names the others by number. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
 from perdure.core.records import Kind
 
-__all__ = ["ModelCall", "ModelChunks", "ModelFailed", "ModelRecovered"]
+__all__ = ["ModelCall", "ModelChunks", "ModelFailed", "ModelRecovered", "ModelStarted"]
 
 CMD = "model"
 
@@ -28,13 +28,15 @@ class ModelCall(Body):
     the call's fallback list; ``provider`` and ``base_url`` name it).
 
     ``asked`` is the hash of the request the agent made (replay checks it); ``request``
-    the request as sent, split (``perdure.llm.split_request``: model, parameters, hash
-    and the messages and tools by hash); ``blobs`` the messages and tools (and the
-    reply's assistant message) memory did not hold before this record, by hash; ``reply``
-    the reply split (``split_reply``: finish reason, usage, ids, latency, the message by
-    hash); ``cost`` in dollars as a decimal string (null: not priced); ``attributes`` the
-    OpenTelemetry GenAI attributes; ``skipped`` the clients passed over and why;
-    ``recovery`` what was done with a stream cut short, when one was.
+    the request as sent: its model and its messages, tools and constants (base URL,
+    parameters) by number (``perdure.llm`` ``_records``), with its own hash only when it
+    is not ``asked`` (a fallback's model, a continued stream); ``blobs`` the values
+    memory did not hold before this record, by number; ``reply`` the reply's finish
+    reason, usage, ids, latency and the number of its message (its model and provider
+    when they are not the request's); ``cost`` in dollars as a decimal string (absent:
+    not priced); ``skipped`` the clients passed over and why; ``recovery`` what was done
+    with a stream cut short, when one was. The OpenTelemetry GenAI attributes derive
+    from these fields (``perdure.llm.recorded_calls``).
     """
 
     kind: ClassVar[Kind] = Kind.MODEL_CALL
@@ -43,22 +45,20 @@ class ModelCall(Body):
     attempt: int
     client: int
     provider: str
-    base_url: str | None
     asked: str
     request: dict[str, JSON]
     blobs: dict[str, JSON]
     reply: dict[str, JSON]
     cost: str | None
-    attributes: dict[str, JSON]
     skipped: tuple[dict[str, JSON], ...] = ()
     recovery: dict[str, JSON] | None = None
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "pos": self.pos, "cmd": CMD, "name": self.name, "attempt": self.attempt,
-            "client": self.client, "provider": self.provider, "base_url": self.base_url,
-            "asked": self.asked, "request": self.request, "blobs": self.blobs,
-            "reply": self.reply, "cost": self.cost, "attributes": self.attributes}
+            "client": self.client, "provider": self.provider, "asked": self.asked,
+            "request": self.request, "blobs": self.blobs, "reply": self.reply}
+        put(body, "cost", self.cost)
         if self.skipped:
             body["skipped"] = list(self.skipped)
         put(body, "recovery", self.recovery)
@@ -69,11 +69,9 @@ class ModelCall(Body):
         pos = fields.position("pos")
         fields.const("cmd", CMD)
         return cls(pos, fields.text("name"), fields.integer("attempt"),
-                   fields.integer("client"), fields.text("provider"),
-                   fields.nullable_text("base_url"), fields.text("asked"),
+                   fields.integer("client"), fields.text("provider"), fields.text("asked"),
                    fields.mapping("request"), fields.mapping("blobs"),
-                   fields.mapping("reply"), fields.nullable_text("cost"),
-                   fields.mapping("attributes"),
+                   fields.mapping("reply"), fields.optional_text("cost"),
                    tuple(fields.array("skipped")) if fields.has("skipped") else (),
                    fields.optional_mapping("recovery"))
 
@@ -183,3 +181,30 @@ class ModelRecovered(Body):
                    fields.choice("recovery", ("continue", "restart", "surface")),
                    fields.text("policy"), fields.integer("chunks"), fields.integer("chars"),
                    fields.text("reason"), fields.optional_mapping("lost_usage"))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStarted(Body):
+    """Attempt ``attempt`` of a model call is about to send a *stateful* request
+    (Responses ``store=True`` or a ``previous_response_id``) to client ``client``.
+    Written and committed before the request leaves, so that a worker dying before the
+    outcome is recorded leaves the call in doubt (the provider may hold a response
+    nobody saw), never silently sent again."""
+
+    kind: ClassVar[Kind] = Kind.MODEL_STARTED
+    pos: Position
+    name: str
+    attempt: int
+    client: int
+    asked: str
+
+    def encode(self) -> dict[str, Any]:
+        return {"pos": self.pos, "cmd": CMD, "name": self.name, "attempt": self.attempt,
+                "client": self.client, "asked": self.asked}
+
+    @classmethod
+    def read(cls, fields: BodyReader) -> ModelStarted:
+        pos = fields.position("pos")
+        fields.const("cmd", CMD)
+        return cls(pos, fields.text("name"), fields.integer("attempt"),
+                   fields.integer("client"), fields.text("asked"))

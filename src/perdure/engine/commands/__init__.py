@@ -18,8 +18,10 @@ the ``Run`` (named ``self``); ``Run`` binds it as a method in one line
 - ``lineage``: ``run.delegate``, ``run.join``, ``run.gather`` and ``ChildHandle``
 - ``intent``: ``run.refine``, ``run.patched`` and ``run.deprecate_patch``
 - ``model``: ``run.model`` (needs ``perdure[llm]``, imported at the first call), with
-  ``model_calls`` (replay, choosing a client, failures, recording the reply) and
-  ``model_streams`` (journaled streams and their recovery)
+  ``model_calls`` (options, fallback lists, replay), ``model_attempts`` (choosing a
+  client, failures, in-doubt stateful calls, recording the reply), ``model_streams``
+  (journaled streams and their recovery), ``model_memory`` (values stored once per
+  object), ``model_context`` (the prompt as a view, compaction) and ``model_budget``
 - ``positions``: how positions are numbered (the main line, ``gather`` branches)
 
 A new command (a tool call, a resource) is one new module here and one line on

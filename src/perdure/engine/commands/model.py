@@ -29,6 +29,7 @@ from perdure.core.backoff import RetryPolicy
 if TYPE_CHECKING:
     from perdure.engine.run import Run
     from perdure.llm import (
+        ContextPolicy,
         FlushPolicy,
         Message,
         ModelClient,
@@ -59,6 +60,7 @@ async def model(
     wait_up_to: float = 10.0,
     recovery: Recovery | str = "continue",
     flush: FlushPolicy | None = None,
+    context: ContextPolicy | None = None,
 ) -> ModelReply:
     """Ask a model once, durably; on replay return the recorded reply without calling.
 
@@ -81,6 +83,13 @@ async def model(
     ``perdure.llm.ModelCallError``, the same on every replay. ``prices`` (a
     ``perdure.llm.PriceTable``) gives the call's cost; without it, the App's table.
 
+    ``context`` (a ``perdure.llm.ContextPolicy``) keeps the prompt within the model's
+    window: pass the whole conversation, and the request sent is a view of it (system
+    messages, the summary in force, the latest turns that fit, never a tool call split
+    from its results); older turns are first summarised by a recorded model call
+    (``<name>.summary``) when the policy says so. A summary call that fails or is
+    refused changes nothing. Memory keeps every message.
+
     Returns a ``perdure.llm.ModelReply``: a proposal (text and/or tool calls). Nothing
     runs a tool.
     """
@@ -91,4 +100,8 @@ async def model(
         recovery=recovery, flush=flush)
     asked = model_calls.request_of(request, model=model, messages=messages, tools=tools,
                                    params=params)
+    if context is not None:
+        from perdure.engine.commands.model_context import fit
+
+        asked = await fit(self, client, asked, context, options)
     return await model_calls.call(self, client, asked, options)

@@ -122,7 +122,7 @@ def refusal(run: Run, lineage: Iterable[tuple[str, Budget, Ledger]], sent: Model
             prices: PriceTable | None) -> str | None:
     """Why ``sent`` would go over the object's own budget (its memory's ledger) or one
     of the ``lineage`` budgets over it (``lineage_of``), or ``None`` when it fits."""
-    from perdure.engine.commands.model_calls import ModelMemory
+    from perdure.engine.commands.model_memory import ModelMemory
 
     charges = ModelMemory.of(run).charges
     ledgers: list[tuple[str | None, Budget, Ledger]] = []
@@ -161,7 +161,7 @@ def held(run: Run, key: str, sent: ModelRequest, prices: PriceTable | None,
     if run.intent.budget is None and not lineage:
         yield
         return
-    from perdure.engine.commands.model_calls import ModelMemory
+    from perdure.engine.commands.model_memory import ModelMemory
 
     charges = ModelMemory.of(run).charges
     if key not in charges:

@@ -1,4 +1,5 @@
-"""How ``run.model`` replays and runs a call: choosing a client, recording the outcome.
+"""How ``run.model`` replays a call, and how it starts one memory does not answer yet
+(``model_attempts`` makes the attempts).
 
 Memory holds, at the call's position, one ``model_failed`` per failed attempt (which
 client, what failure, until when that client rests) and at most one ``model_call`` (the
@@ -16,41 +17,26 @@ reply). From them, each time the agent reaches the call:
 
 A client's rest after a failure is the step retry's pace (``core.backoff.next_delay``
 over that client's failures here, the provider's ``retry-after`` first), so a model call
-and a step back off alike. Messages are stored once per object (``ModelMemory``).
+and a step back off alike. Each message is stored once per object (``model_memory``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from perdure.core.backoff import ErrorClass, Failure, RetryPolicy, next_delay
-from perdure.core.bodies import Dormant, ModelCall, ModelFailed
-from perdure.core.records import Kind, Record, RecordDraft
-from perdure.engine.commands.model_budget import (
-    call_key,
-    charge_of_call,
-    charges_of,
-    exhausted,
-    held,
-    lineage_of,
-    refusal,
-)
+from perdure.core.backoff import RetryPolicy
+from perdure.core.records import Kind, Record
+from perdure.engine.commands.model_memory import ModelMemory
 from perdure.engine.commands.positions import find
 from perdure.engine.commands.steps import fresh_flags
 from perdure.engine.journal import HistoryEnd
-from perdure.engine.signals import Park, Suspend
-from perdure.errors import ConfigurationError, NonDeterminismError, PerdureError
+from perdure.engine.signals import Park
+from perdure.errors import ConfigurationError, NonDeterminismError
 from perdure.llm import (
-    Budget,
     CallFailure,
-    Charge,
-    FailureKind,
     FlushPolicy,
-    Ledger,
     Message,
     ModelCallError,
     ModelClient,
@@ -59,16 +45,8 @@ from perdure.llm import (
     ModelRequest,
     PriceTable,
     Recovery,
-    RequestRefs,
     ToolSpec,
-    classify_exception,
-    genai_attributes,
-    join_reply,
-    reply_failure,
     request_hash,
-    request_refs,
-    split_reply,
-    split_request,
 )
 
 if TYPE_CHECKING:
@@ -77,13 +55,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CMD",
     "DEFAULT_MODEL_RETRY",
-    "Attempts",
     "CallOptions",
-    "ModelMemory",
     "Route",
     "call",
     "error_of",
-    "failure_of",
     "reply_of",
     "request_of",
     "routes_of",
@@ -172,44 +147,6 @@ def request_of(request: ModelRequest | None, *, model: str | None,
     return ModelRequest(model, tuple(messages), tuple(tools), params or ModelParams())
 
 
-class ModelMemory:
-    """What memory holds of an object's model calls: every message, tool spec and reply
-    message by hash (``blobs``), each request's refs by hash, and the last request's refs
-    (the base the next request is stored against). Built from memory at a run's first
-    model call, then kept up to date as calls are recorded."""
-
-    __slots__ = ("blobs", "charges", "last", "refs")
-
-    def __init__(self) -> None:
-        self.charges: dict[str, Charge] = {}  # the ledger's charges (``model_budget``)
-        self.blobs: dict[str, Any] = {}
-        self.refs: dict[str, RequestRefs] = {}
-        self.last: RequestRefs | None = None
-
-    @classmethod
-    def of(cls, run: Run) -> ModelMemory:
-        """The run's model memory (built from its records the first time)."""
-        memory = run._models
-        if memory is None:
-            memory = run._models = cls()
-            records = [rec for recs in run._history.values() for rec in recs]
-            memory.charges.update(charges_of(records))
-            calls = [rec for rec in records if rec.kind == _MODEL_CALL]
-            for rec in sorted(calls, key=lambda r: r.seq):
-                memory.learn(rec.body)
-        return memory
-
-    def learn(self, body: Mapping[str, Any]) -> None:
-        """Take in a ``model_call`` body: its blobs, its request's refs, its charge."""
-        self.charges[call_key(body)] = charge_of_call(body)
-        self.blobs.update(body["blobs"])
-        stored = body["request"]
-        base = self.refs.get(str(stored.get("base"))) if "base" in stored else None
-        refs = request_refs(stored, base)
-        self.refs[refs.hash] = refs
-        self.last = refs
-
-
 # -- replay -----------------------------------------------------------------------------
 
 
@@ -223,9 +160,9 @@ def _check_asked(pos: int | str, name: str, asked: str, recs: Sequence[Record]) 
                 f"model({name!r}) asking request {asked[:12]}"))
 
 
-def reply_of(run: Run, body: Mapping[str, Any]) -> ModelReply:
+def reply_of(run: Run, body: Mapping[str, Any], seq: int = 0) -> ModelReply:
     """The reply a ``model_call`` body holds, as the agent gets it."""
-    return join_reply(body["reply"], ModelMemory.of(run).blobs)
+    return ModelMemory.of(run).reply_of(body, object_id=run.object_id, seq=seq)
 
 
 def error_of(body: Mapping[str, Any], partial: str = "") -> ModelCallError:
@@ -249,7 +186,7 @@ async def call(run: Run, clients: ModelClient | Sequence[ModelClient | tuple[Mod
         _check_asked(pos, name, asked, recs)
         done = find(recs, Kind.MODEL_CALL)
         if done is not None:
-            return reply_of(run, done.body)
+            return reply_of(run, done.body, done.seq)
     failures = [dict(r.body) for r in recs if r.kind == _MODEL_FAILED]
     if failures and failures[-1]["final"]:
         raise _final_error(recs, failures[-1])
@@ -261,6 +198,8 @@ async def call(run: Run, clients: ModelClient | Sequence[ModelClient | tuple[Mod
     run._boundary()
     if run._journal.volatile:  # values drawn since the last commit may be in the request
         await run._journal.commit()
+    from perdure.engine.commands.model_attempts import Attempts
+
     kind = Attempts
     if options.stream:
         from perdure.engine.commands.model_streams import StreamAttempts
@@ -276,170 +215,3 @@ def _final_error(recs: Sequence[Record], body: Mapping[str, Any]) -> ModelCallEr
 
     salvage = salvage_of(recs, int(body["attempt"]))
     return error_of(body, salvage.text if salvage is not None else "")
-
-
-def failure_of(exc: Exception, request: ModelRequest) -> tuple[CallFailure, str, int]:
-    """What a client's exception means: the failure, the text a stream delivered, and
-    how many chunks."""
-    if isinstance(exc, ModelCallError):
-        return exc.failure, exc.partial, exc.chunks
-    if isinstance(exc, PerdureError):  # a setting (a missing key): trying again cannot help
-        return (CallFailure(FailureKind.PERMANENT, ErrorClass.PERMANENT,
-                            f"{type(exc).__name__}: {exc}"), "", 0)
-    return classify_exception(exc, now=datetime.now(UTC), stateful=request.stateful), "", 0
-
-
-class Attempts:
-    """One call being made: its position, request, fallback list, what memory holds at
-    its position and its failed attempts so far (bodies, in order). ``send`` makes one
-    attempt (a streaming call overrides it: ``model_streams``)."""
-
-    def __init__(self, run: Run, pos: int | str, name: str, asked: str,
-                 request: ModelRequest, routes: list[Route], options: CallOptions,
-                 failures: list[dict[str, Any]], recs: Sequence[Record]) -> None:
-        self.run = run
-        self.recs = recs
-        self.pos = pos
-        self.name = name
-        self.asked = asked
-        self.request = request
-        self.routes = routes
-        self.options = options
-        self.failures = failures
-        self.fresh = False  # a failure was recorded on this claim
-        self.lineage: list[tuple[str, Budget, Ledger]] = []  # lineage budgets over it
-
-    @property
-    def attempt(self) -> int:
-        """The number of the next attempt (failed attempts so far, plus one)."""
-        return len(self.failures) + 1
-
-    def choose(self) -> tuple[Route, list[dict[str, Any]]]:
-        """The client to try now and those skipped (why); or dormant until one may be
-        tried (``Suspend``)."""
-        now = self.run._clock()
-        latest = {int(f["client"]): f for f in self.failures}
-        skipped: list[dict[str, Any]] = []
-        soonest: float | None = None
-        over: str | None = None  # why the first client over budget was
-        for route in self.routes:
-            last = latest.get(route.index)
-            until = None if last is None else last["until"]
-            if last is None or (until is not None and until <= now):
-                why = self.over_budget(route)
-                if why is None:
-                    return route, skipped
-                over = over or why
-                skipped.append({"client": route.index, "provider": route.client.provider,
-                                "reason": why, "until": None})
-                continue
-            if until is not None and until - now <= self.options.wait_up_to:
-                self.dormant(until)
-            if until is not None:
-                soonest = until if soonest is None else min(soonest, until)
-            skipped.append({"client": route.index, "provider": route.client.provider,
-                            "reason": str(last["failure"]["reason"]), "until": until})
-        if soonest is None and over is not None:  # what is left fits no client's call
-            exhausted(self.pos, self.name, over)
-        if soonest is None:  # every client gave up (memory says so in its last failure)
-            raise error_of(self.failures[-1])
-        self.dormant(soonest)
-
-    def over_budget(self, route: Route) -> str | None:
-        """Why ``route``'s call would go over a budget over the object (``None``: it
-        fits, or there is none)."""
-        return refusal(self.run, self.lineage, route.request(self.request),
-                       self.options.prices or self.run._model_prices)
-
-    def dormant(self, until: float) -> NoReturn:
-        """Stay dormant until a client may be tried (the failures go with it)."""
-        drafts = [Dormant.model_retry(self.pos, self.name, until).draft()] if self.fresh else []
-        raise Suspend(drafts, ready_at=until,
-                      reason=f"model call {self.name}: a client may be tried at {until:.3f}")
-
-    async def make(self) -> ModelReply:
-        """Try clients until one answers (recorded), the call rests (dormant) or fails."""
-        self.lineage = await lineage_of(self.run)
-        while True:
-            route, skipped = self.choose()
-            with held(self.run, call_key({"pos": self.pos, "name": self.name}),
-                      route.request(self.request),
-                      self.options.prices or self.run._model_prices, bool(self.lineage)):
-                reply = await self.attempt_on(route, skipped)
-            if reply is not None:
-                return reply
-
-    async def attempt_on(self, route: Route, skipped: list[dict[str, Any]]
-                         ) -> ModelReply | None:
-        """One attempt on ``route``: the reply, recorded; ``None`` when it failed (the
-        failure is recorded; a streaming call overrides this: ``model_streams``)."""
-        sent = route.request(self.request)
-        began = time.perf_counter()
-        try:
-            reply = await route.client.complete(sent)
-            refusal = reply_failure(reply)
-            if refusal is not None:
-                raise ModelCallError(refusal, model=sent.model, provider=route.client.provider)
-        except Exception as exc:  # noqa: BLE001 - recorded, then acted on as memory says
-            failure, partial, chunks = failure_of(exc, sent)
-            await self.failed(route, sent, failure, time.perf_counter() - began, chunks,
-                              partial)
-            return None
-        return await self.record(route, sent, reply, skipped)
-
-    async def failed(self, route: Route, sent: ModelRequest, failure: CallFailure,
-                     latency: float, chunks: int, partial: str = "") -> None:
-        """Record a failed attempt: with the next commit if another client or a later
-        attempt may answer; committed, and raised into the agent, if none can."""
-        mine = [f for f in self.failures if f["client"] == route.index]
-        history = [Failure(int(f["attempt"]), ErrorClass(f["failure"]["error_class"]),
-                           float(f["latency"]), f["failure"].get("retry_after"))
-                   for f in mine]
-        history.append(Failure(self.attempt, failure.error_class, latency,
-                               failure.retry_after))
-        delay = None
-        if failure.kind is not FailureKind.IN_DOUBT:
-            delay = next_delay(history, self.options.retry,
-                               salt=f"{self.run.object_id}/{self.pos}/{self.name}/{route.index}")
-        until = None if delay is None else self.run._clock() + delay
-        others = {int(f["client"]): f["until"] for f in self.failures}
-        others[route.index] = until
-        final = failure.kind is FailureKind.IN_DOUBT or all(
-            r.index in others and others[r.index] is None for r in self.routes)
-        body = ModelFailed(self.pos, self.name, self.attempt, route.index,
-                           route.client.provider, sent.model, self.asked, failure.to_json(),
-                           round(latency, 6), until, final, chunks or None)
-        self.failures.append(body.encode())
-        self.fresh = True
-        if final:
-            await self.run._journal.commit([body.draft()])
-            raise error_of(body.encode(), partial)
-        self.run._journal.defer(body.draft(), volatile=False)
-
-    async def record(self, route: Route, sent: ModelRequest, reply: ModelReply,
-                     skipped: list[dict[str, Any]], recovery: dict[str, Any] | None = None,
-                     before: Sequence[RecordDraft] = ()) -> ModelReply:
-        """Record the reply (with the messages memory does not hold yet, after the
-        records ``before``) and return it as memory holds it."""
-        memory = ModelMemory.of(self.run)
-        split = split_request(sent, memory.last)
-        answer = split_reply(reply)
-        blobs = {h: v for h, v in split.blobs.items() if h not in memory.blobs}
-        if answer.message_hash not in memory.blobs:
-            blobs[answer.message_hash] = answer.message
-        cost = None
-        prices = self.options.prices or self.run._model_prices
-        if prices is not None:
-            cost = prices.cost(sent.model, reply.usage)
-            if cost is None and reply.model:
-                cost = prices.cost(reply.model, reply.usage)
-        attributes = genai_attributes(sent, reply, provider=route.client.provider,
-                                      base_url=route.client.base_url)
-        body = ModelCall(self.pos, self.name, self.attempt, route.index,
-                         route.client.provider, route.client.base_url, self.asked,
-                         split.body, blobs, answer.body,
-                         None if cost is None else str(cost), dict(attributes),
-                         tuple(skipped), recovery)
-        await self.run._journal.commit([*before, body.draft()])
-        memory.learn(body.encode())
-        return join_reply(answer.body, memory.blobs)

@@ -36,7 +36,8 @@ from typing import Any
 from perdure.core.backoff import ErrorClass
 from perdure.core.bodies import ModelChunks, ModelFailed, ModelRecovered
 from perdure.core.records import Kind, Record, RecordDraft
-from perdure.engine.commands.model_calls import Attempts, Route, failure_of
+from perdure.engine.commands.model_attempts import Attempts, failure_of
+from perdure.engine.commands.model_calls import Route
 from perdure.llm import (
     CallFailure,
     ChunkBatcher,
@@ -48,6 +49,7 @@ from perdure.llm import (
     RecoveryMarker,
     Salvage,
     StreamChunk,
+    StreamTexts,
     choose_recovery,
     continuation_of,
     counter_for_model,
@@ -71,43 +73,7 @@ _TICK = object()  # a pending batch came due while no chunk arrived
 def salvage_of(recs: Sequence[Record], attempt: int) -> Salvage | None:
     """What memory holds of attempt ``attempt``'s stream, its prefix included (``None``:
     no chunk of it was journaled)."""
-    texts = _Texts(recs)
-    return texts.salvage(attempt)
-
-
-class _Texts:
-    """The chunks of each attempt at a position and the recovery each attempt chose."""
-
-    def __init__(self, recs: Sequence[Record]) -> None:
-        self.chunks: dict[int, list[StreamChunk]] = {}
-        self.recovered: dict[int, dict[str, Any]] = {}
-        for rec in recs:
-            if rec.kind == _MODEL_CHUNKS:
-                self.add(int(rec.body["attempt"]), rec.body["chunks"])
-            elif rec.kind == _MODEL_RECOVERED:
-                self.recovered[int(rec.body["attempt"])] = dict(rec.body)
-
-    def add(self, attempt: int, chunks: Sequence[Any]) -> None:
-        """Take in a batch of an attempt's chunks (JSON forms or chunks)."""
-        self.chunks.setdefault(attempt, []).extend(
-            c if isinstance(c, StreamChunk) else StreamChunk.from_json(c) for c in chunks)
-
-    def prefix(self, attempt: int) -> str:
-        """The text attempt ``attempt`` went on from (empty unless it continued)."""
-        chosen = self.recovered.get(attempt)
-        if chosen is None or chosen["recovery"] != Recovery.CONTINUE:
-            return ""
-        before = self.salvage(attempt - 1)
-        return before.text if before is not None else ""
-
-    def salvage(self, attempt: int) -> Salvage | None:
-        """What attempt ``attempt`` left: its prefix and its chunks (``None``: nothing,
-        neither text it went on from nor a chunk of its own)."""
-        chunks = self.chunks.get(attempt, [])
-        prefix = self.prefix(attempt) if attempt > 1 else ""
-        if not chunks and not prefix:
-            return None
-        return Salvage.from_chunks(chunks, prefix)
+    return StreamTexts.of(recs).salvage(attempt)
 
 
 class StreamAttempts(Attempts):
@@ -116,7 +82,7 @@ class StreamAttempts(Attempts):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.texts = _Texts(self.recs)
+        self.texts = StreamTexts.of(self.recs)
         self._lost()
 
     def _lost(self) -> None:
@@ -161,6 +127,7 @@ class StreamAttempts(Attempts):
         sent = route.request(self.request)
         recovery = self._recovery(sent)
         marker = None
+        prefix_from = None  # the attempt whose salvage the request goes on from
         if recovery is not None:
             chosen, salvage = recovery
             marker = {"recovery": str(chosen), "chunks": salvage.chunks}
@@ -168,6 +135,8 @@ class StreamAttempts(Attempts):
                 return await self._surface(route, sent, salvage, skipped)
             if chosen is Recovery.CONTINUE:
                 sent = continuation_of(sent, salvage)
+                prefix_from = int(self.failures[-1]["attempt"])
+        await self.started(route, sent)
         began = monotonic()
         batches = _Batches(self, route)
         try:
@@ -182,7 +151,8 @@ class StreamAttempts(Attempts):
             return None
         tail = batches.tail()
         return await self.record(route, sent, reply, skipped, marker,
-                                 before=[] if tail is None else [tail])
+                                 before=[] if tail is None else [tail],
+                                 streamed=self.attempt, prefix_from=prefix_from)
 
     async def _surface(self, route: Route, sent: ModelRequest, salvage: Salvage,
                        skipped: list[dict[str, Any]]) -> ModelReply:
@@ -192,7 +162,8 @@ class StreamAttempts(Attempts):
         reply = ModelReply(text=salvage.text, finish_reason=INTERRUPTED,
                            model=sent.model, provider=route.client.provider)
         recorded = {**marker.to_json(), "partial": len(salvage.text)}
-        return await self.record(route, sent, reply, skipped, recorded)
+        return await self.record(route, sent, reply, skipped, recorded,
+                                 streamed=int(self.failures[-1]["attempt"]))
 
     def failure_of(self, exc: Exception, sent: ModelRequest) -> tuple[CallFailure, str, int]:
         """A stream's failure; its partial text is what memory holds."""
