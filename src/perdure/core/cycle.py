@@ -236,6 +236,11 @@ def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
             outcome_status(facts.terminated.get("outcome", Status.FAILED)),
         )
     if view.cancel_requested:
+        if view.pending_refinements:
+            # Pending refinements (and notes of who acted, the cancel's among them) are
+            # folded into memory first; the cancel ends the object on the next evaluation.
+            return _go(Action.MUTATE, ReasonCode.REFINEMENTS_PENDING,
+                       f"{view.pending_refinements} intent refinement(s) pending")
         return _terminate(ReasonCode.CANCEL_REQUESTED, "cancelled", Status.CANCELLED)
     deadline = facts.intent.deadline
     if deadline is not None and now >= deadline:
