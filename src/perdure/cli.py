@@ -26,6 +26,7 @@ from perdure import __version__
 from perdure import inspect as view
 from perdure._cli_keys import keys
 from perdure._cli_tail import tail
+from perdure._cli_ui import start_ui, ui
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
 from perdure.app import App
@@ -300,9 +301,16 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 @click.option("--capability", "capabilities", multiple=True, metavar="NAME",
               help="A capability this node has (repeatable), added to the App's own; objects "
                    "and steps that require one go only to nodes that have it.")
+@click.option("--ui", "with_ui", is_flag=True,
+              help="Serve the dashboard too (see `perdure ui`; 127.0.0.1 by default).")
+@click.option("--ui-host", default="127.0.0.1", show_default=True, envvar="PERDURE_UI_HOST",
+              help="Address the dashboard listens on (with --ui).")
+@click.option("--ui-port", default=8377, show_default=True, type=int, envvar="PERDURE_UI_PORT",
+              help="Port the dashboard listens on (with --ui).")
 @click.pass_obj
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
-           poll_interval: float | None, capabilities: tuple[str, ...]) -> None:
+           poll_interval: float | None, capabilities: tuple[str, ...], with_ui: bool = False,
+           ui_host: str = "127.0.0.1", ui_port: int = 8377) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM."""
     app = obj.app(need_agents=True).with_settings(
         lease_seconds=lease_seconds, poll_interval=poll_interval, capabilities=set(capabilities))
@@ -311,6 +319,8 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
     caps = f", capabilities {', '.join(sorted(app.capabilities))}" if app.capabilities else ""
     err.print(f"node {app.node_id} serving {serving} from {app.store_url} "
               f"(concurrency {concurrency}{caps})")
+    if with_ui:
+        start_ui(app, host=ui_host, port=ui_port, background=True)
     app.run_worker(concurrency=concurrency)
 
 
@@ -604,6 +614,7 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
 
 cli.add_command(keys)
 cli.add_command(tail)
+cli.add_command(ui)
 
 
 @cli.command()

@@ -1,0 +1,175 @@
+"""What the dashboard does to objects, and who did it: the one place that calls ``App``'s
+acting API, including the calls that this version of perdure may not have yet (tool
+approvals, questions with a prompt, fork, retry).
+
+Every action first puts a note in the object's inbox saying who acts and how
+(``record_action``): a sealed refinement event that a node folds into the object's
+memory as a ``progress`` record ``{"operator_action": {...}}`` before anything else,
+a cancel included. The API calls that may be absent are looked up with ``getattr``;
+when absent, the dashboard says "not available" and does nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from perdure.app import App
+from perdure.core.codec import MAX_DEPTH, encode
+from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
+from perdure.errors import ConfigurationError
+from perdure.handle import ObjectInfo
+from perdure.web._auth import Principal
+
+__all__ = ["NOT_AVAILABLE", "Question", "approve", "available", "cancel", "fork",
+           "pause", "pending_approvals", "questions", "record_action", "reject", "resume",
+           "retry", "send"]
+
+NOT_AVAILABLE = "not available in this version of perdure"
+
+
+class _UnavailableError(ConfigurationError):
+    """An action this version of perdure has no API for."""
+
+
+def available(app: App, name: str) -> bool:
+    """Whether ``app`` has the API ``name`` (``approvals``, ``approve``, ``reject``,
+    ``questions``, ``fork``, ``retry``)."""
+    return callable(getattr(app, name, None))
+
+
+def _call(app: App, name: str, *args: Any, **kwargs: Any) -> Any:
+    fn = getattr(app, name, None)
+    if not callable(fn):
+        raise _UnavailableError(f"{name}: {NOT_AVAILABLE}")
+    return fn(*args, **kwargs)
+
+
+def record_action(app: App, object_id: str, who: Principal, action: str,
+                  **details: Any) -> None:
+    """Put the note "``who`` did ``action``" in the object's inbox, sealed by this node,
+    for its memory (see the module's docstring)."""
+    note = {"action": action, "by": who.name, "role": who.role, "method": who.method,
+            "via": "dashboard", "at": time.time(), **details}
+    data = encode({ACTION_NOTE: note}, what="action note", max_depth=MAX_DEPTH)
+    app.store.send(object_id, REFINE_EVENT, data, None, time.time(),
+                   app._seal(object_id, REFINE_EVENT, data, None))
+
+
+# -- what the API of today does ------------------------------------------------------
+
+
+def send(app: App, who: Principal, object_id: str, event: str, payload: Any) -> bool:
+    """Send ``event`` with ``payload`` (the answer to a question, say)."""
+    app.get(object_id, explain=False)
+    if event.startswith("perdure:"):
+        raise ConfigurationError(f"event name {event!r} is reserved; use another name")
+    record_action(app, object_id, who, "send", event=event)
+    return app.send(object_id, event, payload)
+
+
+def pause(app: App, who: Principal, object_id: str) -> ObjectInfo:
+    """Hold the object at its next command boundary."""
+    app.get(object_id, explain=False)
+    record_action(app, object_id, who, "pause")
+    return app.pause(object_id)
+
+
+def resume(app: App, who: Principal, object_id: str) -> ObjectInfo:
+    """Release a paused object."""
+    app.get(object_id, explain=False)
+    record_action(app, object_id, who, "resume")
+    return app.resume(object_id)
+
+
+def cancel(app: App, who: Principal, object_id: str) -> ObjectInfo:
+    """Ask the object to stop; the note of who asked is folded in before it ends."""
+    app.get(object_id, explain=False)
+    record_action(app, object_id, who, "cancel")
+    return app.cancel(object_id)
+
+
+# -- what may not exist yet ------------------------------------------------------------
+
+
+def retry(app: App, who: Principal, object_id: str) -> ObjectInfo:
+    """Retry a parked object (``app.retry``, else ``app.resume``, which unparks)."""
+    app.get(object_id, explain=False)
+    record_action(app, object_id, who, "retry")
+    if available(app, "retry"):
+        result = _call(app, "retry", object_id)
+        return result if isinstance(result, ObjectInfo) else app.get(object_id)
+    return app.resume(object_id)
+
+
+def fork(app: App, who: Principal, object_id: str, at: int, new_id: str | None) -> str:
+    """A new object from the verified prefix of ``object_id``'s memory up to ``at``;
+    its id. ``ConfigurationError`` when this perdure has no ``app.fork``."""
+    if not available(app, "fork"):
+        raise _UnavailableError(f"fork: {NOT_AVAILABLE}")
+    app.get(object_id, explain=False)
+    made = _call(app, "fork", object_id, at=at, object_id=new_id)
+    new = str(getattr(made, "object_id", made))
+    record_action(app, new, who, "fork", source=object_id, at=at)
+    return new
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """An object asking something of a person: the event it waits for, and its words."""
+
+    object_id: str
+    agent: str
+    event: str
+    prompt: Any
+    since: float
+
+
+def questions(app: App, rows: list[Any]) -> list[Question]:
+    """Open questions: ``app.questions()`` when this perdure has it, else every object
+    waiting for an event (``rows``, from the dashboard's query), its prompt when
+    ``ObjectInfo`` carries one."""
+    if available(app, "questions"):
+        found = []
+        for q in _call(app, "questions"):
+            found.append(Question(str(getattr(q, "object_id", "")), str(getattr(q, "agent", "")),
+                                  str(getattr(q, "event", getattr(q, "waiting_event", ""))),
+                                  getattr(q, "prompt", None),
+                                  float(getattr(q, "since", getattr(q, "updated_at", 0)) or 0)))
+        return found
+    return [Question(r.object_id, r.agent, str(r.waiting_event), getattr(r, "prompt", None),
+                     r.updated_at) for r in rows]
+
+
+def pending_approvals(app: App) -> list[dict[str, Any]] | None:
+    """Pending tool approvals across objects, newest first, each as a dict (object_id,
+    proposal_id, tool, arguments, risk, requested_at, expires_at); ``None`` when this
+    perdure has no approvals."""
+    if not available(app, "approvals"):
+        return None
+    out = []
+    for item in _call(app, "approvals"):
+        get = item.get if isinstance(item, dict) else (lambda k, i=item: getattr(i, k, None))
+        out.append({k: get(k) for k in ("object_id", "proposal_id", "tool", "arguments",
+                                        "risk", "requested_at", "expires_at")})
+    out.sort(key=lambda a: float(a.get("requested_at") or 0), reverse=True)
+    return out
+
+
+def approve(app: App, who: Principal, object_id: str, proposal_id: str,
+            edit: Any = None) -> None:
+    """Approve a pending tool call (with ``edit``: changed arguments, gated again)."""
+    if not available(app, "approve"):
+        raise _UnavailableError(f"approve: {NOT_AVAILABLE}")
+    record_action(app, object_id, who, "approve", proposal=proposal_id,
+                  edited=edit is not None)
+    _call(app, "approve", object_id, proposal_id, edit=edit)
+
+
+def reject(app: App, who: Principal, object_id: str, proposal_id: str, reason: str) -> None:
+    """Reject a pending tool call, saying why."""
+    if not available(app, "reject"):
+        raise _UnavailableError(f"reject: {NOT_AVAILABLE}")
+    record_action(app, object_id, who, "reject", proposal=proposal_id, reason=reason)
+    _call(app, "reject", object_id, proposal_id, reason=reason)
