@@ -241,9 +241,9 @@ class Queries:
         """Objects waiting for an event someone outside may send (not perdure's own
         signals), most recently updated first."""
         sql = ("SELECT * FROM objects WHERE waiting_event IS NOT NULL AND lease_owner IS NULL "
-               f"AND waiting_event NOT LIKE 'perdure:%' AND status = 'dormant' "
+               f"AND waiting_event NOT LIKE {self._p('ours')} AND status = 'dormant' "
                f"ORDER BY updated_at DESC, object_id LIMIT {self._p('limit')}")
-        return self._objects(sql, {"limit": limit})
+        return self._objects(sql, {"limit": limit, "ours": "perdure:%"})
 
     def running_on(self, now: float) -> dict[str, list[str]]:
         """Object ids by the node holding their lease now."""
