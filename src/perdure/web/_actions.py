@@ -29,10 +29,6 @@ __all__ = ["NOT_AVAILABLE", "Question", "approve", "available", "cancel", "fork"
 NOT_AVAILABLE = "not available in this version of perdure"
 
 
-class _UnavailableError(ConfigurationError):
-    """An action this version of perdure has no API for."""
-
-
 def available(app: App, name: str) -> bool:
     """Whether ``app`` has the API ``name`` (``approvals``, ``approve``, ``reject``,
     ``questions``, ``fork``, ``retry``)."""
@@ -42,7 +38,7 @@ def available(app: App, name: str) -> bool:
 def _call(app: App, name: str, *args: Any, **kwargs: Any) -> Any:
     fn = getattr(app, name, None)
     if not callable(fn):
-        raise _UnavailableError(f"{name}: {NOT_AVAILABLE}")
+        raise ConfigurationError(f"{name}: {NOT_AVAILABLE}")
     return fn(*args, **kwargs)
 
 
@@ -107,7 +103,7 @@ def fork(app: App, who: Principal, object_id: str, at: int, new_id: str | None) 
     """A new object from the verified prefix of ``object_id``'s memory up to ``at``;
     its id. ``ConfigurationError`` when this perdure has no ``app.fork``."""
     if not available(app, "fork"):
-        raise _UnavailableError(f"fork: {NOT_AVAILABLE}")
+        raise ConfigurationError(f"fork: {NOT_AVAILABLE}")
     app.get(object_id, explain=False)
     made = _call(app, "fork", object_id, at=at, object_id=new_id)
     new = str(getattr(made, "object_id", made))
@@ -161,7 +157,7 @@ def approve(app: App, who: Principal, object_id: str, proposal_id: str,
             edit: Any = None) -> None:
     """Approve a pending tool call (with ``edit``: changed arguments, gated again)."""
     if not available(app, "approve"):
-        raise _UnavailableError(f"approve: {NOT_AVAILABLE}")
+        raise ConfigurationError(f"approve: {NOT_AVAILABLE}")
     record_action(app, object_id, who, "approve", proposal=proposal_id,
                   edited=edit is not None)
     _call(app, "approve", object_id, proposal_id, edit=edit)
@@ -170,6 +166,6 @@ def approve(app: App, who: Principal, object_id: str, proposal_id: str,
 def reject(app: App, who: Principal, object_id: str, proposal_id: str, reason: str) -> None:
     """Reject a pending tool call, saying why."""
     if not available(app, "reject"):
-        raise _UnavailableError(f"reject: {NOT_AVAILABLE}")
+        raise ConfigurationError(f"reject: {NOT_AVAILABLE}")
     record_action(app, object_id, who, "reject", proposal=proposal_id, reason=reason)
     _call(app, "reject", object_id, proposal_id, reason=reason)

@@ -108,12 +108,13 @@ class _Flash:
             return self.messages.pop(sid, (None, None))
 
 
-class _RefusedError(Exception):
+@dataclass(frozen=True, slots=True)
+class _Refusal:
     """A request the guard turns away: status, what the client is told, what is logged."""
 
-    def __init__(self, status: int, said: str, why: str) -> None:
-        super().__init__(why)
-        self.status, self.said, self.why = status, said, why
+    status: int
+    said: str
+    why: str
 
 
 Handler = Callable[[Request, Session, str], Awaitable[Response]]
@@ -136,69 +137,84 @@ class Dashboard:
 
     # -- the guard -------------------------------------------------------------------
 
-    def _check_host(self, request: Request) -> str:
+    def _check_host(self, request: Request) -> str | _Refusal:
         host = request.headers.get("host", "").lower()
         if host not in self._hosts:
-            raise _RefusedError(400, "unknown Host", f"Host header {host!r} is not this server's")
+            return _Refusal(400, "unknown Host", f"Host header {host!r} is not this server's")
         return host
 
-    def _check_origin(self, request: Request, host: str) -> None:
+    def _check_origin(self, request: Request, host: str) -> _Refusal | None:
         site = request.headers.get("sec-fetch-site")
         if site is not None and site not in ("same-origin", "none"):
-            raise _RefusedError(403, "cross-site request refused", f"Sec-Fetch-Site {site}")
+            return _Refusal(403, "cross-site request refused", f"Sec-Fetch-Site {site}")
         origin = request.headers.get("origin")
         if origin is not None:
             scheme = "https" if self.settings.https else "http"
             if origin.lower() != f"{scheme}://{host}":
-                raise _RefusedError(403, "cross-origin request refused", f"Origin {origin!r}")
+                return _Refusal(403, "cross-origin request refused", f"Origin {origin!r}")
+        return None
 
-    async def _form(self, request: Request) -> dict[str, str]:
+    async def _form(self, request: Request) -> dict[str, str] | _Refusal:
         body = b""
         async for chunk in request.stream():
             body += chunk
             if len(body) > _MAX_BODY:
-                raise _RefusedError(413, "request too large", "body over 256 KiB")
+                return _Refusal(413, "request too large", "body over 256 KiB")
         try:
             parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True,
                               max_num_fields=50)
         except (UnicodeDecodeError, ValueError):
-            raise _RefusedError(400, "malformed form", "form body not parseable") from None
+            return _Refusal(400, "malformed form", "form body not parseable")
         return {k: v[0] for k, v in parsed.items()}
 
-    def _refuse(self, request: Request, refused: _RefusedError, who: str = "-") -> Response:
+    def _refuse(self, request: Request, refused: _Refusal, who: str = "-") -> Response:
         log.warning("dashboard refused %s %s from %s (%s): %s", request.method,
                     request.url.path, request.client.host if request.client else "?", who,
                     refused.why, extra={"action": "ui_refused"})
         return PlainTextResponse(refused.said, status_code=refused.status,
                                  headers=_HEADERS)
 
+    async def _admit(self, request: Request, act: bool
+                     ) -> tuple[Session, str, dict[str, str]] | _Refusal | Response:
+        """The request's session, id and form if the guard lets it through."""
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return host
+        unsafe = request.method not in _SAFE
+        if unsafe:
+            cross = self._check_origin(request, host)
+            if cross is not None:
+                return cross
+        sid = request.cookies.get(COOKIE, "")
+        session = self.sessions.get(sid)
+        if session is None:
+            if not unsafe and request.headers.get("accept", "").startswith("text/html"):
+                return RedirectResponse("/login", 303, headers=_HEADERS)
+            return _Refusal(401, "log in first", "no valid session")
+        form: dict[str, str] = {}
+        if unsafe:
+            got = await self._form(request)
+            if isinstance(got, _Refusal):
+                return got
+            form = got
+            token = form.get("csrf") or request.headers.get("x-csrf-token", "")
+            if not hmac.compare_digest(token.encode(), session.csrf.encode()):
+                return _Refusal(403, "missing or wrong CSRF token",
+                                f"bad CSRF token ({session.principal.label()})")
+        if act and not session.principal.can_act:
+            return _Refusal(403, "your role may not act",
+                            f"viewer tried to act ({session.principal.label()})")
+        return session, sid, form
+
     def _guarded(self, handler: Handler, *, act: bool = False) -> Callable[
             [Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
-            try:
-                host = self._check_host(request)
-                unsafe = request.method not in _SAFE
-                if unsafe:
-                    self._check_origin(request, host)
-                sid = request.cookies.get(COOKIE, "")
-                session = self.sessions.get(sid)
-                if session is None:
-                    if not unsafe and request.headers.get("accept", "").startswith(
-                            "text/html"):
-                        return RedirectResponse("/login", 303, headers=_HEADERS)
-                    raise _RefusedError(401, "log in first", "no valid session")
-                form: dict[str, str] = {}
-                if unsafe:
-                    form = await self._form(request)
-                    token = form.get("csrf") or request.headers.get("x-csrf-token", "")
-                    if not hmac.compare_digest(token.encode(), session.csrf.encode()):
-                        raise _RefusedError(403, "missing or wrong CSRF token", "bad CSRF token")
-                if act and not session.principal.can_act:
-                    raise _RefusedError(403, "your role may not act", "viewer tried to act")
-            except _RefusedError as refused:
-                who = locals().get("session")
-                return self._refuse(request, refused,
-                                    who.principal.label() if isinstance(who, Session) else "-")
+            admitted = await self._admit(request, act)
+            if isinstance(admitted, _Refusal):
+                return self._refuse(request, admitted)
+            if isinstance(admitted, Response):
+                return admitted
+            session, sid, form = admitted
             request.state.form = form
             response = await handler(request, session, sid)
             response.headers.update(_HEADERS)
@@ -214,10 +230,9 @@ class Dashboard:
 
     async def login_form(self, request: Request) -> Response:
         """GET /login."""
-        try:
-            self._check_host(request)
-        except _RefusedError as refused:
-            return self._refuse(request, refused)
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return self._refuse(request, host)
         nonce = secrets.token_urlsafe(24)
         response = HTMLResponse(pages.login_page(None, nonce), headers=_HEADERS)
         self._cookie(response, _PRE, nonce, 3600)
@@ -226,18 +241,22 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         """POST /login: a name and a token or password open a session."""
         client = request.client.host if request.client else "?"
-        try:
-            host = self._check_host(request)
-            self._check_origin(request, host)
-            form = await self._form(request)
-            pre = request.cookies.get(_PRE, "")
-            if not pre or not hmac.compare_digest(form.get("csrf", "").encode(), pre.encode()):
-                raise _RefusedError(403, "the login form expired; reload it", "bad login CSRF")
-            if self.throttle.blocked(client):
-                raise _RefusedError(429, "too many failed logins; wait a minute",
-                               "login throttled")
-        except _RefusedError as refused:
-            return self._refuse(request, refused)
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return self._refuse(request, host)
+        cross = self._check_origin(request, host)
+        if cross is not None:
+            return self._refuse(request, cross)
+        form = await self._form(request)
+        if isinstance(form, _Refusal):
+            return self._refuse(request, form)
+        pre = request.cookies.get(_PRE, "")
+        if not pre or not hmac.compare_digest(form.get("csrf", "").encode(), pre.encode()):
+            return self._refuse(request, _Refusal(403, "the login form expired; reload it",
+                                                  "bad login CSRF"))
+        if self.throttle.blocked(client):
+            return self._refuse(request, _Refusal(429, "too many failed logins; wait a minute",
+                                                  "login throttled"))
         name = " ".join(form.get("name", "").split())[:80]
         proved = await run_in_threadpool(self.credentials.check, form.get("secret", ""))
         if proved is None or not name:
