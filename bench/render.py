@@ -315,6 +315,7 @@ def history_table(report: dict[str, Any]) -> str:
 def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
     from bench.render_model import conversation_table, stream_table
+    from bench.ui import table as ui_table
 
     parts = []
     for title, table in (("Durable steps", steps_table(report)),
@@ -328,6 +329,7 @@ def render(report: dict[str, Any]) -> str:
                          ("Model calls: storage of a conversation",
                           conversation_table(report)),
                          ("Model calls: the stream journal's cost", stream_table(report)),
+                         ("Dashboard: the objects list", ui_table(report)),
                          ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")

@@ -207,6 +207,9 @@ class Queries:
         if filters.q is not None:
             params["q"] = _like(filters.q)
             where.append(f"object_id LIKE {p('q')} ESCAPE '\\'")
+            if self.sqlite:  # a range on the primary key as well: SQLite's LIKE uses none
+                params["q_lo"], params["q_hi"] = filters.q, filters.q + "\U0010ffff"
+                where.append("object_id >= :q_lo AND object_id < :q_hi")
         if filters.label is not None:
             key, _, value = filters.label.partition("=")
             params["lk"], params["lv"] = key.strip(), value.strip()
