@@ -10,6 +10,7 @@ session; acting needs the operator role. A refused request is logged on the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hmac
 import json
 import logging
@@ -53,6 +54,7 @@ log = logging.getLogger("perdure.web")
 COOKIE = "perdure_session"
 _PRE = "perdure_login"  # the login form's own CSRF cookie (double submit)
 _MAX_BODY = 256 * 1024
+_MAX_STREAMS = 64  # live streams (a thread each) served at once
 _SAFE = ("GET", "HEAD")
 _HEADERS = {
     "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -134,6 +136,8 @@ class Dashboard:
         self._hosts = self.settings.hosts()
         self._flash = _Flash()
         self._hour: tuple[float, dict[str, Any]] = (0.0, {})
+        self._streams = 0
+        self._streams_lock = threading.Lock()
 
     # -- the guard -------------------------------------------------------------------
 
@@ -257,7 +261,8 @@ class Dashboard:
         if self.throttle.blocked(client):
             return self._refuse(request, _Refusal(429, "too many failed logins; wait a minute",
                                                   "login throttled"))
-        name = " ".join(form.get("name", "").split())[:80]
+        name = " ".join("".join(c for c in form.get("name", "") if c.isprintable()
+                                ).split())[:80]
         proved = await run_in_threadpool(self.credentials.check, form.get("secret", ""))
         if proved is None or not name:
             self.throttle.failed(client)
@@ -404,9 +409,26 @@ class Dashboard:
             await run_in_threadpool(self.app.get, oid, explain=False)
         except (ValueError, ConfigurationError, PerdureError) as exc:
             return PlainTextResponse(str(exc), status_code=404)
+        if self._streams >= _MAX_STREAMS:
+            return PlainTextResponse("too many live streams; try again later",
+                                     status_code=503)
         stop = threading.Event()
         queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1000)
         loop = asyncio.get_running_loop()
+
+        def offer(item: str | None) -> bool:
+            """Hand ``item`` to the response; ``False`` once the follower has gone."""
+            while not stop.is_set():
+                done = asyncio.run_coroutine_threadsafe(
+                    asyncio.wait_for(queue.put(item), 1.0), loop)
+                try:
+                    done.result()
+                    return True
+                except TimeoutError:
+                    continue
+                except (RuntimeError, concurrent.futures.CancelledError):
+                    return False  # the loop or the response is gone
+            return False
 
         def pump() -> None:
             try:
@@ -417,23 +439,18 @@ class Dashboard:
                     if event.kind == Kind.MODEL_CHUNKS:
                         doc["text"] = event.text
                     data = json.dumps(doc, ensure_ascii=False)
-                    asyncio.run_coroutine_threadsafe(
-                        queue.put(f"id: {event.seq}\ndata: {data}\n\n"), loop).result()
-                    if stop.is_set():
+                    if not offer(f"id: {event.seq}\ndata: {data}\n\n"):
                         return
                     if event.kind == Kind.TERMINATED:
-                        asyncio.run_coroutine_threadsafe(
-                            queue.put("event: end\ndata: {}\n\n"), loop).result()
+                        offer("event: end\ndata: {}\n\n")
             except Exception as exc:  # noqa: BLE001 - said to the follower, then ended
-                if not stop.is_set():
-                    message = json.dumps({"error": str(exc)})
-                    asyncio.run_coroutine_threadsafe(
-                        queue.put(f"event: problem\ndata: {message}\n\n"), loop)
+                offer(f"event: problem\ndata: {json.dumps({'error': str(exc)})}\n\n")
             finally:
-                if not stop.is_set():
-                    asyncio.run_coroutine_threadsafe(queue.put(None), loop)
+                offer(None)
 
         async def body() -> AsyncIterator[str]:
+            with self._streams_lock:
+                self._streams += 1
             thread = threading.Thread(target=pump, daemon=True)
             thread.start()
             try:
@@ -445,6 +462,8 @@ class Dashboard:
                     yield item
             finally:
                 stop.set()
+                with self._streams_lock:
+                    self._streams -= 1
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
