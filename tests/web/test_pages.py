@@ -175,3 +175,27 @@ def test_worker_serves_the_dashboard(sqlite_url: str, key_dir: Path, tmp_path: P
         stop_worker(proc)
     # The token was printed once: a second start prints none.
     assert log.read_text().count("operator: ") == 1
+
+
+def test_a_long_memory_shows_its_intent_and_newest_records(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past a size, an object's page reads the intent, its refinements and the newest
+    records only (set small here: 3 records whole, then the newest 2)."""
+    from perdure.web import _server
+
+    monkeypatch.setattr(_server, "_WHOLE_MEMORY", 3)
+    monkeypatch.setattr(_server, "_TAIL", 2)
+    app = served.app
+    with app.background_worker():
+        oid = app.start("asker", "long", object_id="long-1").object_id
+        wait_until(lambda: app.get(oid).status is Status.DORMANT)
+        app.refine(oid, goal={"why": "longer"})
+        app.send(oid, "answer", 42)
+        app.handle(oid).result(timeout=20)
+    total = app.get(oid).records
+    with closing(served.login()) as client:
+        page = client.get(f"/objects/{oid}").text
+    assert f"Memory ({total} records)" in page
+    assert f"{total - 2} older record(s) not shown" in page
+    assert "asker@1" in page and "&quot;why&quot;: &quot;longer&quot;" in page
+    assert page.count("<tr class=\"k-") == 2

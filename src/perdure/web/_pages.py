@@ -219,15 +219,15 @@ def _intent_section(records: Sequence[Record]) -> str:
             f'<table class="kv">{ctable}</table></div></div>')
 
 
-def _timeline(records: Sequence[Record]) -> str:
+def _timeline(records: Sequence[Record], total: int) -> str:
     shown = records[-_TIMELINE_SHOWN:]
-    skipped = len(records) - len(shown)
+    skipped = max(0, total - len(shown))
     rows = "".join(
         f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
         f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
         f"<td>{_e(row.what)}</td></tr>" for row in view.timeline(shown))
     note = f'<p class="hint">{skipped} older record(s) not shown.</p>' if skipped else ""
-    return (f'<h2>Memory ({len(records)} records)</h2>{note}<table class="timeline"><thead><tr>'
+    return (f'<h2>Memory ({total} records)</h2>{note}<table class="timeline"><thead><tr>'
             "<th>seq</th><th>time</th><th>node</th><th>kind</th><th>what</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>")
 
@@ -280,8 +280,9 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
                 children: Sequence[ObjectInfo], usage: str | None, lineage_usage: str | None,
                 report: VerifyReport | None, question: Question | None, who: Principal,
                 csrf: str, fork_ok: bool, flash: str | None = None,
-                error: str | None = None) -> str:
-    """Everything about one object."""
+                error: str | None = None, newest: Sequence[Record] | None = None) -> str:
+    """Everything about one object; ``newest``: the records the timeline draws, when
+    ``records`` is not the whole memory."""
     head = " ".join(
         _status(text) if style and text == str(info.status) else f"<span>{_e(text)}</span>"
         for text, style in view.headline(info))
@@ -321,7 +322,8 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
             + _intent_section(records)
             + f'<section data-live id="lineage"><h2>Lineage</h2>{_tree(tree, info.object_id)}'
             f"{kids}</section>"
-            + f'<section data-live id="memory">{_timeline(records)}</section>')
+            + f'<section data-live id="memory">'
+            f'{_timeline(records if newest is None else newest, info.records)}</section>')
     return layout(info.object_id, body, who=who, csrf=csrf, active="objects")
 
 

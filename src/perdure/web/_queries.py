@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.core.lifecycle import Status
+from perdure.core.records import Record
 from perdure.errors import ConfigurationError
 from perdure.stores.base import ObjectRow, Store
 
@@ -232,6 +233,23 @@ class Queries:
         more = len(rows) > limit
         rows = rows[:limit]
         return Page(rows, encode_cursor(rows[-1]) if more and rows else None)
+
+    def records_of(self, object_id: str, kinds: Sequence[str], limit: int = 200
+                   ) -> list[Record]:
+        """The object's records of ``kinds``, oldest first, at most ``limit`` (its intent
+        and refinements, when its memory is too long to read whole for a page)."""
+        from perdure.stores._rows import record_from_row
+
+        p = self._p
+        marks = ",".join(p(f"k{n}") for n in range(len(kinds)))
+        params: dict[str, Any] = {f"k{n}": k for n, k in enumerate(kinds)}
+        params.update(oid=object_id, limit=limit)
+        sql = ("SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, "
+               f"prev_hash, hash, signature FROM records WHERE object_id = {p('oid')} AND "
+               f"kind IN ({marks}) ORDER BY seq LIMIT {p('limit')}")
+        rows = self._rows(sql, params)
+        return [record_from_row(tuple(bytes(v) if isinstance(v, memoryview) else v
+                                      for v in row)) for row in rows]
 
     def counts(self) -> dict[str, int]:
         """How many objects the store holds per stored status."""

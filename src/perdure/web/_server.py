@@ -55,6 +55,8 @@ COOKIE = "perdure_session"
 _PRE = "perdure_login"  # the login form's own CSRF cookie (double submit)
 _MAX_BODY = 256 * 1024
 _MAX_STREAMS = 64  # live streams (a thread each) served at once
+_WHOLE_MEMORY = 20_000  # records read whole for an object's page; beyond, the newest only
+_TAIL = 1000
 _SAFE = ("GET", "HEAD")
 _HEADERS = {
     "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -346,8 +348,16 @@ class Dashboard:
             except (ConfigurationError, PerdureError) as exc:
                 return self._error(session, "No such object", str(exc), 404)
             damaged = None
+            long = info.records > _WHOLE_MEMORY
+            tail = None
             try:
-                records = self.app.history(oid)
+                if long:  # the intent, its refinements, and the newest records only
+                    head = self.queries.records_of(oid, (Kind.INSTANTIATED,
+                                                         Kind.INTENT_REFINED))
+                    tail = self.app.history(oid, after=info.records - _TAIL)
+                    records = [r for r in head if r.seq <= info.records - _TAIL] + tail
+                else:
+                    records = self.app.history(oid)
             except RecordDecodeError as exc:
                 records, damaged = [], f"memory cannot be read: {exc}"
             root, hops = info, 0
@@ -360,7 +370,7 @@ class Dashboard:
             tree = view.lineage(root, lambda o: self.app.list(parent=o, limit=50)[::-1])
             children = self.app.list(parent=oid, limit=200)
             usage = lineage_usage = None
-            if not damaged:
+            if not damaged and not long:
                 usage = view.usage(self.app.usage(oid))
                 if children:
                     lineage_usage = view.usage(self.app.usage(oid, lineage=True))
@@ -370,7 +380,7 @@ class Dashboard:
                 lineage_usage=lineage_usage, report=report, question=self._question(info),
                 who=session.principal, csrf=session.csrf,
                 fork_ok=actions.available(self.app, "fork"), flash=flash,
-                error=damaged or error))
+                error=damaged or error, newest=tail))
         return await run_in_threadpool(build)
 
     async def inbox(self, request: Request, session: Session, sid: str) -> Response:
