@@ -31,7 +31,7 @@ def _passwords() -> dict[str, str]:
 
 def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] = (),
              tls_cert: str | None = None, tls_key: str | None = None,
-             new_tokens: bool = False, background: bool = False) -> Any:
+             new_tokens: bool = False, background: bool = False, https: bool = False) -> Any:
     """Build the dashboard over ``app`` and serve it (in a thread with ``background``);
     prints where, and the tokens issued now, once. Fails with one CLI line on a bad
     setting."""
@@ -41,11 +41,12 @@ def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] =
         _fail("--tls-cert and --tls-key go together")
     try:
         asgi, tokens = web.dashboard(app, passwords=_passwords(), host=host, port=port,
-                                     allowed_hosts=allowed_hosts, https=tls_cert is not None,
+                                     allowed_hosts=allowed_hosts,
+                                     https=https or tls_cert is not None,
                                      new_tokens=new_tokens)
     except ConfigurationError as exc:
         _fail(str(exc))
-    scheme = "https" if tls_cert else "http"
+    scheme = "https" if tls_cert or https else "http"
     where = f"[{host}]" if ":" in host else host
     click.echo(f"dashboard on {scheme}://{where}:{port}/ over {app.store_url}", err=True)
     if tokens:
@@ -66,7 +67,8 @@ def ui_options(fn: Any) -> Any:
         click.option("--host", "ui_host", default="127.0.0.1", show_default=True,
                      envvar="PERDURE_UI_HOST", help="Address the dashboard listens on; "
                      "another than loopback needs PERDURE_UI_PASSWORD."),
-        click.option("--port", "ui_port", default=8377, show_default=True, type=int,
+        click.option("--port", "ui_port", default=8377, show_default=True,
+                     type=click.IntRange(1, 65535),
                      envvar="PERDURE_UI_PORT", help="Port the dashboard listens on."),
         click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
                      help="A Host name the dashboard answers to besides its own (repeatable)."),
@@ -81,11 +83,14 @@ def ui_options(fn: Any) -> Any:
 
 @click.command()
 @ui_options
+@click.option("--https", is_flag=True,
+              help="Browsers reach the dashboard over https through a TLS proxy: cookies "
+                   "are Secure and the Origin checked is https.")
 @click.option("--new-tokens", is_flag=True,
               help="Issue new operator and viewer tokens (the old ones stop working).")
 @click.pass_obj
 def ui(obj: Any, ui_host: str, ui_port: int, allowed_hosts: tuple[str, ...],
-       tls_cert: str | None, tls_key: str | None, new_tokens: bool) -> None:
+       tls_cert: str | None, tls_key: str | None, https: bool, new_tokens: bool) -> None:
     """Serve the dashboard over the store: objects, memory, inbox, nodes, charts.
 
     Listens on 127.0.0.1:8377 by default. The first start issues an operator and a viewer
@@ -93,4 +98,4 @@ def ui(obj: Any, ui_host: str, ui_port: int, allowed_hosts: tuple[str, ...],
     """
     app = obj.app()
     start_ui(app, host=ui_host, port=ui_port, allowed_hosts=allowed_hosts,
-             tls_cert=tls_cert, tls_key=tls_key, new_tokens=new_tokens)
+             tls_cert=tls_cert, tls_key=tls_key, new_tokens=new_tokens, https=https)

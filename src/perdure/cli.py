@@ -305,7 +305,8 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
               help="Serve the dashboard too (see `perdure ui`; 127.0.0.1 by default).")
 @click.option("--ui-host", default="127.0.0.1", show_default=True, envvar="PERDURE_UI_HOST",
               help="Address the dashboard listens on (with --ui).")
-@click.option("--ui-port", default=8377, show_default=True, type=int, envvar="PERDURE_UI_PORT",
+@click.option("--ui-port", default=8377, show_default=True, type=click.IntRange(1, 65535),
+              envvar="PERDURE_UI_PORT",
               help="Port the dashboard listens on (with --ui).")
 @click.pass_obj
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
