@@ -67,8 +67,10 @@ def test_paging_and_filters(served: Served) -> None:
     middle = app.store.get("obj-040").created_at  # type: ignore[union-attr]
     assert ids(since=str(middle)) >= {"obj-040", asked}
     assert "obj-000" in ids(until=str(middle)) and asked not in ids(until=str(middle))
+    assert ids(since="2000-01-01 00:00") == {*made, asked}
+    assert ids(until="2000-01-01T00:00:00+00:00") == set()
     for bad in ({"status": "nope"}, {"label": "no-equals"}, {"since": "x"},
-                {"until": "nan"}, {"agent": "a\x00b"}):
+                {"until": "nan"}, {"agent": "a\x00b"}, {"since": "2026-13-45"}):
         with pytest.raises(ConfigurationError):
             Filters.from_query(bad)
     with closing(served.login()) as client:

@@ -20,6 +20,7 @@ from perdure.core.chain import VerifyReport
 from perdure.core.records import Kind, Record
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
+from perdure.inspect import STATUS_STYLE
 from perdure.stores.base import NodeInfo
 from perdure.web._actions import NOT_AVAILABLE, Question
 from perdure.web._auth import Principal
@@ -131,13 +132,19 @@ def overview_page(counts: Mapping[str, int], hour: Mapping[str, Any], live: int,
 
 
 def _filter_form(filters: Filters) -> str:
-    fields = []
-    for name, label in (("q", "id"), ("status", "status"), ("phase", "phase"),
+    chosen = filters.status or ""
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == chosen else ""}>{s or "any"}</option>'
+        for s in ("", *STATUS_STYLE))
+    fields = [f'<label>status<select name="status">{options}</select></label>']
+    for name, label in (("q", "id"), ("phase", "phase"),
                         ("agent", "agent"), ("version", "version"), ("label", "label k=v"),
-                        ("parent", "parent"), ("node", "node"), ("since", "since (epoch s)"),
-                        ("until", "until (epoch s)")):
+                        ("parent", "parent"), ("node", "node"), ("since", "created since"),
+                        ("until", "created until")):
         value = filters.query().get(name, "")
-        fields.append(f'<label>{label}<input name="{name}" value="{_e(value)}"></label>')
+        hint = ' placeholder="2026-11-24 09:30"' if name in ("since", "until") else ""
+        fields.append(f'<label>{label}<input name="{name}" value="{_e(value)}"{hint}>'
+                      "</label>")
     return (f'<form method="get" action="/objects" class="filters">{"".join(fields)}'
             '<button type="submit">Filter</button> <a href="/objects">clear</a></form>')
 

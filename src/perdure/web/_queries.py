@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import datetime as dt
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +36,7 @@ class Filters:
     """What the objects list is narrowed to; ``None`` matches everything.
 
     ``label`` is ``key=value``; ``since``/``until`` bound the creation time (epoch
-    seconds); ``q`` is an object id or the start of one.
+    seconds, or an ISO date and time); ``q`` is an object id or the start of one.
     """
 
     status: str | None = None
@@ -65,8 +66,12 @@ class Filters:
             try:
                 got = float(value)
             except ValueError:
-                raise ConfigurationError(f"filter {name} must be a number of seconds since "
-                                         f"the epoch, not {value!r}") from None
+                try:  # a date and time, local unless it says its offset
+                    got = dt.datetime.fromisoformat(value).timestamp()
+                except (ValueError, OverflowError, OSError):
+                    raise ConfigurationError(
+                        f"filter {name} must be a time (2026-11-24 09:30, or seconds since "
+                        f"the epoch), not {value!r}") from None
             if got != got or abs(got) > 1e12:
                 raise ConfigurationError(f"filter {name} is out of range")
             return got
