@@ -201,3 +201,34 @@ def test_a_long_memory_shows_its_intent_and_newest_records(
     assert f"{total - 2} older record(s) not shown" in page
     assert "asker@1" in page and "&quot;why&quot;: &quot;longer&quot;" in page
     assert page.count("<tr class=\"k-") == 2
+
+
+def test_damaged_memory_is_shown_not_served(sqlite_url: str, key_dir: Path) -> None:
+    """A record whose body was overwritten with bytes that are not JSON: the object's page
+    says its memory cannot be read, verify names the record, the list goes on."""
+    import sqlite3
+
+    from tests.web.support import serve, stop_serving
+
+    served = serve(sqlite_url, key_dir)
+    try:
+        app = served.app
+        with app.background_worker():
+            oid = app.start("asker", "x", object_id="hurt").object_id
+            wait_until(lambda: app.get(oid).status is Status.DORMANT)
+        db = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+        db.execute("UPDATE records SET body = X'ff00fe' WHERE object_id = ? AND seq = 2",
+                   (oid,))
+        db.commit()
+        db.close()
+        with closing(served.login()) as client:
+            page = client.get(f"/objects/{oid}")
+            assert page.status_code == 200 and "memory cannot be read" in page.text
+            checked = client.get(f"/objects/{oid}", params={"verify": "1"}).text
+            assert "verify FAILED at record #2" in checked
+            assert client.get("/objects").status_code == 200
+            assert client.get("/").status_code == 200
+            lines = client.get("/stream", params={"id": oid}).text
+            assert "event: problem" in lines
+    finally:
+        stop_serving(served)

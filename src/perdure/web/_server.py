@@ -146,7 +146,9 @@ class Dashboard:
     def _check_host(self, request: Request) -> str | _Refusal:
         host = request.headers.get("host", "").lower()
         if host not in self._hosts:
-            return _Refusal(400, "unknown Host", f"Host header {host!r} is not this server's")
+            return _Refusal(400, "unknown Host: this dashboard answers to its own names only "
+                            "(perdure ui --allowed-host NAME adds one)",
+                            f"Host header {host!r} is not this server's")
         return host
 
     def _check_origin(self, request: Request, host: str) -> _Refusal | None:
@@ -565,7 +567,15 @@ class Dashboard:
 
         static = str(files("perdure.web") / "static")
         g = self._guarded
-        return Starlette(routes=[
+
+        async def store_trouble(request: Request, exc: Exception) -> Response:
+            log.error("dashboard %s %s: %s", request.method, request.url.path, exc,
+                      extra={"action": "ui_store_error"})
+            return HTMLResponse(pages.message_page(
+                "The store could not answer", f"{exc}", None), status_code=503,
+                headers=_HEADERS)
+
+        return Starlette(exception_handlers={PerdureError: store_trouble}, routes=[
             Route("/login", self.login_form, methods=["GET"]),
             Route("/login", self.login, methods=["POST"]),
             Route("/logout", g(self.logout), methods=["POST"]),
