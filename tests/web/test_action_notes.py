@@ -41,6 +41,13 @@ def test_pause_then_cancel_is_noted_before_the_end(store_url: str, key_dir: Path
         history = app.history(oid)
         assert history[-1].kind == "terminated" and history[-1].body["outcome"] == "cancelled"
         assert app.verify(oid).ok
+        # A note in memory is none of the agent's doing: its code still replays it.
+        ask = app.start("asker", "replayed").object_id
+        with app.background_worker():
+            wait_until(lambda: app.get(ask).status is Status.DORMANT)
+            actions.send(app, ALICE, ask, "answer", "yes")
+            app.handle(ask).result(timeout=20)
+        assert [r.verdict for r in app.replay_check([ask, oid])] == ["compatible"] * 2
         # An ended object takes no note and no action.
         with pytest.raises(perdure.ObjectTerminatedError):
             actions.cancel(app, ALICE, oid)
