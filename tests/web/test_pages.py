@@ -108,14 +108,20 @@ def test_inbox_stream_and_actions_noted(served: Served, tmp_path: Path,
                 assert got.status_code == 303
             wait_until(lambda: [n["action"] for n in actions_noted(app, nap)]
                        == ["pause", "resume"])
-            got = client.post("/act/send", data={"csrf": csrf, "object_id": ask,
-                                                 "event": "answer",
-                                                 "payload": '{"hex": "#00f"}'})
-            assert got.status_code == 303
+            nonce = inbox.split('name="nonce" value="')[1].split('"')[0]
+            for _ in range(2):  # the same form sent twice: one event, one note
+                got = client.post("/act/send", data={"csrf": csrf, "object_id": ask,
+                                                     "event": "answer", "nonce": nonce,
+                                                     "payload": '{"hex": "#00f"}'})
+                assert got.status_code == 303
             done = client.get(f"/objects/{ask}").text
-            assert "event &#x27;answer&#x27; sent" in done
+            assert "event &#x27;answer&#x27; sent (already sent)" in done
             assert served.app.handle(ask).result(timeout=20) == {
                 "topic": "colour", "answer": {"hex": "#00f"}}
+            assert [n["action"] for n in actions_noted(app, ask)] == ["send"]
+            got = client.post("/act/send", data={"csrf": csrf, "object_id": nap,
+                                                 "event": "answer", "nonce": "bad nonce!"})
+            assert "nonce is damaged" in client.get(f"/objects/{nap}").text
             with client.stream("GET", "/stream", params={"id": ask}) as events:
                 lines = [line for line in events.iter_lines() if line]
             data = [json.loads(x[6:]) for x in lines if x.startswith("data: {\"seq")]

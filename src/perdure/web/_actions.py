@@ -11,12 +11,14 @@ when absent, the dashboard says "not available" and does nothing.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
 from perdure.core.codec import MAX_DEPTH, encode
+from perdure.core.names import check_name
 from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
 from perdure.errors import ConfigurationError
 from perdure.handle import ObjectInfo
@@ -27,6 +29,7 @@ __all__ = ["NOT_AVAILABLE", "Question", "approve", "available", "cancel", "fork"
            "retry", "send"]
 
 NOT_AVAILABLE = "not available in this version of perdure"
+_NONCE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 
 
 def available(app: App, name: str) -> bool:
@@ -42,27 +45,38 @@ def _call(app: App, name: str, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-def record_action(app: App, object_id: str, who: Principal, action: str,
-                  **details: Any) -> None:
+def record_action(app: App, object_id: str, who: Principal, action: str, *,
+                  dedupe_key: str | None = None, **details: Any) -> bool:
     """Put the note "``who`` did ``action``" in the object's inbox, sealed by this node,
-    for its memory (see the module's docstring)."""
+    for its memory (see the module's docstring); ``False`` when ``dedupe_key`` was used
+    before (the same form sent twice)."""
     note = {"action": action, "by": who.name, "role": who.role, "method": who.method,
             "via": "dashboard", "at": time.time(), **details}
     data = encode({ACTION_NOTE: note}, what="action note", max_depth=MAX_DEPTH)
-    app.store.send(object_id, REFINE_EVENT, data, None, time.time(),
-                   app._seal(object_id, REFINE_EVENT, data, None))
+    return app.store.send(object_id, REFINE_EVENT, data, dedupe_key, time.time(),
+                          app._seal(object_id, REFINE_EVENT, data, dedupe_key))
 
 
 # -- what the API of today does ------------------------------------------------------
 
 
-def send(app: App, who: Principal, object_id: str, event: str, payload: Any) -> bool:
-    """Send ``event`` with ``payload`` (the answer to a question, say)."""
+def send(app: App, who: Principal, object_id: str, event: str, payload: Any,
+         nonce: str | None = None) -> bool:
+    """Send ``event`` with ``payload`` (the answer to a question, say); ``nonce`` (one per
+    form shown) makes a form sent twice deliver its event, and its note, once: ``False``
+    for the second."""
     app.get(object_id, explain=False)
+    check_name(event, "event name")
     if event.startswith("perdure:"):
         raise ConfigurationError(f"event name {event!r} is reserved; use another name")
-    record_action(app, object_id, who, "send", event=event)
-    return app.send(object_id, event, payload)
+    if nonce is not None and not _NONCE.fullmatch(nonce):
+        raise ConfigurationError("the form's nonce is damaged; reload the page")
+    noted = record_action(app, object_id, who, "send", event=event,
+                          dedupe_key=None if nonce is None else f"ui-note:{nonce}")
+    if not noted:
+        return False
+    return app.send(object_id, event, payload,
+                    dedupe_key=None if nonce is None else f"ui-send:{nonce}")
 
 
 def pause(app: App, who: Principal, object_id: str) -> ObjectInfo:

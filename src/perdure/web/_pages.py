@@ -9,6 +9,7 @@ them, so that a refresh never eats what someone is typing.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
@@ -46,6 +47,11 @@ def _status(status: str) -> str:
 
 def _csrf(csrf: str) -> str:
     return f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+
+
+def _nonce() -> str:
+    """A form's own id: the same form sent twice delivers its event once."""
+    return f'<input type="hidden" name="nonce" value="{secrets.token_urlsafe(16)}">'
 
 
 def layout(title: str, body: str, *, who: Principal | None, csrf: str = "",
@@ -263,7 +269,7 @@ def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int,
         retry = (f'<form method="post" action="/act/retry">{_csrf(csrf)}{oid}'
                  '<button id="retry">Retry (parked)</button></form>'
                  if info.status == "parked" else "")
-        base = (f'<form method="post" action="/act/send" class="send">{_csrf(csrf)}{oid}'
+        base = (f'<form method="post" action="/act/send" class="send">{_csrf(csrf)}{oid}{_nonce()}'
                 f'<label>event <input name="event" required maxlength="200" '
                 f'value="{_e(info.waiting_event or "")}"></label>'
                 '<label>payload (JSON, or text) <input name="payload"></label>'
@@ -374,7 +380,8 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[Mapping[str, A
         answer = ""
         if who.can_act:
             answer = (f'<form method="post" action="/act/send" '
-                      f'class="answer">{_csrf(csrf)}<input type="hidden" name="object_id" '
+                      f'class="answer">{_csrf(csrf)}{_nonce()}'
+                      '<input type="hidden" name="object_id" '
                       f'value="{_e(q.object_id)}"><input type="hidden" name="event" '
                       f'value="{_e(q.event)}"><input type="hidden" name="back" value="inbox">'
                       '<label>answer (JSON, or text) <input name="payload"></label>'

@@ -493,7 +493,8 @@ class Dashboard:
             if action == "send":
                 event = form.get("event", "").strip()
                 payload = _payload(form.get("payload", ""))
-                fresh = actions.send(self.app, who, oid, event, payload)
+                fresh = actions.send(self.app, who, oid, event, payload,
+                                     form.get("nonce") or None)
                 return f"event {event!r} sent" + ("" if fresh else " (already sent)")
             if action == "pause":
                 actions.pause(self.app, who, oid)
