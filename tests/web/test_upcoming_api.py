@@ -21,7 +21,7 @@ from tests.web.support import Served, csrf_of, free_port, stop_serving
 
 
 class GrowingApp(perdure.App):
-    """An App with the approvals and questions calls of the upcoming API."""
+    """An App with the approvals, questions and fork calls of the upcoming API."""
 
     pending: list[dict[str, Any]]
     decided: list[tuple[Any, ...]]
@@ -37,6 +37,10 @@ class GrowingApp(perdure.App):
 
     def questions(self) -> list[dict[str, Any]]:
         return []
+
+    def fork(self, object_id: str, *, at: int, new_id: str | None = None) -> perdure.Handle:
+        self.decided.append(("fork", object_id, at, new_id))
+        return self.start("sleeper", 3600.0, object_id=new_id)
 
 
 def test_approvals_through_the_adapter(sqlite_url: str, key_dir: Path) -> None:
@@ -79,8 +83,17 @@ def test_approvals_through_the_adapter(sqlite_url: str, key_dir: Path) -> None:
             client.post("/inbox/approve", data={"csrf": csrf, "object_id": oid,
                                                 "proposal_id": "p-x", "edit": "{bad"})
             assert "Expecting" in client.get("/inbox").text
+            page = client.get(f"/objects/{oid}").text
+            assert 'id="fork"' in page
+            client.post("/act/fork", data={"csrf": csrf, "object_id": oid, "at": "1",
+                                           "new_id": "forked-1"})
+            assert "forked as forked-1" in client.get(f"/objects/{oid}").text
+            client.post("/act/fork", data={"csrf": csrf, "object_id": oid, "at": "x"})
+            assert "fork needs a record number" in client.get(f"/objects/{oid}").text
         assert app.decided == [("approve", oid, "p-new", {"amount": 90, "to": "acct"}),
-                               ("reject", oid, "p-old", "too late")]
+                               ("reject", oid, "p-old", "too late"),
+                               ("fork", oid, 1, "forked-1")]
+        assert [e.name for e in app.store.pending_events("forked-1")] == ["perdure:refine"]
         notes = [e for e in app.store.pending_events(oid) if e.name == "perdure:refine"]
         assert len(notes) == 2  # who approved and who rejected, for the object's memory
     finally:

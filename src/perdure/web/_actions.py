@@ -11,6 +11,7 @@ when absent, the dashboard says "not available" and does nothing.
 
 from __future__ import annotations
 
+import inspect
 import re
 import time
 from dataclasses import dataclass
@@ -119,7 +120,21 @@ def fork(app: App, who: Principal, object_id: str, at: int, new_id: str | None) 
     if not available(app, "fork"):
         raise ConfigurationError(f"fork: {NOT_AVAILABLE}")
     app.get(object_id, explain=False)
-    made = _call(app, "fork", object_id, at=at, object_id=new_id)
+    params = inspect.signature(app.fork).parameters  # type: ignore[attr-defined]
+    kwargs: dict[str, Any] = {}
+    at_name = next((n for n in ("at", "seq", "at_seq") if n in params), None)
+    if at_name is None:
+        raise ConfigurationError(f"fork: this perdure's app.fork takes no record number "
+                                 f"({NOT_AVAILABLE} from the dashboard)")
+    kwargs[at_name] = at
+    if new_id is not None:
+        id_name = next((n for n in ("new_id", "fork_id", "new_object_id", "as_id", "id")
+                        if n in params), None)
+        if id_name is None:
+            raise ConfigurationError("fork: this perdure's app.fork chooses the new id "
+                                     "itself; leave the new id empty")
+        kwargs[id_name] = new_id
+    made = _call(app, "fork", object_id, **kwargs)
     new = str(getattr(made, "object_id", made))
     record_action(app, new, who, "fork", source=object_id, at=at)
     return new
