@@ -195,6 +195,13 @@ def test_secure_cookie_over_https(tmp_path: Path) -> None:
                           follow_redirects=False)
         cookie = got.headers["set-cookie"]
         assert "Secure" in cookie and "HttpOnly" in cookie
+        page = client.get("/")
+        assert page.headers["strict-transport-security"].startswith("max-age=")
+        # Over https, a POST from the http origin of the same host is cross-origin.
+        refused = client.post("/act/pause", data={"csrf": csrf_of(page.text),
+                                                  "object_id": "x"},
+                              headers={"origin": "http://127.0.0.1:8377"})
+        assert refused.status_code == 403
     app.close()
 
 

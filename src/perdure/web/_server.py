@@ -226,6 +226,8 @@ class Dashboard:
             request.state.form = form
             response = await handler(request, session, sid)
             response.headers.update(_HEADERS)
+            if self.settings.https:
+                response.headers["Strict-Transport-Security"] = "max-age=31536000"
             return response
 
         return endpoint
