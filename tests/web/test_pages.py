@@ -238,3 +238,22 @@ def test_damaged_memory_is_shown_not_served(sqlite_url: str, key_dir: Path) -> N
             assert "event: problem" in lines
     finally:
         stop_serving(served)
+
+
+def test_parked_objects_wait_in_the_inbox(served: Served) -> None:
+    app = served.app
+    with app.background_worker():
+        oid = app.start("fickle", object_id="fickle-1").object_id
+        wait_until(lambda: app.get(oid).status is Status.DORMANT)
+        app.send(oid, "go")
+        wait_until(lambda: app.get(oid).status is Status.PARKED)
+        with closing(served.login(name="pat")) as client:
+            inbox = client.get("/inbox").text
+            assert "Parked (1)" in inbox and "fickle-1" in inbox
+            client.post("/act/retry", data={"csrf": csrf_of(inbox), "object_id": oid,
+                                            "back": "inbox"})
+            assert "retry asked" in client.get("/inbox").text
+            wait_until(lambda: any(n["action"] == "retry"
+                                   for n in actions_noted(app, oid)))
+    with closing(served.login("viewer")) as client:
+        assert "retry-btn" not in client.get("/inbox").text

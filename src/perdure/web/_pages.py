@@ -345,8 +345,9 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
 
 def inbox_page(questions: Sequence[Question], approvals: Sequence[Mapping[str, Any]] | None,
                *, who: Principal, csrf: str, flash: str | None = None,
-               error: str | None = None) -> str:
-    """Pending approvals and questions, newest first, with their answers' forms."""
+               error: str | None = None, parked: Sequence[ObjectInfo] = ()) -> str:
+    """Pending approvals and questions, newest first, with their answers' forms; parked
+    objects, which wait for a person too."""
     parts = [f"<h1>Inbox</h1>{_flash(flash, error)}<h2>Approvals</h2>"]
     if approvals is None:
         parts.append(f'<p class="hint">Tool approvals: {NOT_AVAILABLE}.</p>')
@@ -391,6 +392,18 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[Mapping[str, A
             f'<p><a href="{_oid_url(q.object_id)}">{_e(q.object_id)}</a> ({_e(q.agent)}) '
             f"waits for event <b>{_e(q.event)}</b> since {_e(view.when(q.since))}</p>"
             + (f'<p class="asks">{_e(prompt)}</p>' if prompt else "") + f"{answer}</div>")
+    if parked:
+        parts.append(f"<h2>Parked ({len(parked)})</h2>")
+    for info in parked:
+        retry = ""
+        if who.can_act:
+            retry = (f'<form method="post" action="/act/retry">{_csrf(csrf)}'
+                     f'<input type="hidden" name="object_id" value="{_e(info.object_id)}">'
+                     '<input type="hidden" name="back" value="inbox">'
+                     '<button class="retry-btn">Retry</button></form>')
+        parts.append(f'<div class="card parked"><p><a href="{_oid_url(info.object_id)}">'
+                     f"{_e(info.object_id)}</a> ({_e(info.agent)}@{_e(info.agent_version)}) "
+                     f"parked: {_e(info.note or '')}</p>{retry}</div>")
     return layout("Inbox", "".join(parts), who=who, csrf=csrf, active="inbox")
 
 

@@ -394,10 +394,12 @@ class Dashboard:
         def build() -> str:
             now = time.time()
             rows = [info_from_row(r, now) for r in self.queries.questions()]
+            parked = [info_from_row(r, now) for r in
+                      self.queries.page(Filters(status="parked"), limit=100).rows]
             return pages.inbox_page(actions.questions(self.app, rows),
                                     actions.pending_approvals(self.app),
                                     who=session.principal, csrf=session.csrf,
-                                    flash=flash, error=error)
+                                    flash=flash, error=error, parked=parked)
         return self._html(await run_in_threadpool(build))
 
     async def nodes(self, request: Request, session: Session, sid: str) -> Response:
