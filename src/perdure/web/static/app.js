@@ -45,9 +45,11 @@ async function refresh() {
   if (document.hidden) return;
   const regions = document.querySelectorAll("[data-live][id]");
   if (!regions.length) return;
+  const url = new URL(location.href);
+  url.searchParams.delete("verify");  // verifying again on each refresh would cost a full read
   let response;
   try {
-    response = await fetch(location.href, {headers: {Accept: "text/html"}, credentials: "same-origin"});
+    response = await fetch(url, {headers: {Accept: "text/html"}, credentials: "same-origin"});
   } catch (e) { return; }
   if (!response.ok || response.redirected) return;
   const doc = new DOMParser().parseFromString(await response.text(), "text/html");
