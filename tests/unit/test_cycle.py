@@ -79,6 +79,15 @@ def test_refinements_pending_at_a_cancel_are_folded_first() -> None:
     assert (d.action, d.outcome) == (Action.TERMINATE, Status.CANCELLED)
 
 
+def test_refinements_pending_on_a_parked_object_are_recorded() -> None:
+    """A parked object woken by a refinement (a note of who acted) records it, then
+    stays parked."""
+    d = decide(view(DONE, sleeping(T0 + 100), parked=True, pending_refinements=1))
+    assert d.action is Action.MUTATE
+    d = decide(view(DONE, sleeping(T0 + 100), parked=True))
+    assert d.status is Status.PARKED
+
+
 def test_cancel_requested_terminates_as_cancelled() -> None:
     """A cancel request terminates the object as cancelled, even when paused or dormant."""
     d = decide(view(DONE, sleeping(T0 + 100), cancel_requested=True, paused=True))
@@ -334,7 +343,7 @@ def test_evaluate_is_pure_and_total(v: ObjectView, policy: LocalPolicy, now: flo
     if first.action in (Action.EXECUTE, Action.REENTRY):
         assert not (v.paused or v.parked or v.cancel_requested)
     if first.action is Action.MUTATE:
-        assert v.pending_refinements and (v.cancel_requested or not (v.paused or v.parked))
+        assert v.pending_refinements and (v.cancel_requested or not v.paused)
     if first.action is Action.EXECUTE:
         assert not facts.executed
 

@@ -115,7 +115,8 @@ def test_inbox_stream_and_actions_noted(served: Served, tmp_path: Path,
                                                      "payload": '{"hex": "#00f"}'})
                 assert got.status_code == 303
             done = client.get(f"/objects/{ask}").text
-            assert "event &#x27;answer&#x27; sent (already sent)" in done
+            # the second: already sent, or (if the object was quicker) already ended
+            assert "(already sent)" in done or "terminated" in done
             assert served.app.handle(ask).result(timeout=20) == {
                 "topic": "colour", "answer": {"hex": "#00f"}}
             assert [n["action"] for n in actions_noted(app, ask)] == ["send"]
@@ -243,13 +244,13 @@ def test_damaged_memory_is_shown_not_served(sqlite_url: str, key_dir: Path) -> N
 def test_parked_objects_wait_in_the_inbox(served: Served) -> None:
     app = served.app
     with app.background_worker():
-        oid = app.start("fickle", object_id="fickle-1").object_id
+        oid = app.start("fickle").object_id  # a fresh id: fickle remembers ids per process
         wait_until(lambda: app.get(oid).status is Status.DORMANT)
         app.send(oid, "go")
         wait_until(lambda: app.get(oid).status is Status.PARKED)
         with closing(served.login(name="pat")) as client:
             inbox = client.get("/inbox").text
-            assert "Parked (1)" in inbox and "fickle-1" in inbox
+            assert "Parked (1)" in inbox and oid in inbox
             client.post("/act/retry", data={"csrf": csrf_of(inbox), "object_id": oid,
                                             "back": "inbox"})
             assert "retry asked" in client.get("/inbox").text

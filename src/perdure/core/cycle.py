@@ -265,6 +265,9 @@ def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
     if view.paused:
         return _dormancy(ReasonCode.PAUSED, "paused", Status.PAUSED)
     if view.parked:
+        if view.pending_refinements:  # recorded, then it stays parked for a person
+            return _go(Action.MUTATE, ReasonCode.REFINEMENTS_PENDING,
+                       f"{view.pending_refinements} intent refinement(s) pending")
         return _dormancy(ReasonCode.PARKED,
                          f"parked: {facts.parked_reason or 'needs a person'}", Status.PARKED)
     if view.pending_refinements:

@@ -2,17 +2,20 @@
 acting API, including the calls that this version of perdure may not have yet (tool
 approvals, questions with a prompt, fork, retry).
 
-Every action first puts a note in the object's inbox saying who acts and how
+Every action puts a note in the object's inbox saying who acts and how
 (``record_action``): a sealed refinement event that a node folds into the object's
 memory as a ``progress`` record ``{"operator_action": {...}}`` before anything else,
-a cancel included. The API calls that may be absent are looked up with ``getattr``;
-when absent, the dashboard says "not available" and does nothing.
+a cancel included. The note goes first; for a retry of a parked object the unpark
+waits until the note is recorded (see ``retry``). The API calls that may be absent are
+looked up with ``getattr``; when absent, the dashboard says "not available" and does
+nothing.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -104,14 +107,44 @@ def cancel(app: App, who: Principal, object_id: str) -> ObjectInfo:
 # -- what may not exist yet ------------------------------------------------------------
 
 
-def retry(app: App, who: Principal, object_id: str) -> ObjectInfo:
-    """Retry a parked object (``app.retry``, else ``app.resume``, which unparks)."""
-    app.get(object_id, explain=False)
-    record_action(app, object_id, who, "retry")
+def retry(app: App, who: Principal, object_id: str, *, settle: float = 5.0) -> ObjectInfo:
+    """Retry a parked object (``app.retry``, else ``app.resume``, which unparks).
+
+    The note goes first and, for a parked object, is let settle: a note wakes a parked
+    object, a node records it and lets the object go still parked; an unpark made while
+    that node held it would be written over. So the unpark waits (up to ``settle``
+    seconds) until the note is in memory and no node holds the object.
+    """
+    row = app.store.get(object_id)
+    if row is None:
+        app.get(object_id, explain=False)  # ObjectNotFoundError, worded as everywhere
+    mark = secrets.token_hex(8)
+    record_action(app, object_id, who, "retry", mark=mark)
+    if row is not None and row.parked:
+        _settle(app, object_id, mark, settle)
     if available(app, "retry"):
         result = _call(app, "retry", object_id)
         return result if isinstance(result, ObjectInfo) else app.get(object_id)
     return app.resume(object_id)
+
+
+def _settle(app: App, object_id: str, mark: str, timeout: float) -> None:
+    """Wait until the note ``mark`` is in the object's memory and no node holds it (or
+    ``timeout`` passes: no live node took it, so none can write over what follows)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = app.store.get(object_id)
+        if row is None:
+            return
+        held = row.lease_owner is not None and (row.lease_expires or 0) > time.time()
+        if not held:
+            recent = app.store.records(object_id, max(0, row.head_seq - 20))
+            if any(isinstance(r.body.get("fields"), dict)
+                   and isinstance(r.body["fields"].get("operator_action"), dict)
+                   and r.body["fields"]["operator_action"].get("mark") == mark
+                   for r in recent if r.kind == "progress"):
+                return
+        time.sleep(0.05)
 
 
 def fork(app: App, who: Principal, object_id: str, at: int, new_id: str | None) -> str:
