@@ -316,6 +316,7 @@ def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
     from bench.render_model import conversation_table, stream_table
     from bench.resources import table as resource_table
+    from bench.ui import table as ui_table
 
     parts = []
     for title, table in (("Durable steps", steps_table(report)),
@@ -331,6 +332,7 @@ def render(report: dict[str, Any]) -> str:
                          ("Model calls: the stream journal's cost", stream_table(report)),
                          ("Resources: resume after 1 and many checkpoints",
                           resource_table(report)),
+                         ("Dashboard: the objects list", ui_table(report)),
                          ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")

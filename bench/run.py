@@ -17,6 +17,9 @@ and PostgreSQL:
   turn of a 10, 100 and 200-turn conversation beside LangGraph's ``SqliteSaver``, and the
   stream journal's cost in tokens per second against a plain SDK client
   (``bench/model.py``; needs ``perdure[llm]``, else "n/a").
+* ``ui``: the dashboard's objects list on SQLite filled to 100,000 objects: milliseconds
+  per page of 50 (first, deep, filtered, searched, and the whole HTTP page) against a
+  floor (``bench/ui.py``; needs ``perdure[ui]``).
 
 Then the peers, DBOS and LangGraph, on the same workloads where they can do them
 (``bench/peers``; ``--no-peers`` leaves them out; not installed: "n/a").
@@ -40,7 +43,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, model, peers, recovery, resume, steps, wake
+from bench import claims, model, peers, recovery, resume, steps, ui, wake
 from bench import resources as resource_bench
 from bench.common import (
     Backend,
@@ -52,7 +55,7 @@ from bench.common import (
     progress,
 )
 
-PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources")
+PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -64,6 +67,7 @@ QUICK = {
     "history": resume.QUICK,
     "model": model.QUICK,
     "resources": resource_bench.QUICK,
+    "ui": ui.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -77,6 +81,7 @@ FULL = {
     "history": resume.FULL,
     "model": model.FULL,
     "resources": resource_bench.FULL,
+    "ui": ui.FULL,
 }
 
 
@@ -206,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         if "model" in parts:
             report["model"] = measure_model(run_dir / "model", sizes["model"],
                                             not args.no_peers)
+        if "ui" in parts:
+            t0 = time.monotonic()
+            report["ui"] = ui.measure(run_dir / "ui", sizes["ui"])
+            progress(f"sqlite ui: {time.monotonic() - t0:.1f} s")
         if not args.no_peers:
             report["peers"] = peers.measure(parts, sizes, backends, run_dir / "peers", args.pg)
         report["loadavg_at_end"] = loadavg()

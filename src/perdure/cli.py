@@ -28,6 +28,7 @@ from perdure._cli_keys import keys
 from perdure._cli_secrets import data_key
 from perdure._cli_steer import fork, query, questions, retry
 from perdure._cli_tail import tail
+from perdure._cli_ui import start_ui, ui
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
 from perdure._resource_lines import shown_body
@@ -312,9 +313,17 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 @click.option("--capability", "capabilities", multiple=True, metavar="NAME",
               help="A capability this node has (repeatable), added to the App's own; objects "
                    "and steps that require one go only to nodes that have it.")
+@click.option("--ui", "with_ui", is_flag=True,
+              help="Serve the dashboard too (see `perdure ui`; 127.0.0.1 by default).")
+@click.option("--ui-host", default="127.0.0.1", show_default=True, envvar="PERDURE_UI_HOST",
+              help="Address the dashboard listens on (with --ui).")
+@click.option("--ui-port", default=8377, show_default=True, type=click.IntRange(1, 65535),
+              envvar="PERDURE_UI_PORT",
+              help="Port the dashboard listens on (with --ui).")
 @click.pass_obj
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
-           poll_interval: float | None, capabilities: tuple[str, ...]) -> None:
+           poll_interval: float | None, capabilities: tuple[str, ...], with_ui: bool = False,
+           ui_host: str = "127.0.0.1", ui_port: int = 8377) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM."""
     app = obj.app(need_agents=True).with_settings(
         lease_seconds=lease_seconds, poll_interval=poll_interval, capabilities=set(capabilities))
@@ -323,6 +332,8 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
     caps = f", capabilities {', '.join(sorted(app.capabilities))}" if app.capabilities else ""
     err.print(f"node {app.node_id} serving {serving} from {app.store_url} "
               f"(concurrency {concurrency}{caps})")
+    if with_ui:
+        start_ui(app, host=ui_host, port=ui_port, background=True)
     app.run_worker(concurrency=concurrency)
 
 
@@ -638,6 +649,7 @@ cli.add_command(tail)
 for _steer in (questions, query, fork, retry):
     cli.add_command(_steer)
 cli.add_command(ls_, name="list")  # the same listing under its long name
+cli.add_command(ui)
 
 
 @cli.command()

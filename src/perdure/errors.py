@@ -34,8 +34,9 @@ The tree::
     ├── QueryFailedError          a query's function raised on the object's memory
     ├── ForkError                 a fork point is not one the object can be forked at
     ├── NotParkedError            ``App.retry``: the object is not parked
-    └── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
-                                  whether and when to try again
+    ├── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
+    │                             whether and when to try again
+    └── StoredCallError           (``perdure.llm``) a recorded model call does not read back
 
 Control-flow signals derive from ``BaseException`` through ``PerdureSignal``, so that an
 agent's ``except Exception`` cannot swallow them, and code that must let every one of

@@ -194,6 +194,13 @@ def _nondeterminism(body: Nondeterminism) -> Line:
 
 
 def _progress(body: Progress) -> Line:
+    acted = body.fields.get("operator_action")
+    if isinstance(acted, dict):  # who acted on the object from outside (the dashboard)
+        details = {k: v for k, v in acted.items()
+                   if k not in ("action", "by", "role", "method", "via", "at")}
+        extra = f" {_json(details)}" if details else ""
+        return Line(f"{acted.get('action')} by {acted.get('by')} ({acted.get('role')}, "
+                    f"{acted.get('method')}) via {acted.get('via')}{extra}", False)
     return Line(_json(body.fields), False)
 
 

@@ -84,7 +84,12 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
     """
     report = _run([sys.executable, "-m", "bench", "--no-peers"], tmp_path)
     assert report["parts"] == ["steps", "wake", "claims", "recovery", "history", "model",
-                               "resources"]  # (resources: test_bench_resources_smoke.py)
+                               "resources", "ui"]  # (resources: test_bench_resources_smoke.py)
+    ui = report["ui"]  # the dashboard's list, on SQLite whatever the backends
+    assert ui["objects"] > 0 and ui["verdict"] in ("PASS", "FAIL")
+    for case in ("first_page", "deep_pages", "status", "agent", "label", "id_search",
+                 "http_page"):
+        assert ui[case]["median_ms"] > 0
     # model calls run once, on SQLite, whatever the backends (test_bench_model_smoke.py)
     if "na" not in report["model"]:
         assert report["model"]["stream"]["run_model_tokens_per_s"] > 0
@@ -115,12 +120,12 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
             assert got["ms_claim_to_next_step"] > 0 and got["store_bytes"] > 0
             assert got["chain_verified"] is True
         assert any(k.startswith("marginal") for k in figures["storage"]["perdure"])
-        assert set(figures["seconds"]) == set(report["parts"]) - {"model"}
+        assert set(figures["seconds"]) == set(report["parts"]) - {"model", "ui"}
     from bench.render import render
 
     tables = render(report)
     for title in ("Durable steps", "Wake latency", "Claim throughput", "Crash recovery",
-                  "Resume cost and storage", "Model calls"):
+                  "Resume cost and storage", "Model calls", "Dashboard: the objects list"):
         assert title in tables
 
 

@@ -69,6 +69,25 @@ def test_terminated_wins_over_every_flag() -> None:
     assert (d.action, d.outcome) == (Action.TERMINATE, Status.COMPLETED)
 
 
+def test_refinements_pending_at_a_cancel_are_folded_first() -> None:
+    """Pending refinements (the notes of who acted among them) are folded into memory
+    before a cancel ends the object, even a paused one; then the cancel ends it."""
+    d = decide(view(DONE, sleeping(T0 + 100), cancel_requested=True, paused=True,
+                    pending_refinements=1))
+    assert d.action is Action.MUTATE
+    d = decide(view(DONE, sleeping(T0 + 100), cancel_requested=True, paused=True))
+    assert (d.action, d.outcome) == (Action.TERMINATE, Status.CANCELLED)
+
+
+def test_refinements_pending_on_a_parked_object_are_recorded() -> None:
+    """A parked object woken by a refinement (a note of who acted) records it, then
+    stays parked."""
+    d = decide(view(DONE, sleeping(T0 + 100), parked=True, pending_refinements=1))
+    assert d.action is Action.MUTATE
+    d = decide(view(DONE, sleeping(T0 + 100), parked=True))
+    assert d.status is Status.PARKED
+
+
 def test_cancel_requested_terminates_as_cancelled() -> None:
     """A cancel request terminates the object as cancelled, even when paused or dormant."""
     d = decide(view(DONE, sleeping(T0 + 100), cancel_requested=True, paused=True))
@@ -317,10 +336,14 @@ def test_evaluate_is_pure_and_total(v: ObjectView, policy: LocalPolicy, now: flo
     if first.wake_at is not None:
         assert first.action is Action.DORMANCY
     facts = read_memory(v.records)
-    if facts.terminated is not None or v.cancel_requested:
+    if facts.terminated is not None or (v.cancel_requested and not v.pending_refinements):
         assert first.action is Action.TERMINATE
-    if first.action in (Action.EXECUTE, Action.REENTRY, Action.MUTATE):
+    if facts.terminated is None and v.cancel_requested and v.pending_refinements:
+        assert first.action is Action.MUTATE  # folded first; the cancel ends it next
+    if first.action in (Action.EXECUTE, Action.REENTRY):
         assert not (v.paused or v.parked or v.cancel_requested)
+    if first.action is Action.MUTATE:
+        assert v.pending_refinements and (v.cancel_requested or not v.paused)
     if first.action is Action.EXECUTE:
         assert not facts.executed
 

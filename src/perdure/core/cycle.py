@@ -236,6 +236,11 @@ def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
             outcome_status(facts.terminated.get("outcome", Status.FAILED)),
         )
     if view.cancel_requested:
+        if view.pending_refinements:
+            # Pending refinements (and notes of who acted, the cancel's among them) are
+            # folded into memory first; the cancel ends the object on the next evaluation.
+            return _go(Action.MUTATE, ReasonCode.REFINEMENTS_PENDING,
+                       f"{view.pending_refinements} intent refinement(s) pending")
         return _terminate(ReasonCode.CANCEL_REQUESTED, "cancelled", Status.CANCELLED)
     deadline = facts.intent.deadline
     if deadline is not None and now >= deadline:
@@ -260,6 +265,9 @@ def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
     if view.paused:
         return _dormancy(ReasonCode.PAUSED, "paused", Status.PAUSED)
     if view.parked:
+        if view.pending_refinements:  # recorded, then it stays parked for a person
+            return _go(Action.MUTATE, ReasonCode.REFINEMENTS_PENDING,
+                       f"{view.pending_refinements} intent refinement(s) pending")
         return _dormancy(ReasonCode.PARKED,
                          f"parked: {facts.parked_reason or 'needs a person'}", Status.PARKED)
     if view.pending_refinements:

@@ -42,11 +42,14 @@ from perdure.errors import (
 from perdure.hooks import ObjectDormant, ObjectWoke
 from perdure.stores.base import Claim, Event
 
-__all__ = ["HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
+__all__ = ["ACTION_NOTE", "HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
 
 log = logging.getLogger("perdure.worker")
 
 REFINE_EVENT = "perdure:refine"  # an intent refinement in an object's inbox
+#: A refinement event whose payload is ``{ACTION_NOTE: {...}}`` records who acted on the
+#: object from outside (``perdure.web``): folded as a progress record, the intent unchanged.
+ACTION_NOTE = "perdure:action"
 
 #: ``handler(node, claim, records, decision, facts, events)``: the records it appended
 #: if the object is to be evaluated again, or ``None`` once the node let it go.
@@ -235,6 +238,12 @@ async def _refine(node: Node, journal: Journal, facts: MemoryFacts,
             continue
         try:
             changes = decode(event.payload)
+            if isinstance(changes, dict) and set(changes) == {ACTION_NOTE}:
+                # Who acted on the object from outside (a dashboard user), in its memory.
+                drafts.append(Progress({"operator_action": changes[ACTION_NOTE],
+                                        "event_id": event.event_id,
+                                        "event_hash": digest}).draft())
+                continue
             intent = intent.refined(dict(changes))
             # A seal that verifies always gives a digest (``check_event``).
             assert digest is not None

@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 5
+-- version: 6
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -50,6 +50,7 @@ CREATE INDEX objects_status ON objects (status, created_at);
 CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;
 CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
+CREATE INDEX objects_created ON objects (created_at, object_id);
 
 CREATE TABLE records (
     object_id   TEXT NOT NULL,

@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 6
+-- version: 7
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -42,6 +42,8 @@ CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
 CREATE INDEX objects_status ON objects (status, created_at);
 CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
+CREATE INDEX objects_created ON objects (created_at, object_id);
+CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;
 
 CREATE TABLE records (
     object_id   TEXT NOT NULL,

@@ -1,0 +1,94 @@
+"""The dashboard (``perdure ui``, the ``perdure[ui]`` extra): see, steer and answer running
+agents in a browser, safely.
+
+``dashboard(app)`` builds it over ``app``'s store; ``serve(...)`` runs it with uvicorn.
+It listens on 127.0.0.1 unless told otherwise and refuses a non-loopback address
+without a configured password; every request needs a session opened with a token
+(issued on first start, printed once, stored hashed in the key folder) or a password;
+viewers read, operators act. See docs/concepts/dashboard-security.md.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from collections.abc import Mapping
+
+from perdure.app import App
+from perdure.errors import ConfigurationError
+
+__all__ = ["check_bind", "dashboard", "is_loopback", "serve", "serve_in_thread"]
+
+
+def _need_extra() -> None:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(
+            "the dashboard needs the ui extra: pip install 'perdure[ui]'") from None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address or ``localhost``."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, *, password: bool) -> None:
+    """Refuse (``ConfigurationError``) to listen on a non-loopback ``host`` unless a
+    password is configured: a token printed to one console is not enough for a
+    dashboard the network can reach."""
+    if not is_loopback(host) and not password:
+        raise ConfigurationError(
+            f"refusing to serve the dashboard on {host}, which is not a loopback address, "
+            "without a password: set PERDURE_UI_PASSWORD (operator) and put it behind TLS, "
+            "or serve on 127.0.0.1")
+
+
+def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
+              host: str = "127.0.0.1", port: int = 8377,
+              allowed_hosts: tuple[str, ...] = (), https: bool = False,
+              new_tokens: bool = False) -> tuple[object, dict[str, str]]:
+    """The dashboard over ``app``'s store, as ``(asgi_app, tokens)``: ``tokens`` holds the
+    tokens issued now (print them once; ``{}`` when the key folder had them already).
+    ``passwords`` maps roles (``operator``, ``viewer``) to passwords."""
+    _need_extra()
+    from perdure.web._auth import Credentials
+    from perdure.web._server import Dashboard, UiSettings
+
+    check_bind(host, password=bool(passwords))
+    credentials = Credentials(app.identity.folder.path, passwords=dict(passwords or {}))
+    tokens = credentials.ensure_tokens(reissue=new_tokens)
+    settings = UiSettings(host=host, port=port, allowed_hosts=tuple(allowed_hosts),
+                          https=https)
+    return Dashboard(app, credentials, settings).asgi(), tokens
+
+
+def serve(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
+          ssl_keyfile: str | None = None) -> None:
+    """Run ``asgi`` with uvicorn until interrupted. Blocks."""
+    import uvicorn
+
+    uvicorn.run(asgi, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
+                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
+                proxy_headers=False)
+
+
+def serve_in_thread(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
+                    ssl_keyfile: str | None = None) -> tuple[threading.Thread, object]:
+    """Run ``asgi`` with uvicorn in a daemon thread (``perdure worker --ui``, tests);
+    returns the thread and the uvicorn server (set its ``should_exit`` to stop it)."""
+    import uvicorn
+
+    config = uvicorn.Config(asgi, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
+                            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+                            server_header=False, proxy_headers=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True, name="perdure-ui")
+    thread.start()
+    return thread, server

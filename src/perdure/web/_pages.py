@@ -1,0 +1,431 @@
+"""The dashboard's pages as HTML: every value escaped, every word about an object and its
+memory from ``perdure.inspect`` (the renderer ``perdure show`` uses), so that the CLI and
+the dashboard never disagree.
+
+Regions marked ``data-live`` are refreshed in place by ``app.js``; forms are outside
+them, so that a refresh never eats what someone is typing.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from html import escape
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from perdure import inspect as view
+from perdure.core.bodies import Instantiated, IntentRefined, decode
+from perdure.core.chain import VerifyReport
+from perdure.core.records import Kind, Record
+from perdure.errors import RecordDecodeError
+from perdure.handle import ObjectInfo
+from perdure.inspect import STATUS_STYLE
+from perdure.stores.base import NodeInfo
+from perdure.web._actions import NOT_AVAILABLE, Question
+from perdure.web._auth import Principal
+from perdure.web._queries import Filters
+
+__all__ = ["inbox_page", "layout", "list_page", "login_page", "message_page", "nodes_page",
+           "object_page", "overview_page"]
+
+_TIMELINE_SHOWN = 1000  # records of one object drawn at once (the newest)
+
+
+def _e(value: object) -> str:
+    return escape(str(value), quote=True)
+
+
+def _oid_url(object_id: str) -> str:
+    return "/objects/" + quote(object_id, safe="")
+
+
+def _status(status: str) -> str:
+    return f'<span class="status s-{_e(status)}">{_e(status)}</span>'
+
+
+def _csrf(csrf: str) -> str:
+    return f'<input type="hidden" name="csrf" value="{_e(csrf)}">'
+
+
+def _nonce() -> str:
+    """A form's own id: the same form sent twice delivers its event once."""
+    return f'<input type="hidden" name="nonce" value="{secrets.token_urlsafe(16)}">'
+
+
+def layout(title: str, body: str, *, who: Principal | None, csrf: str = "",
+           active: str = "") -> str:
+    """A whole page: head, navigation, who is logged in, ``body``."""
+    nav = ""
+    if who is not None:
+        links = "".join(
+            f'<a href="{href}" class="{"on" if key == active else ""}">{name}</a>'
+            for key, href, name in (("overview", "/", "Overview"),
+                                    ("objects", "/objects", "Objects"),
+                                    ("inbox", "/inbox", "Inbox"), ("nodes", "/nodes", "Nodes")))
+        nav = (f'<nav>{links}<span class="who">{_e(who.name)} · {_e(who.role)}</span>'
+               f'<form method="post" action="/logout" class="inline">{_csrf(csrf)}'
+               '<button type="submit">Log out</button></form></nav>')
+    return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{_e(title)} · perdure</title>"
+            '<link rel="stylesheet" href="/static/app.css">'
+            '<script src="/static/app.js" defer></script></head>'
+            f'<body><header><a class="brand" href="/">perdure</a>{nav}</header>'
+            f"<main>{body}</main></body></html>")
+
+
+def message_page(title: str, text: str, who: Principal | None, csrf: str = "") -> str:
+    """A page saying one thing (an error, a refusal)."""
+    return layout(title, f'<h1>{_e(title)}</h1><p class="msg">{_e(text)}</p>'
+                  '<p><a href="/">Back</a></p>', who=who, csrf=csrf)
+
+
+def login_page(error: str | None, csrf: str) -> str:
+    """The login form: a name (who you are, recorded with your actions) and a token or
+    password."""
+    err = f'<p class="error">{_e(error)}</p>' if error else ""
+    body = (f'<h1>Log in</h1>{err}<form method="post" action="/login" class="login">'
+            f"{_csrf(csrf)}"
+            '<label>Your name <input name="name" autocomplete="username" maxlength="80" '
+            'required></label>'
+            '<label>Token or password <input name="secret" type="password" '
+            'autocomplete="current-password" required></label>'
+            '<button type="submit" id="login">Log in</button></form>'
+            '<p class="hint">The token was printed once when the dashboard first started '
+            "(<code>perdure ui --new-tokens</code> issues new ones).</p>")
+    return layout("Log in", body, who=None)
+
+
+def _flash(flash: str | None, error: str | None) -> str:
+    out = ""
+    if flash:
+        out += f'<p class="flash">{_e(flash)}</p>'
+    if error:
+        out += f'<p class="error">{_e(error)}</p>'
+    return out
+
+
+# -- overview ------------------------------------------------------------------------------
+
+
+def overview_page(counts: Mapping[str, int], hour: Mapping[str, Any], live: int, *,
+                  who: Principal, csrf: str) -> str:
+    """Counts by status, live nodes, and four charts of the last hour."""
+    tiles = "".join(f'<div class="tile">{_status(s)}<b>{n}</b></div>'
+                    for s, n in sorted(counts.items()))
+    charts = "".join(
+        f'<figure class="chart" data-series="{key}" data-unit="{unit}"><figcaption>{title}'
+        f'</figcaption><svg viewBox="0 0 600 160" role="img" aria-label="{title}"></svg>'
+        "</figure>"
+        for key, title, unit in (("completed", "Completed per minute", ""),
+                                 ("failed", "Failed or cancelled per minute", ""),
+                                 ("wake_latency", "Wake latency (mean s)", "s"),
+                                 ("spend", "Model spend per minute ($)", "$")))
+    data = json.dumps(dict(hour)).replace("<", "\\u003c")
+    body = (f'<h1>Overview</h1><section data-live id="overview">'
+            f'<div class="tiles">{tiles}<div class="tile">nodes live<b>{live}</b></div></div>'
+            f'<script type="application/json" id="hour-data">{data}</script>'
+            f'<div class="charts">{charts}</div>'
+            f'<p class="hint">Last hour, per minute; latency and spend from the '
+            f'{int(hour.get("sampled_objects", 0))} objects updated most recently.</p>'
+            "</section>")
+    return layout("Overview", body, who=who, csrf=csrf, active="overview")
+
+
+# -- the objects list ------------------------------------------------------------------------
+
+
+def _filter_form(filters: Filters) -> str:
+    chosen = filters.status or ""
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == chosen else ""}>{s or "any"}</option>'
+        for s in ("", *STATUS_STYLE))
+    fields = [f'<label>status<select name="status">{options}</select></label>']
+    for name, label in (("q", "id"), ("phase", "phase"),
+                        ("agent", "agent"), ("version", "version"), ("label", "label k=v"),
+                        ("parent", "parent"), ("node", "node"), ("since", "created since"),
+                        ("until", "created until")):
+        value = filters.query().get(name, "")
+        hint = ' placeholder="2026-11-24 09:30"' if name in ("since", "until") else ""
+        fields.append(f'<label>{label}<input name="{name}" value="{_e(value)}"{hint}>'
+                      "</label>")
+    return (f'<form method="get" action="/objects" class="filters">{"".join(fields)}'
+            '<button type="submit">Filter</button> <a href="/objects">clear</a></form>')
+
+
+def object_rows(infos: Sequence[ObjectInfo]) -> str:
+    """Table rows of objects, as ``perdure ls`` lists them."""
+    out = []
+    for info in infos:
+        cells = view.listing_row(info)
+        out.append(f'<tr><td><a href="{_oid_url(info.object_id)}">{_e(cells[0])}</a></td>'
+                   f"<td>{_e(cells[1])}</td><td>{_status(cells[2])}</td>"
+                   + "".join(f"<td>{_e(c)}</td>" for c in cells[3:])
+                   + f'<td class="note">{_e(info.note or view.waiting_for(info) or "")}</td></tr>')
+    return "".join(out)
+
+
+def list_page(infos: Sequence[ObjectInfo], filters: Filters, next_cursor: str | None,
+              cursor: str | None, *, who: Principal, csrf: str, error: str | None = None
+              ) -> str:
+    """One page of objects, newest first, with the filters and the link to the next."""
+    head = "".join(f"<th>{c}</th>" for c in (*view.LISTING_COLUMNS, "note"))
+    more = ""
+    if next_cursor:
+        more = (f'<a class="next" href="/objects?'
+                f'{_e(urlencode({**filters.query(), "cursor": next_cursor}))}">next page →</a>')
+    first = ' <a href="/objects">first page</a>' if cursor else ""
+    body = (f"<h1>Objects</h1>{_flash(None, error)}{_filter_form(filters)}"
+            f'<section data-live id="objects"><table class="objects"><thead><tr>{head}</tr>'
+            f"</thead><tbody>{object_rows(infos)}</tbody></table>"
+            f'<p class="pager">{len(infos)} shown. {more}{first}</p></section>')
+    return layout("Objects", body, who=who, csrf=csrf, active="objects")
+
+
+# -- an object ---------------------------------------------------------------------------------
+
+
+def _intent_section(records: Sequence[Record]) -> str:
+    first = next((r for r in records if r.kind == Kind.INSTANTIATED), None)
+    if first is None:
+        return "<p>No intent record.</p>"
+    try:
+        body = decode(first)
+    except RecordDecodeError as exc:
+        return f'<p class="error">The intent record cannot be decoded: {_e(exc.reason)}</p>'
+    assert isinstance(body, Instantiated)
+    intent, ctx = body.intent, body.context
+    rows = [("agent", f"{intent.agent}@{intent.version}"),
+            ("arguments", json.dumps(list(intent.args), ensure_ascii=False)),
+            ("keyword arguments", json.dumps(intent.kwargs, ensure_ascii=False, sort_keys=True)),
+            ("goal", json.dumps(intent.goal, ensure_ascii=False, sort_keys=True)),
+            ("deadline", view.when(intent.deadline)),
+            ("max failures", "policy default" if intent.max_failures is None
+             else str(intent.max_failures)),
+            ("requires", ", ".join(intent.requires) or "-"),
+            ("budget", json.dumps(intent.budget) if intent.budget else "-")]
+    refinements = []
+    for rec in records:
+        if rec.kind == Kind.INTENT_REFINED:
+            try:
+                refined = decode(rec)
+            except RecordDecodeError as exc:
+                refinements.append(f"<li>#{rec.seq}: cannot be decoded: {_e(exc.reason)}</li>")
+                continue
+            assert isinstance(refined, IntentRefined)
+            refinements.append(
+                f"<li>#{rec.seq} {_e(view.when(rec.ts))} v{refined.intent.version_no}: "
+                f"<code>{_e(json.dumps(refined.changes, sort_keys=True))}</code></li>")
+    context = [("trace", ctx.trace_id), ("parent", ctx.parent_id or "-"),
+               ("root", ctx.root_id or "-"), ("depth", str(ctx.depth)),
+               ("trust scope", ctx.trust_scope),
+               ("labels", ", ".join(f"{k}={v}" for k, v in sorted(ctx.labels.items())) or "-")]
+    table = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v[:2000])}</code></td></tr>"
+                    for k, v in rows)
+    ctable = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in context)
+    refined_html = (f'<h3>Refinements</h3><ol class="refinements">{"".join(refinements)}</ol>'
+                    if refinements else "")
+    return (f'<div class="cols"><div><h2>Intent v{intent.version_no}</h2><table class="kv">'
+            f"{table}</table>{refined_html}</div><div><h2>Context</h2>"
+            f'<table class="kv">{ctable}</table></div></div>')
+
+
+def _timeline(records: Sequence[Record], total: int) -> str:
+    shown = records[-_TIMELINE_SHOWN:]
+    skipped = max(0, total - len(shown))
+    rows = "".join(
+        f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
+        f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
+        f"<td>{_e(row.what)}</td></tr>" for row in view.timeline(shown))
+    note = f'<p class="hint">{skipped} older record(s) not shown.</p>' if skipped else ""
+    return (f'<h2>Memory ({total} records)</h2>{note}<table class="timeline"><thead><tr>'
+            "<th>seq</th><th>time</th><th>node</th><th>kind</th><th>what</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
+def _tree(lines: Iterable[view.TreeLine], current: str) -> str:
+    out = []
+    for line in lines:
+        info = line.info
+        me = ' class="me"' if info.object_id == current else ""
+        out.append(f"<div{me}><span class=branch>{_e(line.prefix)}</span>"
+                   f'<a href="{_oid_url(info.object_id)}">{_e(info.object_id)}</a> '
+                   f"{_e(info.agent)}@{_e(info.agent_version)} {_status(info.status)} "
+                   f"phase {_e(info.phase)}</div>")
+    return f'<div class="tree">{"".join(out)}</div>'
+
+
+def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int,
+              fork_ok: bool) -> str:
+    if not who.can_act:
+        return '<p class="hint">Viewers read; an operator can act on this object.</p>'
+    if info.terminal:
+        base = ""
+    else:
+        oid = f'<input type="hidden" name="object_id" value="{_e(info.object_id)}">'
+        hold = ("resume", "Resume") if info.status == "paused" else ("pause", "Pause")
+        retry = (f'<form method="post" action="/act/retry">{_csrf(csrf)}{oid}'
+                 '<button id="retry">Retry (parked)</button></form>'
+                 if info.status == "parked" else "")
+        base = (f'<form method="post" action="/act/send" class="send">{_csrf(csrf)}{oid}{_nonce()}'
+                f'<label>event <input name="event" required maxlength="200" '
+                f'value="{_e(info.waiting_event or "")}"></label>'
+                '<label>payload (JSON, or text) <input name="payload"></label>'
+                '<button id="send">Send event</button></form>'
+                f'<form method="post" action="/act/{hold[0]}">{_csrf(csrf)}{oid}'
+                f'<button id="{hold[0]}">{hold[1]}</button></form>{retry}'
+                f'<form method="post" action="/act/cancel">{_csrf(csrf)}{oid}'
+                '<button id="cancel" class="danger">Cancel</button></form>')
+    if fork_ok:
+        fork = (f'<form method="post" action="/act/fork">{_csrf(csrf)}'
+                f'<input type="hidden" name="object_id" value="{_e(info.object_id)}">'
+                f'<label>fork at seq <input name="at" type="number" min="1" max="{records}" '
+                f'value="{records}"></label><label>new id <input name="new_id"></label>'
+                '<button id="fork">Fork</button></form>')
+    else:
+        fork = f'<p class="hint">Fork: {NOT_AVAILABLE}.</p>'
+    return f'<div class="controls">{base}{fork}</div>'
+
+
+def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[view.TreeLine],
+                children: Sequence[ObjectInfo], usage: str | None, lineage_usage: str | None,
+                report: VerifyReport | None, question: Question | None, who: Principal,
+                csrf: str, fork_ok: bool, flash: str | None = None,
+                error: str | None = None, newest: Sequence[Record] | None = None) -> str:
+    """Everything about one object; ``newest``: the records the timeline draws, when
+    ``records`` is not the whole memory."""
+    head = " ".join(
+        _status(text) if style and text == str(info.status) else f"<span>{_e(text)}</span>"
+        for text, style in view.headline(info))
+    why = [x for x in (info.note, view.waiting_for(info)) if x]
+    try:
+        failure = view.failure(records)
+    except RecordDecodeError as exc:
+        failure = f"the terminal record cannot be decoded: {exc.reason}"
+    if failure and info.status in ("failed", "cancelled"):
+        why.append(f"ended: {failure}")
+    asks = ""
+    if question is not None:
+        prompt = question.prompt
+        words = prompt if isinstance(prompt, str) else (
+            json.dumps(prompt, ensure_ascii=False) if prompt is not None else
+            f"waiting for event {question.event!r}")
+        asks = f'<p class="asks"><b>Asks:</b> {_e(words)}</p>'
+    verify = ""
+    if report is not None:
+        verify = (f'<p class="verify ok">verified: {report.records} records, chain and '
+                  "signatures intact</p>" if report.ok else
+                  f'<p class="verify bad">verify FAILED at record #{_e(report.bad_seq)}: '
+                  f"{_e(report.reason)}</p>")
+    kids = (f"<h2>Children ({len(children)})</h2><table class=objects><tbody>"
+            f"{object_rows(children)}</tbody></table>") if children else ""
+    spend = "".join(f"<p>{_e(label)}{_e(text)}</p>" for label, text in
+                    (("", usage), ("lineage: ", lineage_usage)) if text)
+    url = _oid_url(info.object_id)
+    body = (f'<h1 class="oid">{_e(info.object_id)}</h1>{_flash(flash, error)}'
+            f'<section data-live id="state"><p class="headline">{head}</p>'
+            + "".join(f'<p class="why">{_e(w)}</p>' for w in why) + asks + spend
+            + "</section>"
+            + f'<p><a href="{_e(url)}?verify=1" id="verify">Verify memory</a></p>{verify}'
+            + _controls(info, who, csrf, info.records, fork_ok)
+            + '<h2>Live stream</h2><pre id="stream" class="stream" '
+            f'data-src="/stream?{_e(urlencode({"id": info.object_id}))}"></pre>'
+            + _intent_section(records)
+            + f'<section data-live id="lineage"><h2>Lineage</h2>{_tree(tree, info.object_id)}'
+            f"{kids}</section>"
+            + f'<section data-live id="memory">'
+            f'{_timeline(records if newest is None else newest, info.records)}</section>')
+    return layout(info.object_id, body, who=who, csrf=csrf, active="objects")
+
+
+# -- the inbox and the nodes ----------------------------------------------------------------
+
+
+def inbox_page(questions: Sequence[Question], approvals: Sequence[Mapping[str, Any]] | None,
+               *, who: Principal, csrf: str, flash: str | None = None,
+               error: str | None = None, parked: Sequence[ObjectInfo] = ()) -> str:
+    """Pending approvals and questions, newest first, with their answers' forms; parked
+    objects, which wait for a person too."""
+    parts = [f"<h1>Inbox</h1>{_flash(flash, error)}<h2>Approvals</h2>"]
+    if approvals is None:
+        parts.append(f'<p class="hint">Tool approvals: {NOT_AVAILABLE}.</p>')
+    elif not approvals:
+        parts.append('<p class="hint">No tool call waits for approval.</p>')
+    for item in approvals or ():
+        oid, pid = str(item.get("object_id")), str(item.get("proposal_id"))
+        args = json.dumps(item.get("arguments"), ensure_ascii=False, indent=2, sort_keys=True,
+                          default=str)
+        acts = ""
+        if who.can_act:
+            hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'
+                      f'<input type="hidden" name="proposal_id" value="{_e(pid)}">')
+            acts = (f'<form method="post" action="/inbox/approve">{hidden}'
+                    '<label>edited arguments (JSON, optional) <textarea name="edit">'
+                    '</textarea></label><button class="approve">Approve</button></form>'
+                    f'<form method="post" action="/inbox/reject">{hidden}'
+                    '<label>reason <input name="reason" required></label>'
+                    '<button class="reject danger">Reject</button></form>')
+        parts.append(
+            f'<div class="card approval"><p><a href="{_oid_url(oid)}">{_e(oid)}</a> wants '
+            f'<b>{_e(item.get("tool"))}</b> (risk {_e(item.get("risk"))}), requested '
+            f'{_e(view.when(_num(item.get("requested_at"))))}, expires '
+            f'{_e(view.when(_num(item.get("expires_at"))))}</p><pre>{_e(args)}</pre>{acts}</div>')
+    parts.append("<h2>Questions</h2>")
+    if not questions:
+        parts.append('<p class="hint">No object waits for an answer.</p>')
+    for q in questions:
+        prompt = q.prompt if isinstance(q.prompt, str) else (
+            json.dumps(q.prompt, ensure_ascii=False) if q.prompt is not None else "")
+        answer = ""
+        if who.can_act:
+            answer = (f'<form method="post" action="/act/send" '
+                      f'class="answer">{_csrf(csrf)}{_nonce()}'
+                      '<input type="hidden" name="object_id" '
+                      f'value="{_e(q.object_id)}"><input type="hidden" name="event" '
+                      f'value="{_e(q.event)}"><input type="hidden" name="back" value="inbox">'
+                      '<label>answer (JSON, or text) <input name="payload"></label>'
+                      '<button class="answer-btn">Answer</button></form>')
+        parts.append(
+            f'<div class="card question" data-object="{_e(q.object_id)}">'
+            f'<p><a href="{_oid_url(q.object_id)}">{_e(q.object_id)}</a> ({_e(q.agent)}) '
+            f"waits for event <b>{_e(q.event)}</b> since {_e(view.when(q.since))}</p>"
+            + (f'<p class="asks">{_e(prompt)}</p>' if prompt else "") + f"{answer}</div>")
+    if parked:
+        parts.append(f"<h2>Parked ({len(parked)})</h2>")
+    for info in parked:
+        retry = ""
+        if who.can_act:
+            retry = (f'<form method="post" action="/act/retry">{_csrf(csrf)}'
+                     f'<input type="hidden" name="object_id" value="{_e(info.object_id)}">'
+                     '<input type="hidden" name="back" value="inbox">'
+                     '<button class="retry-btn">Retry</button></form>')
+        parts.append(f'<div class="card parked"><p><a href="{_oid_url(info.object_id)}">'
+                     f"{_e(info.object_id)}</a> ({_e(info.agent)}@{_e(info.agent_version)}) "
+                     f"parked: {_e(info.note or '')}</p>{retry}</div>")
+    return layout("Inbox", "".join(parts), who=who, csrf=csrf, active="inbox")
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
+
+
+def nodes_page(nodes: Sequence[NodeInfo], running: Mapping[str, Sequence[str]], now: float,
+               *, who: Principal, csrf: str) -> str:
+    """Live nodes: what they serve, their capabilities, last heartbeat, what they run."""
+    rows = []
+    for node in nodes:
+        runs = running.get(node.node_id, ())
+        shown = ", ".join(f'<a href="{_oid_url(o)}">{_e(o)}</a>' for o in runs[:20])
+        more = f" and {len(runs) - 20} more" if len(runs) > 20 else ""
+        rows.append(f"<tr><td>{_e(node.node_id)}</td><td>{_e(', '.join(node.serves))}</td>"
+                    f"<td>{_e(', '.join(node.capabilities) or '-')}</td>"
+                    f"<td>{now - node.seen_at:.1f}s ago</td><td>{len(runs)}</td>"
+                    f"<td>{shown}{more}</td></tr>")
+    body = ('<h1>Nodes</h1><section data-live id="nodes"><table class="nodes"><thead><tr>'
+            "<th>node</th><th>serves</th><th>capabilities</th><th>heartbeat</th>"
+            f'<th>running</th><th>objects</th></tr></thead><tbody>{"".join(rows)}</tbody>'
+            f"</table><p>{len(nodes)} live node(s).</p></section>")
+    return layout("Nodes", body, who=who, csrf=csrf, active="nodes")

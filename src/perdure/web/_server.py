@@ -1,0 +1,608 @@
+"""The dashboard as an ASGI application (Starlette): its guard, its routes.
+
+Every request passes ``_guard`` first: the Host header must name this server; a request
+that changes anything (POST) must come from this server's own pages (Origin and
+``Sec-Fetch-Site``) and carry the session's CSRF token; every page but the login needs a
+session; acting needs the operator role. A refused request is logged on the
+``perdure.web`` logger with why, and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hmac
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, quote
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from perdure import inspect as view
+from perdure.app import LIVE_NODE_SECONDS, App
+from perdure.core.records import Kind
+from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
+from perdure.follow import follow
+from perdure.handle import ObjectInfo, info_from_row
+from perdure.web import _actions as actions
+from perdure.web import _pages as pages
+from perdure.web._auth import Credentials, Principal, Session, Sessions, Throttle
+from perdure.web._queries import Filters, Queries
+
+__all__ = ["COOKIE", "Dashboard", "UiSettings"]
+
+log = logging.getLogger("perdure.web")
+
+COOKIE = "perdure_session"
+_PRE = "perdure_login"  # the login form's own CSRF cookie (double submit)
+_MAX_BODY = 256 * 1024
+_MAX_STREAMS = 64  # live streams (a thread each) served at once
+_WHOLE_MEMORY = 20_000  # records read whole for an object's page; beyond, the newest only
+_TAIL = 1000
+_SAFE = ("GET", "HEAD")
+_HEADERS = {
+    "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; "
+                                "img-src 'self' data:; connect-src 'self'; "
+                                "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+@dataclass(frozen=True, slots=True)
+class UiSettings:
+    """Where the dashboard listens and which names it answers to.
+
+    ``allowed_hosts`` adds Host header names (``dash.example.com``) to this server's own;
+    ``https`` marks cookies ``Secure`` (set it when serving TLS, or behind a TLS proxy).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8377
+    allowed_hosts: tuple[str, ...] = ()
+    https: bool = False
+    session_seconds: float = 12 * 3600
+    page_size: int = 50
+
+    def hosts(self) -> frozenset[str]:
+        """Every Host header value this server accepts (with and without its port)."""
+        names = set(self.allowed_hosts)
+        if self.host in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):  # noqa: S104
+            names.update(_LOOPBACK_NAMES)
+        else:
+            names.add(f"[{self.host}]" if ":" in self.host else self.host)
+        return frozenset({n.lower() for n in names} | {f"{n}:{self.port}".lower()
+                                                        for n in names})
+
+
+@dataclass(slots=True)
+class _Flash:
+    messages: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, sid: str, flash: str | None, error: str | None) -> None:
+        with self.lock:
+            if len(self.messages) > 10_000:
+                self.messages.clear()
+            self.messages[sid] = (flash, error)
+
+    def take(self, sid: str) -> tuple[str | None, str | None]:
+        with self.lock:
+            return self.messages.pop(sid, (None, None))
+
+
+@dataclass(frozen=True, slots=True)
+class _Refusal:
+    """A request the guard turns away: status, what the client is told, what is logged."""
+
+    status: int
+    said: str
+    why: str
+
+
+Handler = Callable[[Request, Session, str], Awaitable[Response]]
+
+
+class Dashboard:
+    """The dashboard of ``app``'s store: build it, then serve ``asgi()`` with uvicorn."""
+
+    def __init__(self, app: App, credentials: Credentials,
+                 settings: UiSettings | None = None) -> None:
+        self.app = app
+        self.credentials = credentials
+        self.settings = settings or UiSettings()
+        self.sessions = Sessions(self.settings.session_seconds)
+        self.throttle = Throttle()
+        self.queries = Queries(app.store)
+        self._hosts = self.settings.hosts()
+        self._flash = _Flash()
+        self._hour: tuple[float, dict[str, Any]] = (0.0, {})
+        self._streams = 0
+        self._streams_lock = threading.Lock()
+
+    # -- the guard -------------------------------------------------------------------
+
+    def _check_host(self, request: Request) -> str | _Refusal:
+        host = request.headers.get("host", "").lower()
+        if host not in self._hosts:
+            return _Refusal(400, "unknown Host: this dashboard answers to its own names only "
+                            "(perdure ui --allowed-host NAME adds one)",
+                            f"Host header {host!r} is not this server's")
+        return host
+
+    def _check_origin(self, request: Request, host: str) -> _Refusal | None:
+        site = request.headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            return _Refusal(403, "cross-site request refused", f"Sec-Fetch-Site {site}")
+        origin = request.headers.get("origin")
+        if origin is not None:
+            scheme = "https" if self.settings.https else "http"
+            if origin.lower() != f"{scheme}://{host}":
+                return _Refusal(403, "cross-origin request refused", f"Origin {origin!r}")
+        return None
+
+    async def _form(self, request: Request) -> dict[str, str] | _Refusal:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > _MAX_BODY:
+                return _Refusal(413, "request too large", "body over 256 KiB")
+        try:
+            parsed = parse_qs(body.decode("utf-8"), keep_blank_values=True,
+                              max_num_fields=50)
+        except (UnicodeDecodeError, ValueError):
+            return _Refusal(400, "malformed form", "form body not parseable")
+        return {k: v[0] for k, v in parsed.items()}
+
+    def _refuse(self, request: Request, refused: _Refusal, who: str = "-") -> Response:
+        log.warning("dashboard refused %s %s from %s (%s): %s", request.method,
+                    request.url.path, request.client.host if request.client else "?", who,
+                    refused.why, extra={"action": "ui_refused"})
+        return PlainTextResponse(refused.said, status_code=refused.status,
+                                 headers=_HEADERS)
+
+    async def _admit(self, request: Request, act: bool
+                     ) -> tuple[Session, str, dict[str, str]] | _Refusal | Response:
+        """The request's session, id and form if the guard lets it through."""
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return host
+        unsafe = request.method not in _SAFE
+        if unsafe:
+            cross = self._check_origin(request, host)
+            if cross is not None:
+                return cross
+        sid = request.cookies.get(COOKIE, "")
+        session = self.sessions.get(sid)
+        if session is None:
+            if not unsafe and request.headers.get("accept", "").startswith("text/html"):
+                return RedirectResponse("/login", 303, headers=_HEADERS)
+            return _Refusal(401, "log in first", "no valid session")
+        form: dict[str, str] = {}
+        if unsafe:
+            got = await self._form(request)
+            if isinstance(got, _Refusal):
+                return got
+            form = got
+            token = form.get("csrf") or request.headers.get("x-csrf-token", "")
+            if not hmac.compare_digest(token.encode(), session.csrf.encode()):
+                return _Refusal(403, "missing or wrong CSRF token",
+                                f"bad CSRF token ({session.principal.label()})")
+        if act and not session.principal.can_act:
+            return _Refusal(403, "your role may not act",
+                            f"viewer tried to act ({session.principal.label()})")
+        return session, sid, form
+
+    def _guarded(self, handler: Handler, *, act: bool = False) -> Callable[
+            [Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            admitted = await self._admit(request, act)
+            if isinstance(admitted, _Refusal):
+                return self._refuse(request, admitted)
+            if isinstance(admitted, Response):
+                return admitted
+            session, sid, form = admitted
+            request.state.form = form
+            response = await handler(request, session, sid)
+            response.headers.update(_HEADERS)
+            if self.settings.https:
+                response.headers["Strict-Transport-Security"] = "max-age=31536000"
+            return response
+
+        return endpoint
+
+    # -- logging in and out ----------------------------------------------------------------
+
+    def _cookie(self, response: Response, name: str, value: str, max_age: int) -> None:
+        response.set_cookie(name, value, max_age=max_age, httponly=True, samesite="strict",
+                            secure=self.settings.https, path="/")
+
+    async def login_form(self, request: Request) -> Response:
+        """GET /login."""
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return self._refuse(request, host)
+        nonce = secrets.token_urlsafe(24)
+        response = HTMLResponse(pages.login_page(None, nonce), headers=_HEADERS)
+        self._cookie(response, _PRE, nonce, 3600)
+        return response
+
+    async def login(self, request: Request) -> Response:
+        """POST /login: a name and a token or password open a session."""
+        client = request.client.host if request.client else "?"
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return self._refuse(request, host)
+        cross = self._check_origin(request, host)
+        if cross is not None:
+            return self._refuse(request, cross)
+        form = await self._form(request)
+        if isinstance(form, _Refusal):
+            return self._refuse(request, form)
+        pre = request.cookies.get(_PRE, "")
+        if not pre or not hmac.compare_digest(form.get("csrf", "").encode(), pre.encode()):
+            return self._refuse(request, _Refusal(403, "the login form expired; reload it",
+                                                  "bad login CSRF"))
+        if self.throttle.blocked(client):
+            return self._refuse(request, _Refusal(429, "too many failed logins; wait a minute",
+                                                  "login throttled"))
+        name = " ".join("".join(c for c in form.get("name", "") if c.isprintable()
+                                ).split())[:80]
+        proved = await run_in_threadpool(self.credentials.check, form.get("secret", ""))
+        if proved is None or not name:
+            self.throttle.failed(client)
+            log.warning("dashboard login failed from %s (name %r)", client, name,
+                        extra={"action": "ui_login_failed"})
+            nonce = secrets.token_urlsafe(24)
+            response = HTMLResponse(pages.login_page(
+                "Wrong token or password." if name else "Say who you are.", nonce),
+                status_code=401, headers=_HEADERS)
+            self._cookie(response, _PRE, nonce, 3600)
+            return response
+        principal = Principal(name, *proved)
+        sid, _ = self.sessions.open(principal)
+        log.info("dashboard login: %s from %s", principal.label(), client,
+                 extra={"action": "ui_login"})
+        done = RedirectResponse("/", 303, headers=_HEADERS)
+        self._cookie(done, COOKIE, sid, int(self.settings.session_seconds))
+        done.delete_cookie(_PRE, path="/")
+        return done
+
+    async def logout(self, request: Request, session: Session, sid: str) -> Response:
+        """POST /logout."""
+        self.sessions.close(sid)
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+    # -- pages ---------------------------------------------------------------------------
+
+    def _html(self, text: str, status: int = 200) -> HTMLResponse:
+        return HTMLResponse(text, status_code=status)
+
+    def _error(self, session: Session, title: str, text: str, status: int) -> HTMLResponse:
+        return self._html(pages.message_page(title, text, session.principal, session.csrf),
+                          status)
+
+    async def overview(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /: counts, nodes, the last hour."""
+        def build() -> str:
+            now = time.time()
+            at, hour = self._hour
+            if now - at > 5:
+                hour = self.queries.hour(now)
+                self._hour = (now, hour)
+            live = len(self.app.store.live_nodes(now - LIVE_NODE_SECONDS))
+            return pages.overview_page(self.queries.counts(), hour, live,
+                                       who=session.principal, csrf=session.csrf)
+        return self._html(await run_in_threadpool(build))
+
+    async def objects(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /objects: filtered, paged by key."""
+        params = dict(request.query_params)
+        try:
+            filters = Filters.from_query(params)
+            cursor = params.get("cursor") or None
+            page = await run_in_threadpool(self.queries.page, filters, cursor=cursor,
+                                           limit=self.settings.page_size)
+        except ConfigurationError as exc:
+            return self._html(pages.list_page([], Filters(), None, None, who=session.principal,
+                                              csrf=session.csrf, error=str(exc)), 400)
+        now = time.time()
+        infos = [info_from_row(row, now) for row in page.rows]
+        return self._html(pages.list_page(infos, filters, page.next_cursor, cursor,
+                                          who=session.principal, csrf=session.csrf))
+
+    def _question(self, info: ObjectInfo) -> actions.Question | None:
+        if not info.waiting_event or info.waiting_event.startswith("perdure:"):
+            return None
+        return actions.Question(info.object_id, info.agent, info.waiting_event,
+                                getattr(info, "prompt", None), info.updated_at)
+
+    async def object(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /objects/{id}: everything about one object."""
+        oid = request.path_params["oid"]
+        want_verify = request.query_params.get("verify") == "1"
+        flash, error = self._flash.take(sid)
+
+        def build() -> HTMLResponse:
+            try:
+                info = self.app.get(oid)
+            except (ConfigurationError, PerdureError) as exc:
+                return self._error(session, "No such object", str(exc), 404)
+            damaged = None
+            long = info.records > _WHOLE_MEMORY
+            tail = None
+            try:
+                if long:  # the intent, its refinements, and the newest records only
+                    head = self.queries.records_of(oid, (Kind.INSTANTIATED,
+                                                         Kind.INTENT_REFINED))
+                    tail = self.app.history(oid, after=info.records - _TAIL)
+                    records = [r for r in head if r.seq <= info.records - _TAIL] + tail
+                else:
+                    records = self.app.history(oid)
+            except RecordDecodeError as exc:
+                records, damaged = [], f"memory cannot be read: {exc}"
+            root, hops = info, 0
+            while root.parent_id and hops < 64:
+                try:
+                    root = self.app.get(root.parent_id, explain=False)
+                except PerdureError:
+                    break
+                hops += 1
+            tree = view.lineage(root, lambda o: self.app.list(parent=o, limit=50)[::-1])
+            children = self.app.list(parent=oid, limit=200)
+            usage = lineage_usage = None
+            if not damaged and not long:
+                usage = view.usage(self.app.usage(oid))
+                if children:
+                    lineage_usage = view.usage(self.app.usage(oid, lineage=True))
+            report = self.app.verify(oid) if want_verify else None
+            return self._html(pages.object_page(
+                info, records, tree=tree, children=children, usage=usage,
+                lineage_usage=lineage_usage, report=report, question=self._question(info),
+                who=session.principal, csrf=session.csrf,
+                fork_ok=actions.available(self.app, "fork"), flash=flash,
+                error=damaged or error, newest=tail))
+        return await run_in_threadpool(build)
+
+    async def inbox(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /inbox: approvals and questions."""
+        flash, error = self._flash.take(sid)
+
+        def build() -> str:
+            now = time.time()
+            rows = [info_from_row(r, now) for r in self.queries.questions()]
+            parked = [info_from_row(r, now) for r in
+                      self.queries.page(Filters(status="parked"), limit=100).rows]
+            return pages.inbox_page(actions.questions(self.app, rows),
+                                    actions.pending_approvals(self.app),
+                                    who=session.principal, csrf=session.csrf,
+                                    flash=flash, error=error, parked=parked)
+        return self._html(await run_in_threadpool(build))
+
+    async def nodes(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /nodes."""
+        def build() -> str:
+            now = time.time()
+            return pages.nodes_page(self.app.store.live_nodes(now - LIVE_NODE_SECONDS),
+                                    self.queries.running_on(now), now,
+                                    who=session.principal, csrf=session.csrf)
+        return self._html(await run_in_threadpool(build))
+
+    async def hour(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /api/hour: the overview's figures as JSON."""
+        return JSONResponse(await run_in_threadpool(self.queries.hour))
+
+    async def stream(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /stream?id=...: the object's memory as server-sent events, from the record
+        after ``Last-Event-ID``; model chunks carry their text."""
+        oid = request.query_params.get("id", "")
+        try:
+            after = int(request.headers.get("last-event-id") or
+                        request.query_params.get("after") or 0)
+            await run_in_threadpool(self.app.get, oid, explain=False)
+        except (ValueError, ConfigurationError, PerdureError) as exc:
+            return PlainTextResponse(str(exc), status_code=404)
+        if self._streams >= _MAX_STREAMS:
+            return PlainTextResponse("too many live streams; try again later",
+                                     status_code=503)
+        stop = threading.Event()
+        queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=1000)
+        loop = asyncio.get_running_loop()
+
+        def offer(item: str | None) -> bool:
+            """Hand ``item`` to the response; ``False`` once the follower has gone."""
+            while not stop.is_set():
+                done = asyncio.run_coroutine_threadsafe(
+                    asyncio.wait_for(queue.put(item), 1.0), loop)
+                try:
+                    done.result()
+                    return True
+                except TimeoutError:
+                    continue
+                except (RuntimeError, concurrent.futures.CancelledError):
+                    return False  # the loop or the response is gone
+            return False
+
+        def pump() -> None:
+            try:
+                for event in follow(self.app, oid, after, every=True, stop=stop,
+                                    timeout=600, poll=0.1):
+                    doc = {"seq": event.seq, "kind": event.kind,
+                           "line": view.describe(event.record).text}
+                    if event.kind == Kind.MODEL_CHUNKS:
+                        doc["text"] = event.text
+                    data = json.dumps(doc, ensure_ascii=False)
+                    if not offer(f"id: {event.seq}\ndata: {data}\n\n"):
+                        return
+                    if event.kind == Kind.TERMINATED:
+                        offer("event: end\ndata: {}\n\n")
+            except Exception as exc:  # noqa: BLE001 - said to the follower, then ended
+                offer(f"event: problem\ndata: {json.dumps({'error': str(exc)})}\n\n")
+            finally:
+                offer(None)
+
+        async def body() -> AsyncIterator[str]:
+            with self._streams_lock:
+                self._streams += 1
+            thread = threading.Thread(target=pump, daemon=True)
+            thread.start()
+            try:
+                yield "retry: 2000\n\n"
+                while True:
+                    item = await queue.get()
+                    if item is None:
+                        return
+                    yield item
+            finally:
+                stop.set()
+                with self._streams_lock:
+                    self._streams -= 1
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    # -- acting ----------------------------------------------------------------------------
+
+    async def act(self, request: Request, session: Session, sid: str) -> Response:
+        """POST /act/{action}: send, pause, resume, cancel, retry, fork."""
+        action = request.path_params["action"]
+        form: dict[str, str] = request.state.form
+        oid = form.get("object_id", "")
+        who = session.principal
+        back = "/inbox" if form.get("back") == "inbox" else "/objects/" + quote(oid, safe="")
+
+        def run() -> str:
+            if action == "send":
+                event = form.get("event", "").strip()
+                payload = _payload(form.get("payload", ""))
+                fresh = actions.send(self.app, who, oid, event, payload,
+                                     form.get("nonce") or None)
+                return f"event {event!r} sent" + ("" if fresh else " (already sent)")
+            if action == "pause":
+                actions.pause(self.app, who, oid)
+                return "pause asked"
+            if action == "resume":
+                actions.resume(self.app, who, oid)
+                return "resumed"
+            if action == "cancel":
+                actions.cancel(self.app, who, oid)
+                return "cancel asked"
+            if action == "retry":
+                actions.retry(self.app, who, oid)
+                return "retry asked"
+            if action == "fork":
+                try:
+                    at = int(form.get("at", ""))
+                except ValueError:
+                    raise ConfigurationError("fork needs a record number (seq)") from None
+                new = actions.fork(self.app, who, oid, at, form.get("new_id") or None)
+                return f"forked as {new}"
+            raise ConfigurationError(f"unknown action {action!r}")
+
+        try:
+            said = await run_in_threadpool(run)
+        except (ConfigurationError, PerdureError, ValueError) as exc:
+            log.warning("dashboard action %s on %r by %s failed: %s", action, oid,
+                        who.label(), exc, extra={"action": "ui_action_failed"})
+            self._flash.put(sid, None, str(exc))
+            return RedirectResponse(back, 303)
+        log.info("dashboard action %s on %r by %s", action, oid, who.label(),
+                 extra={"action": "ui_action"})
+        self._flash.put(sid, said, None)
+        return RedirectResponse(back, 303)
+
+    async def decide(self, request: Request, session: Session, sid: str) -> Response:
+        """POST /inbox/approve, /inbox/reject."""
+        verdict = request.path_params["verdict"]
+        if verdict not in ("approve", "reject"):
+            return PlainTextResponse("no such page", status_code=404)
+        form: dict[str, str] = request.state.form
+        oid, pid = form.get("object_id", ""), form.get("proposal_id", "")
+        who = session.principal
+
+        def run() -> str:
+            if verdict == "approve":
+                edit = form.get("edit", "").strip()
+                actions.approve(self.app, who, oid, pid,
+                                edit=json.loads(edit) if edit else None)
+                return f"proposal {pid} approved"
+            reason = form.get("reason", "").strip()
+            if not reason:
+                raise ConfigurationError("say why the proposal is rejected")
+            actions.reject(self.app, who, oid, pid, reason)
+            return f"proposal {pid} rejected"
+
+        try:
+            said = await run_in_threadpool(run)
+        except (ConfigurationError, PerdureError, ValueError) as exc:
+            self._flash.put(sid, None, str(exc))
+            return RedirectResponse("/inbox", 303)
+        log.info("dashboard %s %s of %r by %s", verdict, pid, oid, who.label(),
+                 extra={"action": "ui_action"})
+        self._flash.put(sid, said, None)
+        return RedirectResponse("/inbox", 303)
+
+    # -- the application ---------------------------------------------------------------------
+
+    def asgi(self) -> Starlette:
+        """The Starlette application serving the dashboard."""
+        from importlib.resources import files
+
+        static = str(files("perdure.web") / "static")
+        g = self._guarded
+
+        async def store_trouble(request: Request, exc: Exception) -> Response:
+            log.error("dashboard %s %s: %s", request.method, request.url.path, exc,
+                      extra={"action": "ui_store_error"})
+            return HTMLResponse(pages.message_page(
+                "The store could not answer", f"{exc}", None), status_code=503,
+                headers=_HEADERS)
+
+        return Starlette(exception_handlers={PerdureError: store_trouble}, routes=[
+            Route("/login", self.login_form, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", g(self.logout), methods=["POST"]),
+            Route("/", g(self.overview), methods=["GET"]),
+            Route("/objects", g(self.objects), methods=["GET"]),
+            Route("/objects/{oid:path}", g(self.object), methods=["GET"]),
+            Route("/inbox", g(self.inbox), methods=["GET"]),
+            Route("/nodes", g(self.nodes), methods=["GET"]),
+            Route("/api/hour", g(self.hour), methods=["GET"]),
+            Route("/stream", g(self.stream), methods=["GET"]),
+            Route("/act/{action}", g(self.act, act=True), methods=["POST"]),
+            Route("/inbox/{verdict:str}", g(self.decide, act=True), methods=["POST"]),
+            Mount("/static", StaticFiles(directory=static), name="static"),
+        ])
+
+
+def _payload(text: str) -> Any:
+    """A form's payload: JSON when it parses, else the text itself; empty is null."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

@@ -1,0 +1,73 @@
+"""Notes of who acted, in memory, on both stores: folded before a cancel ends the object
+(a paused one too), and refused into memory when sealed by a key the workers do not
+trust."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import perdure
+from perdure.core.lifecycle import Status
+from perdure.web import _actions as actions
+from perdure.web._auth import Principal
+from tests.web.agents import app as agents_app
+from tests.web.support import actions_noted, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+ALICE = Principal("alice", "operator", "password")
+
+
+def _app(store_url: str, key_dir: Path) -> perdure.App:
+    return agents_app.with_settings(store=store_url, key_dir=key_dir, lease_seconds=2.0,
+                                    poll_interval=0.01)
+
+
+def test_pause_then_cancel_is_noted_before_the_end(store_url: str, key_dir: Path) -> None:
+    app = _app(store_url, key_dir)
+    try:
+        with app.background_worker():
+            oid = app.start("sleeper", 3600.0).object_id
+            wait_until(lambda: app.get(oid).status is Status.DORMANT)
+            actions.pause(app, ALICE, oid)
+            actions.cancel(app, ALICE, oid)
+            wait_until(lambda: app.get(oid).status is Status.CANCELLED)
+        noted = actions_noted(app, oid)
+        assert [n["action"] for n in noted] == ["pause", "cancel"]
+        assert {(n["by"], n["role"], n["method"], n["via"]) for n in noted} == {
+            ("alice", "operator", "password", "dashboard")}
+        history = app.history(oid)
+        assert history[-1].kind == "terminated" and history[-1].body["outcome"] == "cancelled"
+        assert app.verify(oid).ok
+        # A note in memory is none of the agent's doing: its code still replays it.
+        ask = app.start("asker", "replayed").object_id
+        with app.background_worker():
+            wait_until(lambda: app.get(ask).status is Status.DORMANT)
+            actions.send(app, ALICE, ask, "answer", "yes")
+            app.handle(ask).result(timeout=20)
+        assert [r.verdict for r in app.replay_check([ask, oid])] == ["compatible"] * 2
+        # An ended object takes no note and no action.
+        with pytest.raises(perdure.ObjectTerminatedError):
+            actions.cancel(app, ALICE, oid)
+    finally:
+        app.close()
+
+
+def test_a_note_from_an_untrusted_key_is_refused(store_url: str, key_dir: Path,
+                                                 tmp_path: Path) -> None:
+    app = _app(store_url, key_dir)
+    stranger = perdure.App(store=store_url, key_dir=tmp_path / "stranger-keys")
+    try:
+        with app.background_worker():
+            oid = app.start("asker", "who").object_id
+            wait_until(lambda: app.get(oid).status is Status.DORMANT)
+            actions.record_action(stranger, oid, Principal("eve", "operator", "token"),
+                                  "send", event="answer")
+            wait_until(lambda: any(r.kind == "event_refused" for r in app.history(oid)))
+        assert actions_noted(app, oid) == []
+        assert app.get(oid).status is Status.DORMANT
+    finally:
+        stranger.close()
+        app.close()
