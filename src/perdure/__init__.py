@@ -10,15 +10,20 @@ from __future__ import annotations
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder
 from perdure.app import App, step
+from perdure.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import Signer, VerifyReport
+from perdure.core.constraints import OneOf, PathPrefix, Range, UrlHost
 from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, ReasonCode, evaluate
+from perdure.core.gate import Allow, GateDecision, Policy, Proposal
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
 from perdure.core.trust import Certificate, KeyRing, Revocation
 from perdure.core.usage import UsageTotals
 from perdure.engine.anchors import HeadAnchors
+from perdure.engine.commands.agent_loop import AgentResult
+from perdure.engine.commands.tools import ToolOutcome
 from perdure.engine.context import StepInfo, current_step
 from perdure.engine.replay import ReplayReport
 from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
@@ -28,6 +33,7 @@ from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
     AgentParkedError,
+    ApprovalError,
     CancelRequestedError,
     CannotDo,
     ChildFailedError,
@@ -53,6 +59,7 @@ from perdure.errors import (
 from perdure.follow import StreamEvent
 from perdure.handle import Handle, ObjectInfo
 from perdure.stores.base import Store
+from perdure.tools import Tool, tool
 
 __version__ = "0.1.0"
 
@@ -62,7 +69,10 @@ __all__ = [
     "AgentDef",
     "AgentFailedError",
     "AgentParkedError",
+    "AgentResult",
+    "Allow",
     "App",
+    "ApprovalError",
     "CancelRequestedError",
     "CannotDo",
     "Certificate",
@@ -72,6 +82,7 @@ __all__ = [
     "Context",
     "Decision",
     "ErrorClass",
+    "GateDecision",
     "Handle",
     "HeadAnchors",
     "IntegrityError",
@@ -89,9 +100,15 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectTerminatedError",
     "ObjectView",
+    "OneOf",
+    "PathPrefix",
+    "PendingApproval",
     "PerdureError",
     "PerdureSignal",
     "Phase",
+    "Policy",
+    "Proposal",
+    "Range",
     "ReasonCode",
     "Record",
     "RecordDecodeError",
@@ -112,7 +129,10 @@ __all__ = [
     "StreamEvent",
     "SyncChildHandle",
     "SyncRun",
+    "Tool",
+    "ToolOutcome",
     "UnknownAgentError",
+    "UrlHost",
     "UsageTotals",
     "Verifier",
     "VerifyReport",
@@ -121,4 +141,5 @@ __all__ = [
     "current_step",
     "evaluate",
     "step",
+    "tool",
 ]

@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from perdure._identity import NodeIdentity, TrustSpec, publish
 from perdure._keys import default_key_dir, public_bytes
+from perdure.approvals import PendingApproval
+from perdure.approvals import approvals as approvals_of
+from perdure.approvals import decide as decide_on
 from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain
@@ -50,6 +53,7 @@ from perdure.hooks import Hooks
 from perdure.inspect import waiting_note
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
+from perdure.tools import Tool
 
 if TYPE_CHECKING:
     from perdure.llm import PriceTable
@@ -128,6 +132,7 @@ class App:
         self.capabilities = frozenset(capabilities or ())
         self.prices = prices
         self._agents: dict[str, AgentDef] = {}
+        self._tools: dict[str, Tool] = {}  # ``@app.tool``
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
@@ -227,6 +232,7 @@ class App:
             prices=self.prices,
         )
         clone._agents = dict(self._agents)
+        clone._tools = dict(self._tools)
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
         return clone
 
@@ -301,6 +307,39 @@ class App:
     def agents(self) -> Mapping[str, AgentDef]:
         """Registered agents by name."""
         return dict(self._agents)
+
+    def tool(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Register a tool: ``@app.tool`` or ``@app.tool(risk=..., idempotent=...,
+        capabilities=..., constraints=..., name=..., description=..., schema=...)``.
+        Returns the ``perdure.Tool`` (still callable as the function); pass it to
+        ``run.agent(tools=...)``. See ``perdure.tools``."""
+        def register(func: Callable[..., Any]) -> Tool:
+            made = func if isinstance(func, Tool) else Tool.of(func, **options)
+            with self._lock:
+                self._tools[made.name] = made
+            return made
+        return register(fn) if fn is not None else register
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """Registered tools by name."""
+        return dict(self._tools)
+
+    def approvals(self) -> builtins.list[PendingApproval]:
+        """Tool calls waiting for a person, across objects (see ``perdure.approvals``)."""
+        return approvals_of(self)
+
+    def approve(self, object_id: str, proposal_id: str, *,
+                edit: Mapping[str, Any] | None = None) -> PendingApproval:
+        """Approve proposal ``proposal_id`` of ``object_id``, signed with this client's key;
+        with ``edit`` (new arguments, same tool) the edit goes through the gate again.
+        ``ApprovalError`` if no such proposal waits."""
+        return decide_on(self, object_id, proposal_id, "approve" if edit is None else "edit",
+                         edit=edit)
+
+    def reject(self, object_id: str, proposal_id: str, *, reason: str) -> PendingApproval:
+        """Reject proposal ``proposal_id`` of ``object_id``; the model is told ``reason``."""
+        return decide_on(self, object_id, proposal_id, "reject", reason=reason)
 
     def _resolve(self, agent: Callable[..., Any] | str) -> AgentDef:
         agent_name = agent if isinstance(agent, str) else getattr(agent, "__perdure_agent__", None)

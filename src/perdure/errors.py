@@ -23,6 +23,7 @@ The tree::
     ├── AgentCancelledError       ``Handle.result()``: the agent was cancelled
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
     ├── ResultTimeoutError        ``Handle.result()``: no result within the timeout
+    ├── ApprovalError             no such proposal waits for a person, or it was decided
     └── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
                                   whether and when to try again
 
@@ -53,6 +54,7 @@ __all__ = [
     "AgentCancelledError",
     "AgentFailedError",
     "AgentParkedError",
+    "ApprovalError",
     "CancelRequestedError",
     "CannotDo",
     "ChildFailedError",
@@ -236,6 +238,11 @@ class AgentParkedError(PerdureError):
 
 class ResultTimeoutError(PerdureError, TimeoutError):
     """No result arrived within the timeout; the object keeps running."""
+
+
+class ApprovalError(PerdureError):
+    """A decision on a tool call cannot be sent: no such proposal waits for a person
+    (see ``perdure approvals``), or it was decided already."""
 
 
 class PerdureSignal(BaseException):

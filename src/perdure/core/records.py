@@ -66,6 +66,11 @@ class Kind(StrEnum):
     MODEL_FAILED = "model_failed"  # run.model: an attempt that failed, and when to retry
     MODEL_CHUNKS = "model_chunks"  # run.model(stream=True): a batch of a streamed reply
     MODEL_RECOVERED = "model_recovered"  # run.model: what was done with a cut stream
+    TOOL_PROPOSED = "tool_proposed"  # a tool call the model proposed (tool, args, hash)
+    TOOL_GATED = "tool_gated"  # the gate's verdict on a proposal, with the policy's ref
+    TOOL_DECIDED = "tool_decided"  # a person's signed decision on a proposal (or expiry)
+    TOOL_STARTED = "tool_started"  # a non-idempotent tool is about to run
+    TOOL_RESULT = "tool_result"  # how a tool call ended: result, or why it did not run
 
 
 @dataclass(frozen=True, slots=True)

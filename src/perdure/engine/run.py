@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
+from perdure.engine.commands import agent_loop, lineage, steps, values, waits
 from perdure.engine.commands import intent as intent_commands
-from perdure.engine.commands import lineage, steps, values, waits
 from perdure.engine.commands import model as model_command
 from perdure.engine.commands.lineage import (
     CHILD_EVENT,
@@ -225,6 +225,7 @@ class Run:
     join = lineage.join
     gather = lineage.gather
     model = model_command.model
+    agent = agent_loop.agent
 
     # -- the cursor: what every command does first -----------------------------
 

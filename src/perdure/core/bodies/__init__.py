@@ -24,7 +24,8 @@ intent arguments) are held as the body holds them, not copied.
 Where they live: ``fields`` (the ``Body`` base and the reader that checks each key),
 ``steps`` (steps, drawn values, patches, progress), ``waits`` (dormancy, timers,
 events, children), ``objects`` (start, intent, routing, parking, end) and ``models``
-(model calls: replies, failed attempts, stream batches, recoveries). Pure: no I/O.
+(model calls: replies, failed attempts, stream batches, recoveries) and ``tools`` (tool
+calls: proposals, gate verdicts, people's decisions, results). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ from perdure.core.bodies.steps import (
     StepInDoubt,
     StepStarted,
     Value,
+)
+from perdure.core.bodies.tools import (
+    ToolDecided,
+    ToolGated,
+    ToolProposed,
+    ToolResult,
+    ToolStarted,
 )
 from perdure.core.bodies.waits import (
     NO_RESULT,
@@ -94,6 +102,11 @@ __all__ = [
     "StepInDoubt",
     "StepStarted",
     "Terminated",
+    "ToolDecided",
+    "ToolGated",
+    "ToolProposed",
+    "ToolResult",
+    "ToolStarted",
     "Value",
     "WaitTimedOut",
     "Woke",
@@ -106,6 +119,7 @@ RecordBody = (
     | EventReceived | WaitTimedOut | IntentRefined | Nondeterminism | Delegated
     | ChildFinished | CapabilityMissing | Patched | Progress | EventRefused | Parked
     | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered
+    | ToolProposed | ToolGated | ToolDecided | ToolStarted | ToolResult
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -115,6 +129,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         EventReceived, WaitTimedOut, IntentRefined, Nondeterminism, Delegated, ChildFinished,
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
         ModelCall, ModelFailed, ModelChunks, ModelRecovered,
+        ToolProposed, ToolGated, ToolDecided, ToolStarted, ToolResult,
     )
 }
 """The body class of each record kind, by the kind's value."""
