@@ -24,6 +24,7 @@ from rich.text import Text
 
 from perdure import __version__
 from perdure import inspect as view
+from perdure._cli_approvals import approvals, approve, reject
 from perdure._cli_keys import keys
 from perdure._cli_tail import tail
 from perdure._identity import NodeIdentity
@@ -604,6 +605,8 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
 
 cli.add_command(keys)
 cli.add_command(tail)
+for _command in (approvals, approve, reject):
+    cli.add_command(_command)
 
 
 @cli.command()
