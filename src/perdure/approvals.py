@@ -130,12 +130,15 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
     if edit is not None:
         payload["edit"] = dict(edit)
     data = encode(payload, what="approval decision", max_depth=MAX_DEPTH)
-    dedupe = f"approval:{proposal_id}:{target.args_hash[:16]}"
+    # One decision per proposal and deciding client: another client (one allowed where
+    # this one was refused) can still decide.
+    dedupe = f"approval:{proposal_id}:{target.args_hash[:16]}:{app.node_id}"
     sent = app.store.send(object_id, APPROVAL_EVENT, data, dedupe, time.time(),
                           app._seal(object_id, APPROVAL_EVENT, data, dedupe))
     if not sent:
         raise ApprovalError(f"proposal {proposal_id!r} of object {object_id!r} was already "
-                            "decided; a decision cannot be changed")
+                            f"decided by this client ({app.node_id}); a decision cannot be "
+                            "changed")
     return target
 
 

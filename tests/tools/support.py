@@ -124,6 +124,23 @@ async def tool_agent(run: perdure.Run, base_url: str, prompt: str,
             "calls": [[o.tool, o.outcome, o.error] for o in result.calls]}
 
 
+@app.agent(name="strict_agent")
+async def strict_agent(run: perdure.Run, base_url: str, prompt: str,
+                       ttl: float | None = None) -> dict[str, Any]:
+    """The loop under a policy where only ``alice`` may approve high-risk calls, and
+    approvals expire after ``ttl`` seconds."""
+    policy = perdure.Policy("strict", rules=(perdure.Allow({"send_message", "write_note"}),),
+                            approvers={"high": frozenset({"alice"})}, approval_ttl=ttl)
+    client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+    try:
+        result = await run.agent(client, model="gpt-4o", messages=[Message.user(prompt)],
+                                 tools=list(app.tools.values()), policy=policy, max_turns=4)
+    finally:
+        await client.aclose()
+    return {"text": result.text, "stopped": result.stopped,
+            "calls": [[o.tool, o.outcome, o.error] for o in result.calls]}
+
+
 def start_tool_worker(store_url: str, key_dir: Path, log: Path, sink: Path,
                       **env: str) -> subprocess.Popen[bytes]:
     """Run ``perdure worker`` on ``app`` above in a child process (2 s leases)."""

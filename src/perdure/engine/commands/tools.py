@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from perdure.approvals import pending_in
 from perdure.core.bodies import (
     Dormant,
     EventRefused,
@@ -117,7 +118,7 @@ class _Tally:
     tokens: int
     cost: Decimal
     fresh_tokens: int = 0
-    positions: set[str] = field(default_factory=set)
+    waiting: set[str] | None = None  # proposals waiting for a person (``_waiting``)
 
 
 _TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
@@ -357,10 +358,10 @@ async def _take_decision(run: Run, call: _Call, proposal: ToolProposed,
             continue
         named = str(payload.get("proposal"))
         if named != proposal.proposal:
-            if named.rsplit(":", 1)[0] == str(call.pos):  # an older revision of this call
+            if named not in _waiting(run):  # decided already, edited, or never asked
                 _refuse(run, call, ev.event_id, ev.name, None,
-                        f"proposal {named} is no longer pending ({proposal.proposal} is)")
-            continue
+                        f"proposal {named} does not wait for a decision")
+            continue  # another call's (a branch of the same gather)
         run._consumed.add(ev.event_id)
         digest = vouched(run, ev)
         if digest is None:
@@ -380,6 +381,16 @@ async def _take_decision(run: Run, call: _Call, proposal: ToolProposed,
                            verdict, str(payload.get("reason") or ""), identity, key,
                            digest or None, edit)
     return None
+
+
+def _waiting(run: Run) -> set[str]:
+    """The proposals memory (as read at this claim) holds as waiting for a person."""
+    state = tally(run)
+    if state.waiting is None:
+        records = sorted((rec for recs in run._history.values() for rec in recs),
+                         key=lambda rec: rec.seq)
+        state.waiting = {p.proposal_id for p in pending_in(records)}
+    return state.waiting
 
 
 def _payload_problem(payload: Mapping[str, Any], tool: str) -> str | None:

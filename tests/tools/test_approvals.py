@@ -1,0 +1,184 @@
+"""People deciding on tool calls, in one process on both stores: reject, edit (re-gated,
+same tool only), identities per risk level, expiry, decisions that cannot count."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import perdure
+from perdure.cli import cli
+from perdure.core.codec import encode
+from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
+from tests.integration.engine_support import wait_until
+from tests.tools import support
+from tests.tools.support import effects
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as running:
+        yield running
+
+
+def _app(make_app: Callable[..., perdure.App], **options: object) -> perdure.App:
+    app = make_app(**options)
+    for name in ("tool_agent", "strict_agent"):
+        app.agent(name=name)(support.app.agents[name].fn)
+    for tool in support.app.tools.values():
+        app.tool(tool)
+    return app
+
+
+def _send(to: str = "bob") -> ScriptedReply:
+    return ScriptedReply(tool_calls=(
+        ScriptedToolCall("send_message", json.dumps({"to": to, "body": "hi"}), "c1"),))
+
+
+def _pending(app: perdure.App, object_id: str) -> perdure.PendingApproval:
+    assert wait_until(lambda: any(p.object_id == object_id for p in app.approvals()),
+                      timeout=15)
+    [found] = [p for p in app.approvals() if p.object_id == object_id]
+    return found
+
+
+def _sink_effects(sink: Path) -> list[tuple[str, str, str]]:
+    return effects(sink) if sink.exists() else []
+
+
+def test_a_rejected_call_never_runs_and_the_model_sees_the_reason(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    server.script(_send(), ScriptedReply(text="Understood."))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="rej-1")
+    with app.background_worker():
+        pending = _pending(app, "rej-1")
+        app.reject("rej-1", pending.proposal_id, reason="not to bob, ever")
+        result = app.handle("rej-1").result(timeout=20)
+        with pytest.raises(perdure.ApprovalError, match="no proposal"):
+            app.approve("rej-1", pending.proposal_id)
+    assert result["calls"][0][:2] == ["send_message", "rejected"]
+    tool_msg = [m for m in server.requests[1].body["messages"] if m["role"] == "tool"][0]
+    assert "not to bob, ever" in tool_msg["content"]
+    assert _sink_effects(sink) == []
+
+
+def test_an_edit_is_regated_and_cannot_switch_tools(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """The edited arguments run (approved by the editor), under a new proposal id whose
+    record names the one it edits; a decision naming another tool is refused on record."""
+    server.script(_send("bob"), ScriptedReply(text="Done."))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="edit-1")
+    with app.background_worker():
+        pending = _pending(app, "edit-1")
+        forged = encode({"proposal": pending.proposal_id, "args_hash": pending.args_hash,
+                         "tool": "delete", "decision": "edit", "edit": {"path": "/"}})
+        app.store.send("edit-1", "perdure:approval", forged, None, time.time(),
+                       app._seal("edit-1", "perdure:approval", forged, None))
+        assert wait_until(lambda: any(r.kind == "event_refused"
+                                      for r in app.history("edit-1")), timeout=15)
+        assert app.approvals()[0].proposal_id == pending.proposal_id  # still waiting
+        app.approve("edit-1", pending.proposal_id, edit={"to": "carol", "body": "hi"})
+        result = app.handle("edit-1").result(timeout=20)
+    assert result["calls"][0][:2] == ["send_message", "done"]
+    assert [e[1] for e in effects(sink)] == ["carol:hi"]
+    history = app.history("edit-1")
+    refused = [r.body for r in history if r.kind == "event_refused"][0]
+    assert "cannot turn a call of 'send_message' into another tool" in refused["reason"]
+    proposals = [r.body for r in history if r.kind == "tool_proposed"]
+    assert [p["proposal"] for p in proposals] == ["1:0", "1:1"]
+    assert proposals[1]["edited_from"] == "1:0" and "carol" in proposals[1]["args"]
+    decided = [r.body["decision"] for r in history if r.kind == "tool_decided"]
+    assert decided == ["edit", "approve"]
+    assert app.verify("edit-1").ok
+
+
+def test_an_edit_that_breaks_a_rule_is_denied(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """A person's edit goes through the gate again: arguments the tool's schema does not
+    take are denied, and nothing runs."""
+    server.script(_send(), ScriptedReply(text="ok"))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="edit-2")
+    with app.background_worker():
+        pending = _pending(app, "edit-2")
+        app.approve("edit-2", pending.proposal_id,
+                    edit={"to": "bob", "body": "hi", "bcc": "everyone"})
+        result = app.handle("edit-2").result(timeout=20)
+    assert result["calls"][0][:2] == ["send_message", "denied"]
+    assert "unknown key 'bcc'" in result["calls"][0][2]
+    gated = [r.body["verdict"] for r in app.history("edit-2") if r.kind == "tool_gated"]
+    assert gated == ["approval", "deny"]
+    assert _sink_effects(sink) == []
+
+
+def test_only_allowed_identities_may_approve(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path,
+        tmp_path: Path) -> None:
+    """Under a policy where only ``alice`` approves high-risk calls, another client's
+    approval is refused on record and the call keeps waiting; alice's counts."""
+    server.script(_send(), ScriptedReply(text="Sent."))
+    app = _app(make_app)
+    alice = _app(make_app, node_id="alice")
+    app.start("strict_agent", server.openai_base_url, "go", object_id="who-1")
+    with app.background_worker():
+        pending = _pending(app, "who-1")
+        assert pending.approvers == ("alice",)
+        app.approve("who-1", pending.proposal_id)
+        assert wait_until(lambda: any(r.kind == "event_refused"
+                                      for r in app.history("who-1")), timeout=15)
+        refused = [r.body for r in app.history("who-1") if r.kind == "event_refused"][0]
+        assert "may not decide on high-risk calls" in refused["reason"]
+        assert _sink_effects(sink) == []
+        with pytest.raises(perdure.ApprovalError, match="already decided"):
+            app.approve("who-1", pending.proposal_id)  # one decision per client
+        alice.approve("who-1", pending.proposal_id)
+        result = app.handle("who-1").result(timeout=20)
+    assert result["calls"][0][:2] == ["send_message", "done"]
+    [decided] = [r.body for r in app.history("who-1") if r.kind == "tool_decided"]
+    assert decided["identity"] == "alice" and decided["decision"] == "approve"
+    assert len(effects(sink)) == 1
+
+
+def test_an_approval_expires_and_counts_as_rejected(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    server.script(_send(), ScriptedReply(text="Too late."))
+    app = _app(make_app)
+    app.start("strict_agent", server.openai_base_url, "go", 1.0, object_id="exp-1")
+    with app.background_worker():
+        result = app.handle("exp-1").result(timeout=20)
+    assert result["calls"][0][:2] == ["send_message", "expired"]
+    decided = [r.body for r in app.history("exp-1") if r.kind == "tool_decided"]
+    assert decided[0]["decision"] == "expire"
+    assert _sink_effects(sink) == []
+
+
+def test_the_cli_lists_approves_and_rejects(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path,
+        store_url: str, key_dir: Path) -> None:
+    server.script(_send(), ScriptedReply(text="Sent."))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="cli-1")
+    runner = CliRunner()
+    base = ["--store", store_url, "--key-dir", str(key_dir)]
+    with app.background_worker():
+        pending = _pending(app, "cli-1")
+        shown = runner.invoke(cli, [*base, "approvals"])
+        assert shown.exit_code == 0, shown.output
+        assert "cli-1  proposal 1:0  send_message  risk high" in shown.output
+        assert '"to": "bob"' in shown.output
+        as_json = json.loads(runner.invoke(cli, [*base, "approvals", "--json"]).output)
+        assert as_json[0]["arguments"] == {"body": "hi", "to": "bob"}
+        bad = runner.invoke(cli, [*base, "approve", "cli-1", pending.proposal_id, "--edit",
+                                  "[1]"])
+        assert bad.exit_code != 0
+        done = runner.invoke(cli, [*base, "approve", "cli-1", pending.proposal_id])
+        assert done.exit_code == 0, done.output
+        assert app.handle("cli-1").result(timeout=20)["calls"][0][1] == "done"
+    assert [e[0] for e in effects(sink)] == ["send_message"]
