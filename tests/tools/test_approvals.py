@@ -63,7 +63,7 @@ def test_a_rejected_call_never_runs_and_the_model_sees_the_reason(
         with pytest.raises(perdure.ApprovalError, match="no proposal"):
             app.approve("rej-1", pending.proposal_id)
     assert result["calls"][0][:2] == ["send_message", "rejected"]
-    tool_msg = [m for m in server.requests[1].body["messages"] if m["role"] == "tool"][0]
+    tool_msg = next(m for m in server.requests[1].body["messages"] if m["role"] == "tool")
     assert "not to bob, ever" in tool_msg["content"]
     assert _sink_effects(sink) == []
 
@@ -89,7 +89,7 @@ def test_an_edit_is_regated_and_cannot_switch_tools(
     assert result["calls"][0][:2] == ["send_message", "done"]
     assert [e[1] for e in effects(sink)] == ["carol:hi"]
     history = app.history("edit-1")
-    refused = [r.body for r in history if r.kind == "event_refused"][0]
+    refused = next(r.body for r in history if r.kind == "event_refused")
     assert "cannot turn a call of 'send_message' into another tool" in refused["reason"]
     proposals = [r.body for r in history if r.kind == "tool_proposed"]
     assert [p["proposal"] for p in proposals] == ["1:0", "1:1"]
@@ -133,7 +133,7 @@ def test_only_allowed_identities_may_approve(
         app.approve("who-1", pending.proposal_id)
         assert wait_until(lambda: any(r.kind == "event_refused"
                                       for r in app.history("who-1")), timeout=15)
-        refused = [r.body for r in app.history("who-1") if r.kind == "event_refused"][0]
+        refused = next(r.body for r in app.history("who-1") if r.kind == "event_refused")
         assert "may not decide on high-risk calls" in refused["reason"]
         assert _sink_effects(sink) == []
         with pytest.raises(perdure.ApprovalError, match="already decided"):
