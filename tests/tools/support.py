@@ -86,11 +86,12 @@ def write_note(path: str, text: str, idempotency_key: str) -> str:
 
 @app.tool(risk="low")
 async def slow_write(label: str, seconds: float, idempotency_key: str) -> str:
-    """Wait ``seconds`` then record ``label`` (a tool a worker can be killed in)."""
+    """Record ``label``, then take ``seconds`` to finish (a tool a worker can be killed in
+    after its effect and before its result is recorded)."""
     import asyncio
 
-    await asyncio.sleep(seconds)
     _effect("slow_write", idempotency_key, label)
+    await asyncio.sleep(seconds)
     return f"stored {label}"
 
 
@@ -141,10 +142,45 @@ async def strict_agent(run: perdure.Run, base_url: str, prompt: str,
             "calls": [[o.tool, o.outcome, o.error] for o in result.calls]}
 
 
+STALL_ENV = "PERDURE_TEST_STALL_KIND"  # stall the worker once memory ends with this kind
+STALL_MARK = "PERDURE_TEST_STALL_MARK"  # a file written when it stalls
+
+
+def _stall_listener() -> None:
+    """In a worker subprocess: after the commit that leaves an object's memory ending with
+    a record of kind ``$PERDURE_TEST_STALL_KIND``, block the node's loop (write the mark
+    file and sleep) so the test can SIGKILL the worker at exactly that point."""
+    kind = os.environ.get(STALL_ENV)
+    if not kind:
+        return
+    from perdure.hooks import CommitBatch
+
+    reader = perdure.App(store=os.environ["PERDURE_TEST_STORE"],
+                         key_dir=os.environ["PERDURE_TEST_KEYS"])
+    object_id = os.environ["PERDURE_TEST_OBJECT"]
+
+    def listen(event: CommitBatch) -> None:
+        history = reader.history(object_id)
+        if history and history[-1].kind == kind:
+            Path(os.environ[STALL_MARK]).write_text(str(history[-1].seq))
+            time.sleep(120)  # the test kills the worker now
+
+    app.hooks.subscribe(listen, CommitBatch)
+
+
+_stall_listener()
+
+
 def start_tool_worker(store_url: str, key_dir: Path, log: Path, sink: Path,
+                      stall: tuple[str, str, Path] | None = None,
                       **env: str) -> subprocess.Popen[bytes]:
-    """Run ``perdure worker`` on ``app`` above in a child process (2 s leases)."""
+    """Run ``perdure worker`` on ``app`` above in a child process (2 s leases); with
+    ``stall=(object_id, kind, mark)`` it stalls once memory ends with ``kind``."""
     full = {**os.environ, "PYTHONPATH": str(REPO_ROOT), SINK_ENV: str(sink), **env}
+    if stall is not None:
+        full.update({"PERDURE_TEST_OBJECT": stall[0], STALL_ENV: stall[1],
+                     STALL_MARK: str(stall[2]), "PERDURE_TEST_STORE": store_url,
+                     "PERDURE_TEST_KEYS": str(key_dir)})
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
