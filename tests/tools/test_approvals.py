@@ -182,3 +182,71 @@ def test_the_cli_lists_approves_and_rejects(
         assert done.exit_code == 0, done.output
         assert app.handle("cli-1").result(timeout=20)["calls"][0][1] == "done"
     assert [e[0] for e in effects(sink)] == ["send_message"]
+
+
+def test_a_decision_naming_other_arguments_is_refused(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """An approval whose argument hash is not the proposal's (arguments changed after
+    approval) does not count: refused on record, the call still waits."""
+    server.script(_send(), ScriptedReply(text="ok"))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="hash-1")
+    with app.background_worker():
+        pending = _pending(app, "hash-1")
+        forged = encode({"proposal": pending.proposal_id, "args_hash": "0" * 64,
+                         "tool": "send_message", "decision": "approve"})
+        app.store.send("hash-1", "perdure:approval", forged, None, time.time(),
+                       app._seal("hash-1", "perdure:approval", forged, None))
+        assert wait_until(lambda: any(r.kind == "event_refused"
+                                      for r in app.history("hash-1")), timeout=15)
+        refused = next(r.body for r in app.history("hash-1") if r.kind == "event_refused")
+        assert "arguments changed after approval" in refused["reason"]
+        assert [p.proposal_id for p in app.approvals()] == [pending.proposal_id]
+        unsealed = encode({"proposal": pending.proposal_id, "args_hash": pending.args_hash,
+                           "tool": "send_message", "decision": "approve"})
+        app.store.send("hash-1", "perdure:approval", unsealed, None, time.time(), b"junk")
+        assert wait_until(lambda: sum(r.kind == "event_refused"
+                                      for r in app.history("hash-1")) == 2, timeout=15)
+        assert _sink_effects(sink) == []
+        app.reject("hash-1", pending.proposal_id, reason="no")
+        assert app.handle("hash-1").result(timeout=20)["calls"][0][1] == "rejected"
+    assert app.verify("hash-1").ok
+
+
+def test_hostile_model_output_is_denied_and_failures_are_told(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """Arguments that are not JSON, or not an object, are denied; a tool that raises is
+    recorded as failed and the model is told the error; nothing crashes the loop."""
+    server.script(
+        ScriptedReply(tool_calls=(
+            ScriptedToolCall("lookup", "{not json", "a"),
+            ScriptedToolCall("lookup", "[1, 2]", "b"),
+            ScriptedToolCall("write_note", json.dumps({"path": "/notes/x"}), "c"))),
+        ScriptedReply(text="fine"))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="bad-1")
+    with app.background_worker():
+        result = app.handle("bad-1").result(timeout=20)
+    assert [c[1] for c in result["calls"]] == ["denied", "denied", "denied"]
+    assert "not a JSON object" in result["calls"][0][2]
+    assert "lacks the required key 'text'" in result["calls"][2][2]
+    proposals = [r.body for r in app.history("bad-1") if r.kind == "tool_proposed"]
+    assert proposals[0]["args"] == json.dumps("{not json")
+
+
+def test_the_memory_renders_in_perdure_show(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path,
+        store_url: str, key_dir: Path) -> None:
+    server.script(_send(), ScriptedReply(text="ok"))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="show-1")
+    with app.background_worker():
+        pending = _pending(app, "show-1")
+        app.approve("show-1", pending.proposal_id)
+        app.handle("show-1").result(timeout=20)
+    shown = CliRunner().invoke(cli, ["--store", store_url, "--key-dir", str(key_dir),
+                                     "show", "show-1"])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "needs approval" in text and "approved by" in text
+    assert "sent to bob" in text

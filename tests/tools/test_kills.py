@@ -154,3 +154,29 @@ def test_killed_during_a_parallel_batch(
     assert len(server.requests) == 2 == _model_calls(app, "kill-batch")
     tool_messages = [m for m in server.requests[1].body["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == ["a", "b", "c"]
+
+
+def test_a_non_idempotent_tool_killed_after_it_started_is_in_doubt_never_rerun(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, store_url: str,
+        key_dir: Path, tmp_path: Path, sink: Path) -> None:
+    """``delete`` is not idempotent: ``tool_started`` is recorded before it runs; a worker
+    killed after that leaves the call in doubt, the model is told so, and it never runs a
+    second time."""
+    server.script(
+        ScriptedReply(tool_calls=(ScriptedToolCall(
+            "delete", json.dumps({"path": "/tmp/x"}), "c1"),)),
+        ScriptedReply(text="Checked."))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="kill-doubt")
+
+    def approve_when_asked() -> None:
+        assert wait_until(lambda: bool(app.approvals()), timeout=30)
+        app.approve("kill-doubt", app.approvals()[0].proposal_id)
+
+    _killed_at(store_url, key_dir, tmp_path, sink, "kill-doubt", "tool_started",
+               approve_when_asked)
+    result = _finish(app, "kill-doubt")
+    assert result["calls"][0][:2] == ["delete", "in_doubt"]
+    assert not sink.exists() or runs(sink) == 0  # stalled before its body ran; not rerun
+    tool_msg = next(m for m in server.requests[1].body["messages"] if m["role"] == "tool")
+    assert tool_msg["content"].startswith("[in_doubt]")
