@@ -308,7 +308,15 @@ class App:
         """Registered agents by name."""
         return dict(self._agents)
 
-    def tool(self, fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    @overload
+    def tool(self, fn: Callable[..., Any], /) -> Tool: ...
+
+    @overload
+    def tool(self, fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Tool]:
+        ...
+
+    def tool(self, fn: Callable[..., Any] | None = None, /, **options: Any
+             ) -> Tool | Callable[[Callable[..., Any]], Tool]:
         """Register a tool: ``@app.tool`` or ``@app.tool(risk=..., idempotent=...,
         capabilities=..., constraints=..., name=..., description=..., schema=...)``.
         Returns the ``perdure.Tool`` (still callable as the function); pass it to

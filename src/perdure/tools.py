@@ -20,7 +20,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal, Union, overload
 
 from perdure.core.constraints import Constraint
 from perdure.core.gate import RISKS, ToolInfo
@@ -212,7 +212,16 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
-def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+@overload
+def tool(fn: Callable[..., Any], /, **options: Any) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(fn: Callable[..., Any] | None = None, /, **options: Any
+         ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """``@perdure.tool`` or ``@perdure.tool(risk=..., idempotent=..., capabilities=...,
     constraints=..., name=..., description=..., schema=...)``: make ``fn`` a ``Tool``."""
     if fn is not None:

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import openai  # noqa: F401 - imported now, not on the worker's loop at its first call
+
 import perdure
 from perdure.llm import ChatCompletionsClient, Message
 from tests.integration.engine_support import REPO_ROOT

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -116,14 +117,14 @@ class Allow:
     approve (``approval``: ``True`` always, ``False`` never below ``critical``, ``None``
     by the tool's risk) and who may (``approvers``: identities; ``None``: the policy's)."""
 
-    tools: frozenset[str] | str
-    agents: frozenset[str] | None = None
-    scopes: frozenset[str] | None = None
+    tools: AbstractSet[str] | str
+    agents: AbstractSet[str] | str | None = None
+    scopes: AbstractSet[str] | str | None = None
     constraints: tuple[Constraint, ...] = ()
     max_per_object: int | None = None
     max_per_hour: int | None = None
     approval: bool | None = None
-    approvers: frozenset[str] | None = None
+    approvers: AbstractSet[str] | str | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -142,7 +143,7 @@ class Allow:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (part of the policy's content hash)."""
-        def names(value: frozenset[str] | str | None) -> Any:
+        def names(value: AbstractSet[str] | str | None) -> Any:
             return value if value is None or isinstance(value, str) else sorted(value)
         return {"tools": names(self.tools), "agents": names(self.agents),
                 "scopes": names(self.scopes),
@@ -169,8 +170,8 @@ class Policy:
     name: str
     rules: tuple[Allow, ...] = ()
     approval_from: str = "high"
-    approvers: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    grants: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    approvers: Mapping[str, AbstractSet[str]] = field(default_factory=dict)
+    grants: Mapping[str, AbstractSet[str]] = field(default_factory=dict)
     max_tokens: int | None = None
     max_cost: Decimal | None = None
     approval_ttl: float | None = None
@@ -301,8 +302,8 @@ def _under_rule(proposal: Proposal, policy: Policy, facts: Facts, tool: ToolInfo
     needs_person = rank >= risk_rank(policy.approval_from)
     if rule.approval is True or (needs_person and not (rule.approval is False
                                                        and tool.risk != "critical")):
-        approvers = rule.approvers if rule.approvers is not None else policy.approvers.get(
-            tool.risk, frozenset())
+        approvers = (rule.approvers if rule.approvers is not None
+                     else policy.approvers.get(tool.risk, frozenset()))
         why = (f"rule {rule_name!r} asks a person" if rule.approval is True and not needs_person
                else f"tool {tool.name!r} is {tool.risk} risk")
         expires = None if policy.approval_ttl is None else facts.now + policy.approval_ttl
