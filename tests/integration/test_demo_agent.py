@@ -24,7 +24,7 @@ def test_agent_demo_asks_a_person_and_survives_the_kill(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
-    for line in ("Kill worker A with SIGKILL", "lease held by: nobody", "approve agent-demo-1",
+    for line in ("kill worker A with SIGKILL", "lease held by: nobody", "approvals",
                  "left in tmp: ['notes.txt']", "messages posted: 1", "verify ok",
                  "agent demo passed"):
         assert line in output, (line, output)
