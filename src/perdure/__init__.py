@@ -13,9 +13,9 @@ from perdure.app import App, step
 from perdure.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import Signer, VerifyReport
-from perdure.core.constraints import OneOf, PathPrefix, Range, UrlHost
+from perdure.core.constraints import Constraint, OneOf, PathPrefix, Range, UrlHost
 from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, ReasonCode, evaluate
-from perdure.core.gate import Allow, GateDecision, Policy, Proposal
+from perdure.core.gate import Allow, GateDecision, Policy, Proposal, ToolInfo
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
@@ -54,6 +54,7 @@ from perdure.errors import (
     StepInDoubtError,
     StoreCorruptError,
     StoreError,
+    ToolCallError,
     UnknownAgentError,
 )
 from perdure.follow import StreamEvent
@@ -79,6 +80,7 @@ __all__ = [
     "ChildFailedError",
     "ChildHandle",
     "ConfigurationError",
+    "Constraint",
     "Context",
     "Decision",
     "ErrorClass",
@@ -130,6 +132,8 @@ __all__ = [
     "SyncChildHandle",
     "SyncRun",
     "Tool",
+    "ToolCallError",
+    "ToolInfo",
     "ToolOutcome",
     "UnknownAgentError",
     "UrlHost",

@@ -24,6 +24,7 @@ The tree::
     ├── AgentParkedError          ``Handle.result()``: the agent is parked and needs a person
     ├── ResultTimeoutError        ``Handle.result()``: no result within the timeout
     ├── ApprovalError             no such proposal waits for a person, or it was decided
+    ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
     └── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
                                   whether and when to try again
 
@@ -75,6 +76,7 @@ __all__ = [
     "StepInDoubtError",
     "StoreCorruptError",
     "StoreError",
+    "ToolCallError",
     "UnknownAgentError",
 ]
 
@@ -243,6 +245,11 @@ class ResultTimeoutError(PerdureError, TimeoutError):
 class ApprovalError(PerdureError):
     """A decision on a tool call cannot be sent: no such proposal waits for a person
     (see ``perdure approvals``), or it was decided already."""
+
+
+class ToolCallError(PerdureError):
+    """A tool reported that its call failed (an MCP server's error result); recorded as
+    the call's failure, and the model is told."""
 
 
 class PerdureSignal(BaseException):
