@@ -161,5 +161,7 @@ def test_every_stored_body_decodes_and_re_encodes_to_its_bytes(make_app: AppFact
             written.add(str(rec.kind))
     # model calls' kinds are written and checked so by tests/integration/test_model_*.py
     model_kinds = {"model_call", "model_failed", "model_chunks", "model_recovered"}
+    # and tool calls' kinds by tests/tools/ (they need a model to propose them)
+    tool_kinds = {"tool_proposed", "tool_gated", "tool_decided", "tool_started", "tool_result"}
     assert written == {kind.value for kind in perdure.Kind} - {"step_in_doubt", "parked",
-                                                               *model_kinds}
+                                                               *model_kinds, *tool_kinds}

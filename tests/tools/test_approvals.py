@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import perdure
 from perdure.cli import cli
+from perdure.core.bodies import decode
 from perdure.core.codec import encode
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
 from tests.integration.engine_support import wait_until
@@ -83,7 +84,8 @@ def test_an_edit_is_regated_and_cannot_switch_tools(
                        app._seal("edit-1", "perdure:approval", forged, None))
         assert wait_until(lambda: any(r.kind == "event_refused"
                                       for r in app.history("edit-1")), timeout=15)
-        assert app.approvals()[0].proposal_id == pending.proposal_id  # still waiting
+        assert wait_until(lambda: [p.proposal_id for p in app.approvals()]
+                          == [pending.proposal_id], timeout=15)  # still waiting
         app.approve("edit-1", pending.proposal_id, edit={"to": "carol", "body": "hi"})
         result = app.handle("edit-1").result(timeout=20)
     assert result["calls"][0][:2] == ["send_message", "done"]
@@ -97,6 +99,8 @@ def test_an_edit_is_regated_and_cannot_switch_tools(
     decided = [r.body["decision"] for r in history if r.kind == "tool_decided"]
     assert decided == ["edit", "approve"]
     assert app.verify("edit-1").ok
+    for rec in history:  # every body is one its kind writes, byte for byte
+        assert encode(decode(rec).encode()) == rec.body_bytes, (rec.seq, rec.kind)
 
 
 def test_an_edit_that_breaks_a_rule_is_denied(
@@ -201,7 +205,8 @@ def test_a_decision_naming_other_arguments_is_refused(
                                       for r in app.history("hash-1")), timeout=15)
         refused = next(r.body for r in app.history("hash-1") if r.kind == "event_refused")
         assert "arguments changed after approval" in refused["reason"]
-        assert [p.proposal_id for p in app.approvals()] == [pending.proposal_id]
+        assert wait_until(lambda: [p.proposal_id for p in app.approvals()]
+                          == [pending.proposal_id], timeout=15)  # dormant again, waiting
         unsealed = encode({"proposal": pending.proposal_id, "args_hash": pending.args_hash,
                            "tool": "send_message", "decision": "approve"})
         app.store.send("hash-1", "perdure:approval", unsealed, None, time.time(), b"junk")

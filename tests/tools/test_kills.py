@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import perdure
+from perdure.core.bodies import decode
+from perdure.core.codec import encode
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
 from tests.integration.engine_support import kill_process, wait_until
 from tests.tools import support
@@ -55,6 +57,8 @@ def _finish(app: perdure.App, object_id: str) -> dict[str, object]:
         result = app.handle(object_id).result(timeout=30)
     assert isinstance(result, dict)
     assert app.verify(object_id).ok
+    for rec in app.history(object_id):  # every body is one its kind writes, byte for byte
+        assert encode(decode(rec).encode()) == rec.body_bytes, (rec.seq, rec.kind)
     return result
 
 
