@@ -117,3 +117,38 @@ def support_wait(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
     from tests.integration.engine_support import wait_until
 
     return wait_until(predicate, timeout=timeout)
+
+
+def test_limits_stop_the_loop_and_the_ledger_feeds_the_gate(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """``max_turns`` stops the loop after the tools of its last turn ran; a policy's token
+    budget (from the ledger: this object's model calls) denies further tool calls."""
+    from perdure.llm import ChatCompletionsClient, Message
+
+    app = make_app()
+    for tool in support.app.tools.values():
+        app.tool(tool)
+    tight = perdure.Policy("tight", rules=(perdure.Allow("*"),), max_tokens=1)
+
+    @app.agent(name="limited")
+    async def limited(run: perdure.Run, base_url: str, budget: bool) -> list[object]:
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+        try:
+            result = await run.agent(client, model="gpt-4o", messages=[Message.user("go")],
+                                     tools=app.tools,
+                                     policy=tight if budget else support.POLICY,
+                                     max_turns=1)
+        finally:
+            await client.aclose()
+        return [result.stopped, result.turns, [[c.tool, c.outcome] for c in result.calls]]
+
+    call = ScriptedReply(tool_calls=(ScriptedToolCall("lookup", '{"city": "Oslo"}', "c1"),))
+    server.script(call, call)
+    app.start("limited", server.openai_base_url, False, object_id="lim-1")
+    app.start("limited", server.openai_base_url, True, object_id="lim-2")
+    with app.background_worker():
+        assert app.handle("lim-1").result(timeout=20) == ["turns", 1, [["lookup", "done"]]]
+        assert app.handle("lim-2").result(timeout=20) == ["turns", 1, [["lookup", "denied"]]]
+    [gated] = [r.body for r in app.history("lim-2") if r.kind == "tool_gated"]
+    assert gated["reason"].startswith("budget exhausted")
+    assert gated["policy"] == tight.ref
