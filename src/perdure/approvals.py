@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.codec import MAX_DEPTH, decode, encode
+from perdure.core.gate import args_digest, canonical_args
 from perdure.core.records import Kind, Record
-from perdure.errors import ApprovalError, ConfigurationError
+from perdure.errors import ApprovalError, ConfigurationError, SerializationError
 
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["PendingApproval", "approvals", "decide", "pending_in"]
+__all__ = ["PendingApproval", "approvals", "decide", "decision_problem", "pending_in"]
 
 APPROVAL_EVENT = "perdure:approval"  # engine.commands.tools.APPROVAL_EVENT (no engine import)
 
@@ -140,6 +141,64 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
                             f"decided by this client ({app.node_id}); a decision cannot be "
                             "changed")
     return target
+
+
+def decision_problem(record: Record) -> str | None:
+    """Check a ``tool_decided`` record's evidence again, from memory alone: the sealed
+    event it kept must verify under the recorded key, come from the recorded identity and
+    say what the record says (proposal, argument hash, decision, reason, edit). ``None``
+    when it holds; else what does not (an ``expire`` has no signature to check)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from perdure.core.trust import EventSeal, event_digest
+
+    body = record.body
+    if record.kind != Kind.TOOL_DECIDED:
+        return f"record {record.seq} is a {record.kind}, not a tool_decided"
+    if body.get("decision") == "expire":
+        return "an expiry is no person's decision: there is no signature to check"
+    evidence = body.get("evidence")
+    if not isinstance(evidence, dict):
+        return "the record keeps no evidence (the node checked no seals)"
+    try:
+        seal = EventSeal.from_bytes(str(evidence["seal"]).encode())
+        payload = str(evidence["payload"]).encode()
+        said = decode(payload)
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(str(body["key"])))
+    except (KeyError, ValueError) as exc:
+        return f"the evidence is malformed: {exc}"
+    if seal.sender != body.get("identity"):
+        return f"the seal is {seal.sender!r}'s, the record names {body.get('identity')!r}"
+    digest = event_digest(record.object_id, APPROVAL_EVENT, payload,
+                          evidence.get("dedupe_key"), seal.sender, seal.nonce)
+    try:
+        key.verify(seal.signature, digest)
+    except InvalidSignature:
+        return "the signature does not verify under the recorded key"
+    if body.get("event_hash") not in (None, digest.hex()):
+        return "the record's event hash is not the sealed event's"
+    if not isinstance(said, dict):
+        return "the signed payload is not a decision"
+    if said.get("decision") == "edit":
+        try:
+            edited = canonical_args(said.get("edit") or {})
+        except (SerializationError, TypeError, ValueError):
+            return "the signed edit is not a JSON object"
+        if body.get("decision") == "edit" and body.get("edit") != edited:
+            return "the signed edit is not the recorded one"
+        if body.get("decision") == "approve" and body.get("args_hash") != args_digest(edited):
+            return "the approval with an edit names other arguments than the signed edit"
+        if body.get("decision") not in ("edit", "approve"):
+            return "the signed decision says something else than the record"
+        if body.get("decision") == "approve":
+            return None  # the editor's approval of its own edit (a new proposal id)
+    named = ("proposal", "args_hash", "decision")
+    if any(said.get(k) != body.get(k) for k in named):
+        return "the signed decision says something else than the record"
+    if str(said.get("reason") or "") != body.get("reason"):
+        return "the signed reason is not the recorded one"
+    return None
 
 
 def shown(arguments: Any) -> str:

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import perdure
+from perdure.approvals import decision_problem
 from perdure.cli import cli
 from perdure.core.bodies import decode
 from perdure.core.codec import encode
@@ -101,6 +102,10 @@ def test_an_edit_is_regated_and_cannot_switch_tools(
     assert app.verify("edit-1").ok
     for rec in history:  # every body is one its kind writes, byte for byte
         assert encode(decode(rec).encode()) == rec.body_bytes, (rec.seq, rec.kind)
+    for rec in (r for r in history if r.kind == "tool_decided"):
+        assert decision_problem(rec) is None  # the signed evidence holds, from memory
+        forged = rec._replace(body={**rec.body, "args_hash": "0" * 64})
+        assert decision_problem(forged) is not None
 
 
 def test_an_edit_that_breaks_a_rule_is_denied(

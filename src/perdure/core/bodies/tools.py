@@ -106,7 +106,10 @@ class ToolDecided(Body):
     """A person decided on proposal ``proposal`` (naming its ``args_hash``):
     ``approve``, ``reject`` (``reason``) or ``edit`` (new arguments ``edit``, canonical
     JSON), signed by ``identity`` with ``key`` (hex Ed25519 public key) in the sealed
-    event whose digest is ``event_hash``; or ``expire`` (no decision by the deadline)."""
+    event whose digest is ``event_hash``; or ``expire`` (no decision by the deadline).
+    ``evidence`` keeps what the signature covers (the event's ``payload`` text, its
+    ``dedupe_key`` and its ``seal``), so anyone can check it again later
+    (``perdure.approvals.decision_problem``)."""
 
     kind: ClassVar[Kind] = Kind.TOOL_DECIDED
     pos: Position
@@ -119,6 +122,7 @@ class ToolDecided(Body):
     key: str
     event_hash: str | None = None
     edit: str | None = None
+    evidence: dict[str, Any] | None = None
 
     def encode(self) -> dict[str, Any]:
         body: dict[str, Any] = {"pos": self.pos, "cmd": "tool", "name": self.name,
@@ -127,6 +131,7 @@ class ToolDecided(Body):
                                 "identity": self.identity, "key": self.key}
         put(body, "event_hash", self.event_hash)
         put(body, "edit", self.edit)
+        put(body, "evidence", self.evidence)
         return body
 
     @classmethod
@@ -135,7 +140,8 @@ class ToolDecided(Body):
         return cls(pos, name, proposal, fields.text("args_hash"),
                    fields.choice("decision", DECISIONS), fields.text("reason"),
                    fields.text("identity"), fields.text("key"),
-                   fields.optional_text("event_hash"), fields.optional_text("edit"))
+                   fields.optional_text("event_hash"), fields.optional_text("edit"),
+                   fields.optional_mapping("evidence"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,7 +181,7 @@ def _gated(body: Mapping[str, Any]) -> ToolGated:
 def _decided(body: Mapping[str, Any]) -> ToolDecided:
     return ToolDecided(body["pos"], body["name"], body["proposal"], body["args_hash"],
                        body["decision"], body["reason"], body["identity"], body["key"],
-                       body.get("event_hash"), body.get("edit"))
+                       body.get("event_hash"), body.get("edit"), body.get("evidence"))
 
 
 def _result(body: Mapping[str, Any]) -> ToolResult:
@@ -314,7 +314,8 @@ async def call_tool(run: Run, name: str, arguments: str, call_id: str,
                         editor.identity) is None:
                     decided = ToolDecided(pos, name, proposal.proposal, proposal.args_hash,
                                           "approve", "approved with the edit",
-                                          editor.identity, editor.key, editor.event_hash)
+                                          editor.identity, editor.key, editor.event_hash,
+                                          evidence=editor.evidence)
                     call.drafts.append(decided.draft())
                 continue
         break
@@ -377,9 +378,12 @@ async def _take_decision(run: Run, call: _Call, proposal: ToolProposed,
         call.consumed.append(ev.event_id)
         verdict = str(payload["decision"])
         edit = canonical_args(payload["edit"]) if verdict == "edit" else None
+        evidence = {"payload": ev.payload.decode("utf-8", "replace"),
+                    "dedupe_key": ev.dedupe_key,
+                    "seal": ev.seal.decode("utf-8", "replace")} if ev.seal else None
         return ToolDecided(call.pos, call.name, proposal.proposal, proposal.args_hash,
                            verdict, str(payload.get("reason") or ""), identity, key,
-                           digest or None, edit)
+                           digest or None, edit, evidence)
     return None
 
 
