@@ -158,3 +158,38 @@ def test_limits_stop_the_loop_and_the_ledger_feeds_the_gate(
     [gated] = [r.body for r in app.history("lim-2") if r.kind == "tool_gated"]
     assert gated["reason"].startswith("budget exhausted")
     assert gated["policy"] == tight.ref
+
+
+def test_a_cap_per_object_counts_calls_let_through_across_turns(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """``max_per_object=1``: the first lookup runs, the second (next turn) is denied; a
+    denied call does not count against the cap."""
+    from perdure.llm import ChatCompletionsClient, Message
+
+    app = make_app()
+    for tool in support.app.tools.values():
+        app.tool(tool)
+    capped = perdure.Policy("capped", rules=(perdure.Allow({"lookup"}, max_per_object=1),))
+
+    @app.agent(name="capped")
+    async def capped_agent(run: perdure.Run, base_url: str) -> list[list[str]]:
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+        try:
+            result = await run.agent(client, model="gpt-4o", messages=[Message.user("go")],
+                                     tools=app.tools, policy=capped)
+        finally:
+            await client.aclose()
+        return [[c.tool, c.outcome] for c in result.calls]
+
+    def ask(tool: str, args: str) -> ScriptedReply:
+        return ScriptedReply(tool_calls=(ScriptedToolCall(tool, args, "c"),))
+
+    server.script(ask("write_note", '{"path": "/notes/a", "text": "x"}'),
+                  ask("lookup", '{"city": "Oslo"}'), ask("lookup", '{"city": "Rome"}'),
+                  ScriptedReply(text="ok"))
+    app.start("capped", server.openai_base_url, object_id="cap-1")
+    with app.background_worker():
+        assert app.handle("cap-1").result(timeout=20) == [
+            ["write_note", "denied"], ["lookup", "done"], ["lookup", "denied"]]
+    reasons = [r.body["reason"] for r in app.history("cap-1") if r.kind == "tool_gated"]
+    assert "at most 1 time(s) per object" in reasons[2]

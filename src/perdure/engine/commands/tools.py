@@ -47,6 +47,7 @@ from perdure.core.bodies import (
 )
 from perdure.core.codec import decode, encode
 from perdure.core.gate import (
+    ALLOW,
     APPROVAL,
     DENY,
     Facts,
@@ -245,7 +246,7 @@ class _Call:
                           cost_used=counted.cost)
             decision = decide(Proposal(self.name, args, args_json, digest, self.call_id,
                                        self.model_call), self.policy, facts)
-            if decision.verdict != DENY:  # a call let through (or that may be): counted
+            if decision.verdict == ALLOW:  # a call let through counts against the caps
                 counted.calls.append((self.name, facts.now))
         self.drafts += [proposed.draft(), ToolGated(
             self.pos, self.name, pid, digest, decision.verdict, decision.reason,
@@ -298,6 +299,8 @@ async def call_tool(run: Run, name: str, arguments: str, call_id: str,
             if decided is None:
                 return await _wait(call, proposal, decision, state.dormant)
             call.drafts.append(decided.draft())
+            if decided.decision == "approve":  # let through by a person: counted too
+                tally(run).calls.append((name, run._clock()))
             if decided.decision == "reject":
                 return await call.end(proposal.proposal, "rejected",
                                       f"rejected by {decided.identity}: {decided.reason}; "
@@ -317,6 +320,7 @@ async def call_tool(run: Run, name: str, arguments: str, call_id: str,
                                           editor.identity, editor.key, editor.event_hash,
                                           evidence=editor.evidence)
                     call.drafts.append(decided.draft())
+                    tally(run).calls.append((name, run._clock()))
                 continue
         break
     return await _execute(call, proposal, state.started)
