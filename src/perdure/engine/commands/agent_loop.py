@@ -80,6 +80,7 @@ async def agent(
     decides every proposal under. Each model turn is recorded under ``name``.
     """
     from perdure.llm import Message as Msg
+    from perdure.llm import ToolCall
 
     if max_turns < 1:
         raise ConfigurationError("max_turns must be at least 1")
@@ -103,18 +104,21 @@ async def agent(
         tokens += used
         if fresh:
             tally(self).fresh_tokens += used
-        conversation.append(reply.message())
         text = reply.text
         if not reply.tool_calls:
+            conversation.append(reply.message())
             return AgentResult(text, "final", turn, tuple(conversation), tuple(outcomes),
                                tokens)
-        calls = [call_tool(self, c.name, c.arguments, c.id or f"call_{turn}_{i}", box, policy,
-                           model_call=at)
+        # Every call needs an id its result can name (a server may leave it out).
+        asked = [c if c.id else ToolCall(f"call_{turn}_{i}", c.name, c.arguments)
                  for i, c in enumerate(reply.tool_calls)]
+        conversation.append(Msg.assistant(reply.text, asked))
+        calls = [call_tool(self, c.name, c.arguments, c.id, box, policy, model_call=at)
+                 for c in asked]
         done = [await calls[0]] if len(calls) == 1 else await self.gather(*calls)
-        for call, outcome in zip(reply.tool_calls, done, strict=True):
+        for call, outcome in zip(asked, done, strict=True):
             outcomes.append(outcome)
-            conversation.append(Msg.tool(outcome.call_id or call.id, outcome.text()))
+            conversation.append(Msg.tool(call.id, outcome.text()))
         if max_tokens is not None and tokens >= max_tokens:
             return AgentResult(text, "budget", turn, tuple(conversation), tuple(outcomes),
                                tokens)
