@@ -18,6 +18,9 @@ the ``Run`` (named ``self``); ``Run`` binds it as a method in one line
 - ``model``: ``run.model`` (needs ``perdure[llm]``, imported at the first call), with
   ``model_calls`` (replay, choosing a client, failures, recording the reply) and
   ``model_streams`` (journaled streams and their recovery)
+- ``tools``: one tool call a model proposed (proposal, gate, a person's decision from
+  ``tool_approvals``, the recorded call), and ``agent_loop``: ``run.agent``, the durable
+  loop of model turns and tool calls
 - ``positions``: how positions are numbered (the main line, ``gather`` branches)
 
 A new command (a tool call, a resource) is one new module here and one line on

@@ -35,10 +35,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from perdure.approvals import pending_in
 from perdure.core.bodies import (
     Dormant,
-    EventRefused,
     ToolDecided,
     ToolGated,
     ToolProposed,
@@ -60,9 +58,8 @@ from perdure.core.gate import (
     decide,
 )
 from perdure.core.records import Kind, Record, RecordDraft
-from perdure.core.trust import EventSeal
 from perdure.core.usage import usage_totals
-from perdure.engine.commands.waits import _inbox, vouched
+from perdure.engine.commands.tool_approvals import APPROVAL_EVENT, take_decision
 from perdure.engine.context import StepInfo
 from perdure.engine.signals import Suspend
 from perdure.errors import SerializationError
@@ -72,10 +69,6 @@ if TYPE_CHECKING:
     from perdure.engine.run import Run
 
 __all__ = ["APPROVAL_EVENT", "ToolOutcome", "call_tool", "proposal_id"]
-
-APPROVAL_EVENT = "perdure:approval"
-"""The inbox event a person's decision on a proposal arrives as (one name for every
-proposal of an object, so any decision wakes it)."""
 
 _RAN = ("done", "failed", "in_doubt")
 
@@ -119,7 +112,6 @@ class _Tally:
     tokens: int
     cost: Decimal
     fresh_tokens: int = 0
-    waiting: set[str] | None = None  # proposals waiting for a person (``_waiting``)
 
 
 _TALLIES: weakref.WeakKeyDictionary[Any, _Tally] = weakref.WeakKeyDictionary()
@@ -295,7 +287,7 @@ async def call_tool(run: Run, name: str, arguments: str, call_id: str,
                                   f"denied by policy {decision.policy}: {decision.reason}; "
                                   "the call did not run")
         if decision.verdict == APPROVAL and decided is None:
-            decided = await _take_decision(run, call, proposal, decision)
+            decided = await take_decision(run, call, proposal, decision)
             if decided is None:
                 return await _wait(call, proposal, decision, state.dormant)
             call.drafts.append(decided.draft())
@@ -346,94 +338,6 @@ async def _wait(call: _Call, proposal: ToolProposed, decision: GateDecision,
                   reason=f"tool {call.name!r} waits for a person to approve proposal "
                          f"{proposal.proposal}",
                   note=f"approval needed: {call.name} ({proposal.proposal})")
-
-
-async def _take_decision(run: Run, call: _Call, proposal: ToolProposed,
-                         decision: GateDecision) -> ToolDecided | None:
-    """A person's decision on ``proposal`` from the inbox, if one arrived and counts;
-    decisions that cannot count are refused on record (and consumed)."""
-    for ev in await _inbox(run, APPROVAL_EVENT):
-        if ev.name != APPROVAL_EVENT or ev.event_id in run._consumed:
-            continue
-        try:
-            payload = decode(ev.payload)
-        except ValueError:
-            payload = None
-        if not isinstance(payload, dict) or payload.get("proposal") is None:
-            continue
-        named = str(payload.get("proposal"))
-        if named != proposal.proposal:
-            if named not in _waiting(run):  # decided already, edited, or never asked
-                _refuse(run, call, ev.event_id, ev.name, None,
-                        f"proposal {named} does not wait for a decision")
-            continue  # another call's (a branch of the same gather)
-        run._consumed.add(ev.event_id)
-        digest = vouched(run, ev)
-        if digest is None:
-            continue  # refused (bad seal or a replayed copy), on record
-        identity, key = _sender(run, ev.seal)
-        problem = _payload_problem(payload, call.name)
-        if problem is None:
-            problem = approval_problem(decision, proposal.args_hash,
-                                       str(payload.get("args_hash")), identity)
-        if problem is not None:
-            _refuse(run, call, ev.event_id, ev.name, digest, problem)
-            continue
-        call.consumed.append(ev.event_id)
-        verdict = str(payload["decision"])
-        edit = canonical_args(payload["edit"]) if verdict == "edit" else None
-        evidence = {"payload": ev.payload.decode("utf-8", "replace"),
-                    "dedupe_key": ev.dedupe_key,
-                    "seal": ev.seal.decode("utf-8", "replace")} if ev.seal else None
-        return ToolDecided(call.pos, call.name, proposal.proposal, proposal.args_hash,
-                           verdict, str(payload.get("reason") or ""), identity, key,
-                           digest or None, edit, evidence)
-    return None
-
-
-def _waiting(run: Run) -> set[str]:
-    """The proposals memory (as read at this claim) holds as waiting for a person."""
-    state = tally(run)
-    if state.waiting is None:
-        records = sorted((rec for recs in run._history.values() for rec in recs),
-                         key=lambda rec: rec.seq)
-        state.waiting = {p.proposal_id for p in pending_in(records)}
-    return state.waiting
-
-
-def _payload_problem(payload: Mapping[str, Any], tool: str) -> str | None:
-    verdict = payload.get("decision")
-    if verdict not in ("approve", "reject", "edit"):
-        return f"decision {verdict!r} is not approve, reject or edit"
-    if payload.get("tool", tool) != tool:
-        return (f"the decision names tool {payload.get('tool')!r}; an edit cannot turn a "
-                f"call of {tool!r} into another tool")
-    if verdict == "edit" and not isinstance(payload.get("edit"), dict):
-        return "an edit must give the new arguments as a JSON object"
-    if not isinstance(payload.get("reason", ""), str):
-        return "the reason must be text"
-    return None
-
-
-def _refuse(run: Run, call: _Call, event_id: int, name: str, digest: str | None,
-            problem: str) -> None:
-    run._consumed.add(event_id)
-    call.drafts.append(EventRefused(event_id, name, digest, problem).draft())
-    call.consumed.append(event_id)
-    run.refused.append((event_id, name, problem))
-
-
-def _sender(run: Run, seal: bytes) -> tuple[str, str]:
-    """The identity that sealed a decision and its public key (hex; empty when the node
-    checks no seals)."""
-    try:
-        sender = EventSeal.from_bytes(seal).sender
-    except ValueError:
-        return "", ""
-    verifier = getattr(run._check_event, "__self__", None)
-    key_of = getattr(verifier, "key_of", None)
-    key = key_of(sender) if key_of is not None else None
-    return sender, key.hex() if key else ""
 
 
 async def _execute(call: _Call, proposal: ToolProposed, started: bool) -> ToolOutcome:
