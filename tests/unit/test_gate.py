@@ -177,6 +177,17 @@ def test_approvers_per_risk_level_and_expiry() -> None:
     assert decide(Proposal.make("send", {}), pol, facts(SEND)).approvers == ("carol",)
 
 
+def test_approvers_named_for_a_level_hold_for_the_levels_above() -> None:
+    """A list for ``high`` binds ``critical`` calls too, never loosens to anyone."""
+    pol = policy(Allow("*"), approvers={"medium": {"ops"}, "high": {"alice"}},
+                 approval_from="medium")
+    critical = ToolInfo("send", "critical", schema=SEND.schema)
+    medium = ToolInfo("send", "medium", schema=SEND.schema)
+    assert decide(Proposal.make("send", {}), pol, facts(critical)).approvers == ("alice",)
+    assert decide(Proposal.make("send", {}), pol, facts(medium)).approvers == ("ops",)
+    assert pol.approvers_at("low") == frozenset()
+
+
 def test_a_decision_must_name_the_proposals_hash_and_an_allowed_identity() -> None:
     pol = policy(Allow("*"), approvers={"high": frozenset({"alice"})})
     call = Proposal.make("send", {"to": "bob"})

@@ -160,8 +160,8 @@ class Policy:
     ``rules`` are tried in order and the first that lists the tool for the agent and
     scope applies; a tool none lists is denied. ``approval_from`` is the lowest risk
     that needs a person; ``approvers`` maps a risk level to the identities (node ids of
-    approving clients) allowed to decide at that level (a level not named: any trusted
-    identity); ``grants`` maps a trust scope to the capabilities its objects' tools
+    approving clients) allowed to decide at that level and the levels above it up to the
+    next one named (no level at or below: any trusted identity); ``grants`` maps a trust scope to the capabilities its objects' tools
     may use; ``max_tokens`` / ``max_cost`` stop tool calls once the object's model calls
     used that much; ``approval_ttl`` (seconds) makes a pending approval expire, after
     which the proposal counts as rejected.
@@ -200,6 +200,15 @@ class Policy:
                 "max_tokens": self.max_tokens,
                 "max_cost": None if self.max_cost is None else str(self.max_cost),
                 "approval_ttl": self.approval_ttl}
+
+    def approvers_at(self, risk: str) -> AbstractSet[str]:
+        """Who may decide at ``risk``: the identities named for it, else for the nearest
+        lower level named (a list for ``high`` holds for ``critical`` too); empty: any
+        trusted identity."""
+        for level in reversed(RISKS[:risk_rank(risk) + 1]):
+            if level in self.approvers:
+                return self.approvers[level]
+        return frozenset()
 
     @property
     def digest(self) -> str:
@@ -302,8 +311,8 @@ def _under_rule(proposal: Proposal, policy: Policy, facts: Facts, tool: ToolInfo
     needs_person = rank >= risk_rank(policy.approval_from)
     if rule.approval is True or (needs_person and not (rule.approval is False
                                                        and tool.risk != "critical")):
-        approvers = (rule.approvers if rule.approvers is not None
-                     else policy.approvers.get(tool.risk, frozenset()))
+        approvers = rule.approvers if rule.approvers is not None else policy.approvers_at(
+            tool.risk)
         why = (f"rule {rule_name!r} asks a person" if rule.approval is True and not needs_person
                else f"tool {tool.name!r} is {tool.risk} risk")
         expires = None if policy.approval_ttl is None else facts.now + policy.approval_ttl
