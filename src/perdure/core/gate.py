@@ -163,8 +163,9 @@ class Policy:
     approving clients) allowed to decide at that level and the levels above it up to the
     next one named (no level at or below: any trusted identity); ``grants`` maps a trust
     scope to the capabilities its objects' tools may use; ``max_tokens`` / ``max_cost``
-    stop tool calls once the object's model calls used that much; ``approval_ttl`` (seconds) makes a pending approval expire, after
-    which the proposal counts as rejected.
+    stop tool calls once the object's model calls used that much; ``approval_ttl``
+    (seconds) makes a pending approval expire, after which the proposal counts as
+    rejected.
     """
 
     name: str
