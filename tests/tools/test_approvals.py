@@ -260,3 +260,30 @@ def test_the_memory_renders_in_perdure_show(
     text = " ".join(shown.output.split())
     assert "needs approval" in text and "approved by" in text
     assert "sent to bob" in text
+
+
+def test_two_risky_calls_of_one_turn_wait_and_are_decided_in_any_order(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """Parallel calls needing people: both listed; the second approved first runs at once
+    while the first still waits; each runs once."""
+    server.script(ScriptedReply(tool_calls=(
+        ScriptedToolCall("send_message", json.dumps({"to": "ann", "body": "1"}), "a"),
+        ScriptedToolCall("send_message", json.dumps({"to": "ben", "body": "2"}), "b"))),
+        ScriptedReply(text="both"))
+    app = _app(make_app)
+    app.start("tool_agent", server.openai_base_url, "go", object_id="two-1")
+    with app.background_worker():
+        assert wait_until(lambda: len(app.approvals()) == 2, timeout=15)
+        first, second = sorted(app.approvals(), key=lambda p: p.proposal_id)
+        assert (first.arguments["to"], second.arguments["to"]) == ("ann", "ben")
+        app.approve("two-1", second.proposal_id)
+        assert wait_until(lambda: [e[1] for e in _sink_effects(sink)] == ["ben:2"],
+                          timeout=15)
+        assert wait_until(lambda: [p.proposal_id for p in app.approvals()]
+                          == [first.proposal_id], timeout=15)
+        app.reject("two-1", first.proposal_id, reason="not ann")
+        result = app.handle("two-1").result(timeout=20)
+    assert [c[:2] for c in result["calls"]] == [["send_message", "rejected"],
+                                                ["send_message", "done"]]
+    assert [e[1] for e in effects(sink)] == ["ben:2"]
+    assert len(server.requests) == 2
