@@ -23,7 +23,7 @@ import perdure
 from perdure.llm import ChatCompletionsClient, Message
 from tests.integration.engine_support import REPO_ROOT
 
-__all__ = ["POLICY", "app", "effects", "runs", "start_tool_worker"]
+__all__ = ["POLICY", "app", "effects", "runs", "stall_listener", "start_tool_worker"]
 
 SINK_ENV = "PERDURE_TOOL_SINK"
 
@@ -148,7 +148,7 @@ STALL_ENV = "PERDURE_TEST_STALL_KIND"  # stall the worker once memory ends with 
 STALL_MARK = "PERDURE_TEST_STALL_MARK"  # a file written when it stalls
 
 
-def _stall_listener() -> None:
+def stall_listener(target: perdure.App) -> None:
     """In a worker subprocess: after the commit that leaves an object's memory ending with
     a record of kind ``$PERDURE_TEST_STALL_KIND``, block the node's loop (write the mark
     file and sleep) so the test can SIGKILL the worker at exactly that point."""
@@ -167,14 +167,15 @@ def _stall_listener() -> None:
             Path(os.environ[STALL_MARK]).write_text(str(history[-1].seq))
             time.sleep(120)  # the test kills the worker now
 
-    app.hooks.subscribe(listen, CommitBatch)
+    target.hooks.subscribe(listen, CommitBatch)
 
 
-_stall_listener()
+stall_listener(app)
 
 
 def start_tool_worker(store_url: str, key_dir: Path, log: Path, sink: Path,
                       stall: tuple[str, str, Path] | None = None,
+                      app_ref: str = "tests.tools.support:app",
                       **env: str) -> subprocess.Popen[bytes]:
     """Run ``perdure worker`` on ``app`` above in a child process (2 s leases); with
     ``stall=(object_id, kind, mark)`` it stalls once memory ends with ``kind``."""
@@ -186,6 +187,6 @@ def start_tool_worker(store_url: str, key_dir: Path, log: Path, sink: Path,
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
-             "--app", "tests.tools.support:app", "worker", "--lease", "2", "--poll", "0.01",
+             "--app", app_ref, "worker", "--lease", "2", "--poll", "0.01",
              "--concurrency", "4"],
             cwd=REPO_ROOT, env=full, stdout=out, stderr=subprocess.STDOUT)

@@ -113,3 +113,39 @@ def test_a_denied_call_is_told_to_the_pydantic_ai_agent(
         assert app.handle("pa-2").result(timeout=30) == "I may not send messages."
     told = server.requests[1].body["messages"][-1]
     assert told["role"] == "tool" and told["content"].startswith("[denied]")
+
+
+def test_a_pydantic_ai_agent_killed_mid_turn_resumes_without_asking_twice(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, store_url: str,
+        key_dir: Path, tmp_path: Path, sink: Path) -> None:
+    """A worker running the Pydantic AI agent is SIGKILLed right after the first of two
+    tool calls of a turn is recorded: the resumed run gets the model's reply and the
+    finished call from memory, runs the other once, and the model is asked once a turn."""
+    from tests.integration.engine_support import kill_process
+    from tests.tools import pa_support
+    from tests.tools.support import effects, start_tool_worker
+
+    server.script(
+        ScriptedReply(tool_calls=(ScriptedToolCall("note", json.dumps({"text": "a"}), "c1"),
+                                  ScriptedToolCall("note", json.dumps({"text": "b"}), "c2"))),
+        ScriptedReply(text="Both noted."))
+    app = make_app()
+    app.agent(name="pa_notes")(pa_support.pa_notes)
+    app.start("pa_notes", server.openai_base_url, object_id="pa-kill")
+    mark = tmp_path / "stalled"
+    log = tmp_path / "worker.log"
+    proc = start_tool_worker(store_url, key_dir, log, sink,
+                             stall=("pa-kill", "tool_result", mark),
+                             app_ref="tests.tools.pa_support:app")
+    try:
+        assert wait_until(mark.exists, timeout=60), log.read_text()
+    finally:
+        kill_process(proc)
+    assert sum(r.kind == "tool_result" for r in app.history("pa-kill")) == 1
+    with app.background_worker():
+        assert app.handle("pa-kill").result(timeout=30) == "Both noted."
+    assert sorted(e[1] for e in effects(sink)) == ["a", "b"]
+    history = app.history("pa-kill")
+    assert sum(r.kind == "model_call" for r in history) == 2 == len(server.requests)
+    assert sum(r.kind == "tool_result" for r in history) == 2
+    assert app.verify("pa-kill").ok
