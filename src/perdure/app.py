@@ -324,6 +324,11 @@ class App:
         def register(func: Callable[..., Any]) -> Tool:
             made = func if isinstance(func, Tool) else Tool.of(func, **options)
             with self._lock:
+                known = self._tools.get(made.name)
+                if known is not None and known.fn is not made.fn:
+                    raise ConfigurationError(
+                        f"tool name {made.name!r} is taken by {known.fn!r}; register this "
+                        "one under another name (name=...)")
                 self._tools[made.name] = made
             return made
         return register(fn) if fn is not None else register

@@ -93,3 +93,21 @@ def test_app_tool_registers() -> None:
 
     assert app.tools["wipe"] is wipe and wipe.info.idempotent is False
     assert wipe.to_json()["parameters"]["required"] == ["path"]
+
+
+def test_a_tool_name_is_registered_once() -> None:
+    app = perdure.App(store="sqlite:///never-opened.db")
+
+    @app.tool
+    def probe(x: int) -> int:
+        """One."""
+        return x
+
+    app.tool(probe)  # the same tool again: fine
+
+    def other(x: int) -> int:
+        """Two."""
+        return x
+
+    with pytest.raises(ConfigurationError, match="is taken"):
+        app.tool(name="probe")(other)
