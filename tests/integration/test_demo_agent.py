@@ -38,3 +38,16 @@ def test_agent_demo_asks_a_person_and_survives_the_kill(tmp_path: Path) -> None:
         assert app.verify("agent-demo-1").ok
     finally:
         app.close()
+
+
+def test_the_approvals_example_runs_offline_and_replays_from_memory(tmp_path: Path) -> None:
+    """``examples/approvals.py``: the safe call runs, the risky one is approved, the answer
+    is printed; run again, the finished object answers from memory."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "approvals.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PERDURE_", "OPENAI_"))}
+    runs = [subprocess.run([sys.executable, str(example)], capture_output=True, text=True,
+                           timeout=90, env=env, cwd=tmp_path) for _ in range(2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "Done: it is sunny in Oslo and the team knows." in proc.stdout
+    assert "approving 3:0" in runs[0].stdout and "approving" not in runs[1].stdout
