@@ -11,9 +11,12 @@ from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder
 from perdure.app import App, step
+from perdure.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import Signer, VerifyReport
+from perdure.core.constraints import Constraint, OneOf, PathPrefix, Range, UrlHost
 from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, ReasonCode, evaluate
+from perdure.core.gate import Allow, GateDecision, Policy, Proposal, ToolInfo
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record
@@ -21,6 +24,8 @@ from perdure.core.secret import Secret
 from perdure.core.trust import Certificate, KeyRing, Revocation
 from perdure.core.usage import UsageTotals
 from perdure.engine.anchors import HeadAnchors
+from perdure.engine.commands.agent_loop import AgentResult
+from perdure.engine.commands.tools import ToolOutcome
 from perdure.engine.context import StepInfo, current_step
 from perdure.engine.replay import ReplayReport
 from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
@@ -30,6 +35,7 @@ from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
     AgentParkedError,
+    ApprovalError,
     CancelRequestedError,
     CannotDo,
     CannotRestoreError,
@@ -60,6 +66,7 @@ from perdure.errors import (
     StepTimeoutError,
     StoreCorruptError,
     StoreError,
+    ToolCallError,
     UnknownAgentError,
     UnknownQueryError,
 )
@@ -68,6 +75,7 @@ from perdure.handle import Handle, ObjectInfo
 from perdure.queries import MemoryView
 from perdure.questions import Question
 from perdure.stores.base import Store
+from perdure.tools import Tool, tool
 
 __version__ = "0.1.0"
 
@@ -77,7 +85,10 @@ __all__ = [
     "AgentDef",
     "AgentFailedError",
     "AgentParkedError",
+    "AgentResult",
+    "Allow",
     "App",
+    "ApprovalError",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
@@ -85,6 +96,7 @@ __all__ = [
     "ChildFailedError",
     "ChildHandle",
     "ConfigurationError",
+    "Constraint",
     "Context",
     "DataKeyError",
     "DataKeys",
@@ -92,6 +104,7 @@ __all__ = [
     "DescriptorVersionError",
     "ErrorClass",
     "ForkError",
+    "GateDecision",
     "Handle",
     "HeadAnchors",
     "IntegrityError",
@@ -111,11 +124,17 @@ __all__ = [
     "ObjectNotFoundError",
     "ObjectTerminatedError",
     "ObjectView",
+    "OneOf",
+    "PathPrefix",
+    "PendingApproval",
     "PerdureError",
     "PerdureSignal",
     "Phase",
+    "Policy",
+    "Proposal",
     "QueryFailedError",
     "Question",
+    "Range",
     "ReasonCode",
     "Record",
     "RecordDecodeError",
@@ -141,8 +160,13 @@ __all__ = [
     "StreamEvent",
     "SyncChildHandle",
     "SyncRun",
+    "Tool",
+    "ToolCallError",
+    "ToolInfo",
+    "ToolOutcome",
     "UnknownAgentError",
     "UnknownQueryError",
+    "UrlHost",
     "UsageTotals",
     "Verifier",
     "VerifyReport",
@@ -151,4 +175,5 @@ __all__ = [
     "current_step",
     "evaluate",
     "step",
+    "tool",
 ]

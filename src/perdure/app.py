@@ -20,6 +20,9 @@ from perdure._app_secrets import differences, opened_body, sealed_payload, start
 from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity, TrustSpec, publish
 from perdure._keys import default_key_dir, public_bytes
+from perdure.approvals import PendingApproval
+from perdure.approvals import approvals as approvals_of
+from perdure.approvals import decide as decide_on
 from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain
@@ -59,6 +62,7 @@ from perdure.queries import QueryRegistry, run_query
 from perdure.questions import Question
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
+from perdure.tools import Tool
 
 if TYPE_CHECKING:
     from perdure.llm import PriceTable
@@ -157,6 +161,7 @@ class App:
         self._agents: dict[str, AgentDef] = {}
         self._queries = QueryRegistry()  # queries declared for each agent (``define_query``)
         self._notes = MemoryNotes(self)  # what memory adds to ObjectInfo (questions, origin)
+        self._tools: dict[str, Tool] = {}  # ``@app.tool``
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
@@ -260,6 +265,7 @@ class App:
         )
         clone._agents = dict(self._agents)
         clone._queries = self._queries.copy()
+        clone._tools = dict(self._tools)
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
         return clone
 
@@ -341,6 +347,52 @@ class App:
     def agents(self) -> Mapping[str, AgentDef]:
         """Registered agents by name."""
         return dict(self._agents)
+
+    @overload
+    def tool(self, fn: Callable[..., Any], /) -> Tool: ...
+
+    @overload
+    def tool(self, fn: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Tool]:
+        ...
+
+    def tool(self, fn: Callable[..., Any] | None = None, /, **options: Any
+             ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+        """Register a tool: ``@app.tool`` or ``@app.tool(risk=..., idempotent=...,
+        capabilities=..., constraints=..., name=..., description=..., schema=...)``.
+        Returns the ``perdure.Tool`` (still callable as the function); pass it to
+        ``run.agent(tools=...)``. See ``perdure.tools``."""
+        def register(func: Callable[..., Any]) -> Tool:
+            made = func if isinstance(func, Tool) else Tool.of(func, **options)
+            with self._lock:
+                known = self._tools.get(made.name)
+                if known is not None and known.fn is not made.fn:
+                    raise ConfigurationError(
+                        f"tool name {made.name!r} is taken by {known.fn!r}; register this "
+                        "one under another name (name=...)")
+                self._tools[made.name] = made
+            return made
+        return register(fn) if fn is not None else register
+
+    @property
+    def tools(self) -> Mapping[str, Tool]:
+        """Registered tools by name."""
+        return dict(self._tools)
+
+    def approvals(self) -> builtins.list[PendingApproval]:
+        """Tool calls waiting for a person, across objects (see ``perdure.approvals``)."""
+        return approvals_of(self)
+
+    def approve(self, object_id: str, proposal_id: str, *,
+                edit: Mapping[str, Any] | None = None) -> PendingApproval:
+        """Approve proposal ``proposal_id`` of ``object_id``, signed with this client's key;
+        with ``edit`` (new arguments, same tool) the edit goes through the gate again.
+        ``ApprovalError`` if no such proposal waits."""
+        return decide_on(self, object_id, proposal_id, "approve" if edit is None else "edit",
+                         edit=edit)
+
+    def reject(self, object_id: str, proposal_id: str, *, reason: str) -> PendingApproval:
+        """Reject proposal ``proposal_id`` of ``object_id``; the model is told ``reason``."""
+        return decide_on(self, object_id, proposal_id, "reject", reason=reason)
 
     def _resolve(self, agent: Callable[..., Any] | str) -> AgentDef:
         agent_name = agent if isinstance(agent, str) else getattr(agent, "__perdure_agent__", None)

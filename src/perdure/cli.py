@@ -24,6 +24,7 @@ from rich.text import Text
 
 from perdure import __version__
 from perdure import inspect as view
+from perdure._cli_approvals import approvals, approve, reject
 from perdure._cli_keys import keys
 from perdure._cli_secrets import data_key
 from perdure._cli_steer import fork, query, questions, retry
@@ -650,6 +651,8 @@ for _steer in (questions, query, fork, retry):
     cli.add_command(_steer)
 cli.add_command(ls_, name="list")  # the same listing under its long name
 cli.add_command(ui)
+for _command in (approvals, approve, reject):
+    cli.add_command(_command)
 
 
 @cli.command()
@@ -691,10 +694,21 @@ def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
 @click.option("--llm", is_flag=True,
               help="The model-call demo: a stream killed mid-way and continued from its "
                    "salvaged text (offline, or OPENAI_BASE_URL/OPENAI_API_KEY when set).")
+@click.option("--agent", "agent_demo", is_flag=True,
+              help="The tool-call demo: an agent that runs low-risk tools itself and asks "
+                   "a person (perdure approve) before risky ones, its worker killed while "
+                   "it waits.")
 @click.option("--model", default=None,
-              help="With --llm: the model to ask (default OPENAI_MODEL, else gpt-4o-mini).")
-def demo(folder: str | None, fresh: bool, llm: bool, model: str | None) -> None:
+              help="With --llm or --agent: the model to ask (default OPENAI_MODEL, else "
+                   "gpt-4o-mini).")
+def demo(folder: str | None, fresh: bool, llm: bool, model: str | None,
+         agent_demo: bool) -> None:
     """Run the crash-and-resume demo end to end on an embedded SQLite store."""
+    if agent_demo:
+        from perdure.demo.tool_story import run_agent_demo
+
+        sys.exit(run_agent_demo(folder or "demo-agent", fresh=fresh, model=model,
+                                console=out))
     if llm:
         from perdure.demo.llm_story import LLM_DEFAULT_DIR, run_llm_demo
 

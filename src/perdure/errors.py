@@ -34,6 +34,8 @@ The tree::
     ├── QueryFailedError          a query's function raised on the object's memory
     ├── ForkError                 a fork point is not one the object can be forked at
     ├── NotParkedError            ``App.retry``: the object is not parked
+    ├── ApprovalError             no such proposal waits for a person, or it was decided
+    ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
     ├── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
     │                             whether and when to try again
     └── StoredCallError           (``perdure.llm``) a recorded model call does not read back
@@ -65,6 +67,7 @@ __all__ = [
     "AgentCancelledError",
     "AgentFailedError",
     "AgentParkedError",
+    "ApprovalError",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
@@ -95,6 +98,7 @@ __all__ = [
     "StepTimeoutError",
     "StoreCorruptError",
     "StoreError",
+    "ToolCallError",
     "UnknownAgentError",
     "UnknownQueryError",
 ]
@@ -345,6 +349,16 @@ class ForkError(PerdureError):
 
 class NotParkedError(PerdureError):
     """``App.retry`` was asked for an object that is not parked."""
+
+
+class ApprovalError(PerdureError):
+    """A decision on a tool call cannot be sent: no such proposal waits for a person
+    (see ``perdure approvals``), or it was decided already."""
+
+
+class ToolCallError(PerdureError):
+    """A tool reported that its call failed (an MCP server's error result); recorded as
+    the call's failure, and the model is told."""
 
 
 class PerdureSignal(BaseException):

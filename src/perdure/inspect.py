@@ -51,6 +51,11 @@ from perdure.core.bodies import (
     StepInDoubt,
     StepStarted,
     Terminated,
+    ToolDecided,
+    ToolGated,
+    ToolProposed,
+    ToolResult,
+    ToolStarted,
     Woke,
     decode,
 )
@@ -260,6 +265,44 @@ def _model_started(body: ModelStarted) -> Line:
                 f"to client {body.client} (in doubt if no outcome follows)", False)
 
 
+def _tool_proposed(body: ToolProposed) -> Line:
+    edit = f" (edit of {body.edited_from})" if body.edited_from else ""
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name}({body.args[:ARGS_SHOWN]})"
+                f" args {body.args_hash[:12]} from model call #{body.model_call}{edit}", False)
+
+
+def _tool_gated(body: ToolGated) -> Line:
+    who = f" by {', '.join(body.approvers)}" if body.approvers else ""
+    until = f" until {when(body.expires_at)}" if body.expires_at is not None else ""
+    verdict = {"allow": "allowed", "deny": "DENIED",
+               "approval": f"needs approval{who}{until}"}.get(body.verdict, body.verdict)
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {verdict}: {body.reason} "
+                f"[policy {body.policy}, rule {body.rule or '-'}, risk {body.risk}]",
+                body.verdict != "allow")
+
+
+def _tool_decided(body: ToolDecided) -> Line:
+    if body.decision == "expire":
+        return Line(f"#{body.pos} proposal {body.proposal} {body.name} expired: "
+                    f"{body.reason}", True)
+    edit = f" -> {body.edit[:ARGS_SHOWN]}" if body.edit else ""
+    reason = f": {body.reason}" if body.reason else ""
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {body.decision}d by "
+                f"{body.identity} (key {body.key[:16]}){edit}{reason}", True)
+
+
+def _tool_started(body: ToolStarted) -> Line:
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name} started (key {body.key})",
+                False)
+
+
+def _tool_result(body: ToolResult) -> Line:
+    took = f" ({body.latency:.4f}s)" if body.latency is not None else ""
+    if body.outcome == "done":
+        return Line(f"#{body.pos} {body.name} -> {_json(body.result)[:80]}{took}", False)
+    return Line(f"#{body.pos} {body.name} {body.outcome}: {body.error}{took}", True)
+
+
 _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     Instantiated: _instantiated,
     StepStarted: _step, StepDone: _step, StepFailed: _step, StepInDoubt: _step,
@@ -276,6 +319,8 @@ _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {
     ModelChunks: _model_chunks,
     ModelRecovered: _model_recovered,
     ModelStarted: _model_started,
+    ToolProposed: _tool_proposed, ToolGated: _tool_gated, ToolDecided: _tool_decided,
+    ToolStarted: _tool_started, ToolResult: _tool_result,
 }
 
 

@@ -165,5 +165,8 @@ def test_every_stored_body_decodes_and_re_encodes_to_its_bytes(make_app: AppFact
                    "model_started"}
     # execution-state kinds: by tests/integration/test_resources.py
     state_kinds = {"resource", "restore_report", "step_checkpoint", "invalidated"}
+    # and tool calls' kinds by tests/tools/ (they need a model to propose them)
+    tool_kinds = {"tool_proposed", "tool_gated", "tool_decided", "tool_started", "tool_result"}
     assert written == {kind.value for kind in perdure.Kind} - {"step_in_doubt", "parked",
-                                                               *model_kinds, *state_kinds}
+                                                               *model_kinds, *state_kinds,
+                                                               *tool_kinds}

@@ -16,6 +16,7 @@ from perdure.core.intent import Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
 from perdure.engine.commands import (
+    agent_loop,
     emits,
     intent,
     lineage,
@@ -35,6 +36,7 @@ from perdure.errors import CancelRequestedError, LeaseLostError, StoreError
 from tests.unit.builders import chain, instantiated
 
 COMMANDS = {
+    "agent": agent_loop.agent,
     "step": steps.step,
     "sleep": waits.sleep,
     "wait_for": waits.wait_for,
@@ -71,6 +73,14 @@ SURFACE = {
                      "object_id: 'str | None' = None, **kwargs: 'Any') -> 'ChildHandle'", True),
     "Run.deprecate_patch": ("(name: 'str') -> 'None'", False),
     "Run.gather": ("(*branches: 'Awaitable[Any]') -> 'list[Any]'", True),
+    "Run.agent": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, str]]', "
+                  "*, model: 'str', messages: 'Sequence[Message]', "
+                  "tools: 'Sequence[Tool | Callable[..., Any]] | Mapping[str, Tool]' = (), "
+                  "policy: 'Policy', max_turns: 'int' = 10, max_tokens: 'int | None' = None, "
+                  "deadline: 'float | None' = None, params: 'ModelParams | None' = None, "
+                  "stream: 'bool' = False, name: 'str' = 'agent') -> 'AgentResult'", True),
+    "SyncRun.agent": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, "
+                      "str]]', **options: 'Any') -> 'AgentResult'", False),
     "Run.join": ("(*children: 'ChildHandle | str') -> 'list[Any]'", True),
     "Run.model": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, str]]', "
                   "request: 'ModelRequest | None' = None, *, model: 'str | None' = None, "

@@ -101,7 +101,7 @@ def test_inbox_stream_and_actions_noted(served: Served, tmp_path: Path,
         with closing(served.login(name="olga")) as client:
             inbox = client.get("/inbox").text
             assert f'data-object="{ask}"' in inbox and nap not in inbox
-            assert "Tool approvals: not available" in inbox
+            assert "No tool call waits for approval." in inbox
             csrf = csrf_of(inbox)
             for action in ("pause", "resume"):
                 got = client.post(f"/act/{action}", data={"csrf": csrf, "object_id": nap})

@@ -72,6 +72,11 @@ class Kind(StrEnum):
     STEP_CHECKPOINT = "step_checkpoint"  # current_step().checkpoint: progress inside a step
     INVALIDATED = "invalidated"  # recorded steps from a position on are run again
     MODEL_STARTED = "model_started"  # run.model: a stateful request about to be sent
+    TOOL_PROPOSED = "tool_proposed"  # a tool call the model proposed (tool, args, hash)
+    TOOL_GATED = "tool_gated"  # the gate's verdict on a proposal, with the policy's ref
+    TOOL_DECIDED = "tool_decided"  # a person's signed decision on a proposal (or expiry)
+    TOOL_STARTED = "tool_started"  # a non-idempotent tool is about to run
+    TOOL_RESULT = "tool_result"  # how a tool call ended: result, or why it did not run
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
-from perdure.engine.commands import emits, lineage, steps, values, waits
+from perdure.engine.commands import agent_loop, emits, lineage, steps, values, waits
 from perdure.engine.commands import intent as intent_commands
 from perdure.engine.commands import model as model_command
 from perdure.engine.commands import resources as resource_commands
@@ -267,6 +267,7 @@ class Run:
     holding = resource_commands.holding
     release = resource_commands.release
     checkpoint_resources = resource_commands.checkpoint_resources
+    agent = agent_loop.agent
 
     # -- the cursor: what every command does first -----------------------------
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from perdure.core.intent import Context, Intent
 
 if TYPE_CHECKING:
+    from perdure.engine.commands.agent_loop import AgentResult
     from perdure.engine.run import Run
     from perdure.llm import ModelClient, ModelReply, ModelRequest
     from perdure.resources import Resource
@@ -114,6 +115,11 @@ class SyncRun:
               request: ModelRequest | None = None, **options: Any) -> ModelReply:
         """See ``Run.model``: the same arguments, without ``await``."""
         return self._call(self._run.model(client, request, **options))
+
+    def agent(self, client: ModelClient | Sequence[ModelClient | tuple[ModelClient, str]],
+              **options: Any) -> AgentResult:
+        """See ``Run.agent``: the same arguments, without ``await``."""
+        return self._call(self._run.agent(client, **options))
 
     def progress(self, **fields: Any) -> None:
         """See ``Run.progress``."""

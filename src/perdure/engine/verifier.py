@@ -105,6 +105,11 @@ class Verifier:
         if senders:
             self._known(senders)
 
+    def key_of(self, node_id: str) -> bytes | None:
+        """The public key registered for ``node_id`` (as last read), or ``None``."""
+        with self._lock:
+            return self._keys.get(node_id)
+
     def check_event(self, event: Event) -> EventCheck:
         """``(digest hex, None)`` for an event whose seal verifies under a trusted key;
         ``(digest hex or None, why)`` for one to refuse. No I/O (see ``warm``)."""

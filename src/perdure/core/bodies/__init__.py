@@ -24,7 +24,8 @@ intent arguments) are held as the body holds them, not copied.
 Where they live: ``fields`` (the ``Body`` base and the reader that checks each key),
 ``steps`` (steps, drawn values, patches, progress), ``waits`` (dormancy, timers,
 events, children), ``objects`` (start, intent, routing, parking, end) and ``models``
-(model calls: replies, failed attempts, stream batches, recoveries). Pure: no I/O.
+(model calls: replies, failed attempts, stream batches, recoveries) and ``tools`` (tool
+calls: proposals, gate verdicts, people's decisions, results). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -63,6 +64,13 @@ from perdure.core.bodies.steps import (
     StepInDoubt,
     StepStarted,
     Value,
+)
+from perdure.core.bodies.tools import (
+    ToolDecided,
+    ToolGated,
+    ToolProposed,
+    ToolResult,
+    ToolStarted,
 )
 from perdure.core.bodies.waits import (
     NO_RESULT,
@@ -113,6 +121,11 @@ __all__ = [
     "StepInDoubt",
     "StepStarted",
     "Terminated",
+    "ToolDecided",
+    "ToolGated",
+    "ToolProposed",
+    "ToolResult",
+    "ToolStarted",
     "Value",
     "WaitTimedOut",
     "Woke",
@@ -127,6 +140,7 @@ RecordBody = (
     | Terminated | ModelCall | ModelFailed | ModelChunks | ModelRecovered | Emitted
     | ModelStarted
     | ResourceHeld | RestoreReport | StepCheckpoint | Invalidated
+    | ToolProposed | ToolGated | ToolDecided | ToolStarted | ToolResult
 )
 """Any typed body: what ``decode`` returns."""
 
@@ -137,6 +151,7 @@ BODY_TYPES: Mapping[str, type[RecordBody]] = {
         CapabilityMissing, Patched, Progress, EventRefused, Parked, Terminated,
         ModelCall, ModelFailed, ModelChunks, ModelRecovered, Emitted, ModelStarted,
         ResourceHeld, RestoreReport, StepCheckpoint, Invalidated,
+        ToolProposed, ToolGated, ToolDecided, ToolStarted, ToolResult,
     )
 }
 """The body class of each record kind, by the kind's value."""

@@ -42,6 +42,7 @@ _DORMANT_KEYS: dict[str, tuple[str, ...]] = {
     "wait": ("name", "event"),
     "join": ("name", "children", "event"),
     "gather": ("event", "children"),
+    "tool": ("name", "event"),  # a tool call waiting for a person's decision
 }
 
 
@@ -91,6 +92,13 @@ class Dormant(Body):
         """Model call ``name`` would go over the budget: dormant until the intent is
         refined (nothing but an event wakes it)."""
         return cls(pos, "model", "budget", None, name=name)
+
+    @classmethod
+    def approval(cls, pos: Position, tool: str, event: str, wake_at: float | None
+                 ) -> Dormant:
+        """A call of ``tool`` waits for a person's decision (``event``), or until the
+        approval expires at ``wake_at`` (``None``: never)."""
+        return cls(pos, "tool", "approval", wake_at, name=tool, event=event)
 
     @classmethod
     def wait(cls, pos: Position, event: str, wake_at: float | None, prompt: JSON = None,

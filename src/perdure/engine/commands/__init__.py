@@ -22,6 +22,9 @@ the ``Run`` (named ``self``); ``Run`` binds it as a method in one line
   client, failures, in-doubt stateful calls, recording the reply), ``model_streams``
   (journaled streams and their recovery), ``model_memory`` (values stored once per
   object), ``model_context`` (the prompt as a view, compaction) and ``model_budget``
+- ``tools``: one tool call a model proposed (proposal, gate, a person's decision from
+  ``tool_approvals``, the recorded call), and ``agent_loop``: ``run.agent``, the durable
+  loop of model turns and tool calls
 - ``positions``: how positions are numbered (the main line, ``gather`` branches)
 
 A new command (a tool call, a resource) is one new module here and one line on
