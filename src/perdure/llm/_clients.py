@@ -1,10 +1,10 @@
 """Model clients over the official SDKs: Chat Completions, Responses, Anthropic Messages.
 
-Each client sends a ``ModelRequest`` through the provider's own SDK (imported when a
-client first calls, so ``import perdure.llm`` stays light), with the SDK's
-retries off (``max_retries=0``: perdure decides about retrying, from memory), and hands
-back a ``ModelReply``, or a stream of ``StreamChunk`` ending in the ``ModelReply``. Any
-failure comes out as one ``ModelCallError`` whose ``failure`` classifies it; SDK
+Each client sends a ``ModelRequest`` through the provider's own SDK (imported when the
+client is made, off any worker's event loop, while ``import perdure.llm`` stays light),
+with the SDK's retries off (``max_retries=0``: perdure decides about retrying, from
+memory), and hands back a ``ModelReply``, or a stream of ``StreamChunk`` ending in the
+``ModelReply``. Any failure comes out as one ``ModelCallError`` whose ``failure`` classifies it; SDK
 exceptions never escape (they are chained as the cause).
 
 A client reaches any compatible server through ``base_url``. The API key comes from the
@@ -22,6 +22,7 @@ that quotes it has it replaced by ``***``).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import os
 import time
@@ -123,6 +124,10 @@ class _SdkClient:
         self._headers = dict(headers or {})
         self._sdk: Any = None
         self._key_digest: str | None = None
+        # The SDK is imported here, where the client is made (module level, usually),
+        # not at its first call: importing ``openai`` takes a second or more, and on a
+        # worker's event loop that would hold up lease renewals.
+        importlib.import_module(self._provider.partition(".")[0])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self._base_url!r})"
@@ -290,7 +295,7 @@ class ChatCompletionsClient(_SdkClient):
         return self._continuation
 
     def _make_sdk(self, key: str) -> Any:
-        import openai  # imported when a client first calls
+        import openai  # imported already, when the client was made
 
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
                                   timeout=self._timeout, default_headers=self._headers)
@@ -322,7 +327,7 @@ class ResponsesClient(_SdkClient):
     _request_id_header = "x-request-id"
 
     def _make_sdk(self, key: str) -> Any:
-        import openai  # imported when a client first calls
+        import openai  # imported already, when the client was made
 
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
                                   timeout=self._timeout, default_headers=self._headers)
@@ -369,7 +374,7 @@ class AnthropicClient(_SdkClient):
         return Continuation.PREFILL
 
     def _make_sdk(self, key: str) -> Any:
-        import anthropic  # imported when a client first calls
+        import anthropic  # imported already, when the client was made
 
         return anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0,
                                         timeout=self._timeout, default_headers=self._headers)
