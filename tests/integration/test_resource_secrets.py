@@ -100,6 +100,9 @@ def test_secret_url_and_password_arguments() -> None:
     split = PostgresSession("postgresql://ada:p%40ss@db.example:5433/app", password=None)
     assert split.url == "postgresql://ada@db.example:5433/app"
     assert split.password == Secret("p@ss")
+    query = PostgresSession("postgresql://ada@db/app?sslmode=disable&password=q%26w")
+    assert query.url == "postgresql://ada@db/app?sslmode=disable"
+    assert query.password == Secret("q&w")
     given = PostgresSession("postgresql://ada:old@db/app", password=Secret("new"))
     assert given.password == Secret("new") and given.url == "postgresql://ada@db/app"
     with pytest.raises(ConfigurationError, match="postgresql://"):

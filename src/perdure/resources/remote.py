@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from perdure.core.secret import Secret
 from perdure.errors import CannotRestoreError, ConfigurationError
@@ -31,10 +31,11 @@ class PostgresSession(Resource[Any]):
     session ``settings`` (``search_path``, ``statement_timeout``, ...) and a ``role``
     (``SET ROLE``).
 
-    Credentials are secrets: a password in the URL is taken out of it and kept, like
-    ``password=``, as a ``perdure.Secret`` in the descriptor (sealed at rest, never
-    printed); a URL given as a ``Secret`` is kept sealed whole. Restore reveals them to
-    the new connection only."""
+    Credentials are secrets: a password in the URL (its user part or a ``password``
+    query parameter) is taken out of it and kept, like ``password=`` (which wins), as
+    a ``perdure.Secret`` in the descriptor (sealed at rest, never printed); a URL given
+    as a ``Secret`` is kept sealed whole. Restore reveals them to the new connection
+    only."""
 
     versions = (1, 2)  # 2: the password (or the whole URL) is a Secret
 
@@ -93,13 +94,20 @@ class PostgresSession(Resource[Any]):
 
 
 def _without_password(url: str) -> tuple[str, str | None]:
-    """``url`` without the password in it, and that password (``None`` if it had none)."""
+    """``url`` without the password in it (in its user part or a ``password=`` query
+    parameter), and that password (``None`` if it had none; the user part's wins)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url, None
-    user, _, host = parts.netloc.rpartition("@")
-    name = user.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{name}@{host}")), unquote(parts.password)
+    found: str | None = None
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in query if k != "password"]
+    if len(kept) != len(query):
+        found = [v for k, v in query if k == "password"][-1]
+        parts = parts._replace(query=urlencode(kept))
+    if parts.password is not None:
+        user, _, host = parts.netloc.rpartition("@")
+        found = unquote(parts.password)
+        parts = parts._replace(netloc=f"{user.partition(':')[0]}@{host}")
+    return urlunsplit(parts), found
 
 
 def _revealed(value: Any) -> Any:
