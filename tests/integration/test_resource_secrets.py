@@ -3,9 +3,12 @@ to the live thing a restore brings back, never printed; on both stores."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -14,7 +17,7 @@ import perdure
 from perdure import Secret
 from perdure.errors import ConfigurationError
 from perdure.inspect import timeline
-from perdure.resources import Environment, HttpSession, PostgresSession
+from perdure.resources import Environment, HttpSession, PostgresSession, Subprocess
 from tests.integration.test_secrets import RawSQL, raw, stored_bytes
 
 __all__ = ["raw"]
@@ -111,8 +114,44 @@ def test_secret_url_and_password_arguments() -> None:
         PostgresSession(PG, password=Secret(3))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="Secret strings"):
         Environment({"K": Secret(3)})  # type: ignore[dict-item]
+    with pytest.raises(ConfigurationError, match="env values"):
+        Subprocess(["true"], env={"K": Secret(3)})  # type: ignore[dict-item]
     env = Environment({"K": Secret("zq-hidden"), "P": "p"}, secret=["Q"])
     assert env.secret == ["K", "Q"] and env.variables == {"K": "zq-hidden", "P": "p"}
     described = env.describe(dict(env.variables))
     assert described["vars"] == {"K": Secret("zq-hidden"), "P": "p"}
     assert "zq-hidden" not in repr(described)
+
+
+def test_a_subprocess_gets_its_secret_environment(tmp_path: Path) -> None:
+    """A ``Subprocess`` env value given as a Secret stays one in the descriptor and
+    reaches the process revealed, on open and on restore."""
+    asyncio.run(_subprocess_secret(tmp_path))
+
+
+async def _subprocess_secret(tmp_path: Path) -> None:
+    out = tmp_path / "seen"
+    argv = [sys.executable, "-c",
+            f"import os, time\nwith open({str(out)!r}, 'a') as f: f.write(os.environ['K'] + ';')"
+            "\ntime.sleep(30)"]
+    recipe = Subprocess(argv, env={"K": Secret("zq-env-value")})
+    live = await recipe.open()
+    try:
+        for _ in range(200):
+            if out.exists():
+                break
+            await asyncio.sleep(0.02)
+        descriptor = recipe.describe(live)
+        assert descriptor["env"] == {"K": Secret("zq-env-value")}
+        assert "zq-env-value" not in repr(descriptor)
+    finally:
+        await Subprocess.close(live)
+    again = await Subprocess.restore(descriptor)
+    try:
+        for _ in range(200):
+            if out.exists() and out.read_text().count(";") == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert out.read_text() == "zq-env-value;zq-env-value;"
+    finally:
+        await Subprocess.close(again)
