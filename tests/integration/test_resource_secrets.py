@@ -155,3 +155,15 @@ async def _subprocess_secret(tmp_path: Path) -> None:
         assert out.read_text() == "zq-env-value;zq-env-value;"
     finally:
         await Subprocess.close(again)
+
+
+def test_connection_errors_never_quote_the_credentials() -> None:
+    """A session that cannot open says why without its password or secret URL."""
+    bad = PostgresSession(Secret(f"postgresql://u:{PASSWORD}@127.0.0.1:5432/x?bogus=1"))
+    with pytest.raises(ConfigurationError) as refused:
+        asyncio.run(bad.open())
+    assert PASSWORD not in str(refused.value) and "bogus" in str(refused.value)
+    down = PostgresSession("postgresql://u@127.0.0.1:1/x", password=Secret(PASSWORD))
+    with pytest.raises(ConnectionError) as failed:
+        asyncio.run(down.open())
+    assert PASSWORD not in str(failed.value)

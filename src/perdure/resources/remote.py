@@ -122,15 +122,22 @@ async def _connect(url: str | Secret[str], password: str | Secret[str] | None,
         raise CannotRestoreError("psycopg is not installed on this node: pip install "
                                  "'perdure[postgres]'") from None
     extra: dict[str, Any] = {} if password is None else {"password": str(_revealed(password))}
+    # Texts an error message must not quote: the password, and a URL given as a Secret.
+    hidden = [text for text in (extra.get("password"), str(_revealed(url)) if isinstance(
+        url, Secret) else None) if text]
     try:
         live = await psycopg.AsyncConnection.connect(str(_revealed(url)), autocommit=True,
                                                      connect_timeout=10, **extra)
-    except psycopg.OperationalError as exc:
-        text = str(exc).lower()
-        if any(marker in text for marker in _NO_ROUTE):
+    except psycopg.Error as exc:
+        said = _first_line(exc)
+        for text in sorted(hidden, key=len, reverse=True):
+            said = said.replace(text, "***")
+        if not isinstance(exc, psycopg.OperationalError):  # a malformed URL or option
+            raise ConfigurationError(f"PostgresSession: {said}") from None
+        if any(marker in said.lower() for marker in _NO_ROUTE):
             raise CannotRestoreError(f"no route to the PostgreSQL server from this node: "
-                                     f"{_first_line(exc)}") from None
-        raise ConnectionError(f"cannot connect to PostgreSQL: {_first_line(exc)}") from None
+                                     f"{said}") from None
+        raise ConnectionError(f"cannot connect to PostgreSQL: {said}") from None
     try:
         for name, value in settings.items():
             await live.execute("SELECT set_config(%s, %s, false)", (name, value))
