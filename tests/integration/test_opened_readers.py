@@ -6,6 +6,7 @@ Both stores, a real worker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +80,11 @@ def test_followers_and_queries_get_secrets_back(make_app: MakeApp, store_url: st
     [raw_data] = _emitted(handle, opened=False)  # as the store holds it
     assert set(raw_data["minted"]) == {SEALED} and raw_data["plain"] == "visible"
     assert _emitted(whole) == ["said quiet words"]  # an encrypt-all agent's whole value
+
+    async def collect() -> list[Any]:
+        return [e.data async for e in handle.astream() if e.kind == "emitted"]
+
+    assert asyncio.run(collect()) == [data]
 
     # Queries see opened values.
     answer = app.query("reader-1", "minted")
