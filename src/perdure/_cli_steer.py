@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from perdure import inspect as view
+from perdure.core.secret import Secret
 
 __all__ = ["fork", "query", "questions", "retry"]
 
@@ -57,6 +58,13 @@ def questions(obj: Any, agent: str | None, limit: int, as_json: bool) -> None:
                    f"{q.object_id} {q.event} JSON)")
 
 
+def _shown_secret(value: Any) -> Any:
+    """A ``Secret`` in a query's answer as the CLI shows it (never its value)."""
+    if isinstance(value, Secret):
+        return repr(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
 @click.command()
 @click.argument("object_id")
 @click.argument("name")
@@ -71,7 +79,8 @@ def query(obj: Any, object_id: str, name: str, args: tuple[str, ...]) -> None:
     app = obj.app(need_agents=True)
     answer = app.query(object_id, name, *values)
     try:
-        text = json.dumps(answer, indent=2, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(answer, indent=2, ensure_ascii=False, allow_nan=False,
+                          default=_shown_secret)
     except (TypeError, ValueError):
         text = json.dumps(repr(answer), ensure_ascii=False)
     click.echo(text)

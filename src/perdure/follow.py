@@ -19,6 +19,11 @@ order among the model records: each is one ``emitted`` record at its own positio
 written once (a replay after a crash finds it and writes nothing), so a follower gets
 each emitted event exactly once and in order, before and after a crash alike. Pure
 reads: nothing here writes to memory.
+
+With ``opened=True`` (``Handle.stream``'s default) records are opened with the App's
+data keys (``perdure._reading``): an event's ``data`` holds ``Secret`` objects where the
+agent emitted secrets, and the whole value of an agent that encrypts all; what this App
+cannot open stays sealed. ``perdure tail`` follows with ``opened=False``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -151,19 +156,30 @@ class _Cursor:
         return min(poll, left)
 
 
+def _reader(app: App, opened: bool) -> Callable[[list[Record]], list[Record]]:
+    if not opened:
+        return lambda records: records
+    from perdure._reading import RecordOpener
+
+    return RecordOpener(app).records
+
+
 def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
            every: bool = False, timeout: float | None = None, poll: float = 0.05,
-           stop: threading.Event | None = None) -> Iterator[StreamEvent]:
+           stop: threading.Event | None = None, opened: bool = False
+           ) -> Iterator[StreamEvent]:
     """Yield the object's records after ``after`` as ``StreamEvent``s while they are
     written: its model records, its emitted events and its terminal record, or every
     record with
     ``every=True``. Ends after the terminal record (or, with ``until="reply"``, after a
     call's outcome), when ``stop`` is set, or raises ``ResultTimeoutError`` once
     ``timeout`` seconds have gone by. ``ObjectNotFoundError`` if there is no such
-    object."""
+    object. ``opened``: sealed values opened with the App's data keys (see the
+    module)."""
     cursor = _Cursor(after, until, every, timeout)
+    read = _reader(app, opened)
     while True:
-        yield from cursor.take(app.history(object_id, after=cursor.after))
+        yield from cursor.take(read(app.history(object_id, after=cursor.after)))
         if cursor.done or (stop is not None and stop.is_set()):
             return
         pause = cursor.wait(object_id, poll)
@@ -175,12 +191,17 @@ def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
 
 async def afollow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
                   every: bool = False, timeout: float | None = None,
-                  poll: float = 0.05) -> AsyncIterator[StreamEvent]:
+                  poll: float = 0.05, opened: bool = False) -> AsyncIterator[StreamEvent]:
     """``follow`` as an async iterator: memory is read in a thread, so the event loop
     goes on meanwhile."""
     cursor = _Cursor(after, until, every, timeout)
+    read = _reader(app, opened)
+
+    def batch() -> list[Record]:
+        return read(app.history(object_id, after=cursor.after))
+
     while True:
-        records = await asyncio.to_thread(app.history, object_id, after=cursor.after)
+        records = await asyncio.to_thread(batch)
         for event in cursor.take(records):
             yield event
         if cursor.done:

@@ -23,8 +23,13 @@ alone. ``fork`` refuses (``ForkError``, naming the fork points around it) a SEQ:
   belongs to the original and signals only it, so the fork would wait for it forever.
 
 The fork keeps the original's intent (arguments, deadline, budget, labels) as the
-prefix leaves it. With ``new_id`` the call is idempotent: forking again with the same
-object, SEQ and id returns the fork made before (finishing one a crash cut short).
+prefix leaves it. Sealed values are copied as they are: each names the original
+(``of``), so the fork's worker, its queries and its followers open them with the
+original's data key; the fork gets a data key of its own (made here, with the original's
+``encrypt`` setting) for what it seals from then on.
+
+With ``new_id`` the call is idempotent: forking again with the same object, SEQ and id
+returns the fork made before (finishing one a crash cut short).
 """
 
 from __future__ import annotations
@@ -148,6 +153,20 @@ def _origin_of(records: Sequence[Record]) -> dict[str, object] | None:
     return origin if isinstance(origin, dict) else None
 
 
+def _own_data_key(app: App, object_id: str, oid: str) -> None:
+    """Give the fork of an object that has a data key one of its own (the original's
+    ``encrypt`` setting with it). The copied records keep their sealed values, each
+    naming the original (``of``), so they open under the original's key; what the fork
+    seals from now on is sealed under its own. ``DataKeyError`` if this App cannot make
+    one (it holds no key-encryption key)."""
+    row = app.store.data_key(object_id)
+    if row is None or app.store.data_key(oid) is not None:
+        return
+    from perdure.engine.sealer import Sealer
+
+    Sealer(app.store, app.data_keys, oid, seal_all=row.seal_all).data_key(create=True)
+
+
 def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle:
     """See ``App.fork``."""
     oid = check_object_id(new_id) if new_id is not None else uuid.uuid4().hex
@@ -155,6 +174,7 @@ def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle
     existing = app.store.get(oid)
     if existing is not None:
         return _existing(app, oid, origin, existing.head_seq, prefix)
+    _own_data_key(app, object_id, oid)
     now = time.time()
     if not app.store.create(new, now):
         existing = app.store.get(oid)

@@ -170,7 +170,8 @@ class Handle:
 
     def stream(self, after: int = 0, *, until: Until = "end", every: bool = False,
                timeout: float | None = None, poll: float = 0.05,
-               stop: threading.Event | None = None) -> Iterator[StreamEvent]:
+               stop: threading.Event | None = None, opened: bool = True
+               ) -> Iterator[StreamEvent]:
         """Follow the object's memory as it is written, from any process: each model
         record and each event the agent emitted (``run.emit``) after seq ``after`` once,
         in order (a streamed call's ``model_chunks``
@@ -178,16 +179,19 @@ class Handle:
         call's outcome), then the terminal record. ``every=True`` yields every record;
         ``until="reply"`` stops after the first call's outcome; ``stop`` ends it when
         set; past ``timeout`` seconds it raises ``ResultTimeoutError``. To go on after a
-        break, pass the last event's ``seq`` as ``after``. See ``perdure.follow``."""
+        break, pass the last event's ``seq`` as ``after``. Sealed values come back
+        opened with the App's data keys (``Secret`` where secrets were; what it cannot
+        open stays sealed); ``opened=False`` gives records as the store holds them.
+        See ``perdure.follow``."""
         return follow(self.app, self.object_id, after, until=until, every=every,
-                      timeout=timeout, poll=poll, stop=stop)
+                      timeout=timeout, poll=poll, stop=stop, opened=opened)
 
     def astream(self, after: int = 0, *, until: Until = "end", every: bool = False,
-                timeout: float | None = None, poll: float = 0.05
+                timeout: float | None = None, poll: float = 0.05, opened: bool = True
                 ) -> AsyncIterator[StreamEvent]:
         """``stream`` as an async iterator (``async for event in handle.astream()``)."""
         return afollow(self.app, self.object_id, after, until=until, every=every,
-                       timeout=timeout, poll=poll)
+                       timeout=timeout, poll=poll, opened=opened)
 
     def pause(self) -> None:
         """See ``App.pause``."""

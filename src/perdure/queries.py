@@ -17,6 +17,12 @@ back from a head this node saw (``App.verify``'s checks). It takes no lease and 
 nothing, so it reads a running object (what it has recorded so far), a dormant one
 (without waking it) and an ended one alike. A query must be pure: it sees memory only
 through the view, and its answer is whatever it returns.
+
+The view's records are opened with the App's data keys (``perdure._reading``): step
+results, emitted values, received events and the result hold ``Secret`` objects where
+secrets were (and the whole value, for an agent that encrypts all); what the App
+cannot open stays sealed (``{"perdure:sealed": ...}``). ``perdure query`` prints a
+``Secret`` as ``Secret('***')``.
 """
 
 from __future__ import annotations
@@ -230,7 +236,10 @@ def run_query(app: App, registry: QueryRegistry, object_id: str, name: str,
     fn = registry.get(row.agent, name)
     row, records = verified_memory(app, object_id)
     status = str(info_from_row(row, time.time()).status)
-    view = MemoryView(object_id, row.agent, row.agent_version, status, tuple(records))
+    from perdure._reading import RecordOpener
+
+    view = MemoryView(object_id, row.agent, row.agent_version, status,
+                      tuple(RecordOpener(app).records(records)))
     try:
         return fn(view, *args)
     except Exception as exc:

@@ -12,6 +12,7 @@ from typing import Any
 
 import perdure
 from perdure import Secret
+from perdure.resources import Environment, PostgresSession
 
 __all__ = ["app", "build_app"]
 
@@ -39,7 +40,13 @@ def build_app(store: str, key_dir: str | None) -> perdure.App:
     new = perdure.App(store=store, key_dir=key_dir, lease_seconds=1.0, poll_interval=0.01)
 
     @new.agent(name="canary")
-    async def canary(run: perdure.Run, key: Secret[str], marker: str) -> dict[str, Any]:
+    async def canary(run: perdure.Run, key: Secret[str], marker: str,
+                     db_url: str) -> dict[str, Any]:
+        # Credentials in resources: an environment secret and a session password (the
+        # test servers trust local connections, so the password is carried, not checked).
+        env = await run.resource("env", Environment({"API_KEY": key, "MARKER": marker}))
+        db = await run.resource("db", PostgresSession(
+            db_url, password=key, settings={"application_name": "canary-agent"}))
         again = await run.step(use_key, key)
         await run.step(flaky, key, run.object_id,
                        retry=perdure.RetryPolicy(max_attempts=3, base=0.05))
@@ -47,8 +54,11 @@ def build_app(store: str, key_dir: str | None) -> perdure.App:
         event = await run.wait_for("credentials")
         assert isinstance(event["token"], Secret), event
         await run.sleep(0.05)
+        cur = await db.execute("SELECT current_setting('application_name')")
+        row = await cur.fetchone()
         return {"marker": marker, "token": event["token"],
-                "same": again == key and event["token"] == key}
+                "same": again == key and event["token"] == key,
+                "env": env["API_KEY"] == key.reveal(), "session": row[0]}
 
     @new.agent(name="canary_all", encrypt=True)
     async def canary_all(run: perdure.Run, text: str) -> str:

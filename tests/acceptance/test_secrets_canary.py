@@ -1,7 +1,9 @@
 """The canary: a secret goes everywhere an agent can put it and is found nowhere at rest.
 
 A random canary key is passed as a ``Secret`` argument, returned by a step, quoted in
-the message of a step's failed attempt, put in a progress marker and sent in an event;
+the message of a step's failed attempt, put in a progress marker, sent in an event and
+held in two resources' credentials (an ``Environment`` secret and a ``PostgresSession``
+password, restored on the second worker after the first is killed);
 an agent registered with ``encrypt=True`` gets it inside plain strings. Real ``perdure
 worker`` processes run both objects; one is SIGKILLed while they wait, another replays
 their memory and finishes them. The canary is then searched for, byte for byte, in:
@@ -74,14 +76,15 @@ def wait_status(app: perdure.App, oid: str, status: str) -> None:
     wait_until(f"{oid} {status}", lambda: str(app.get(oid).status) == status, 30)
 
 
-def run_canary(cluster: Cluster, at_rest: list[Path], flush: object = None) -> None:
+def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
+               flush: object = None) -> None:
     """Start both objects, kill a worker while they wait, finish them on another, and
     search every place; ``flush()`` (if given) makes the store write its data out."""
     canary = f"sk-live-{secrets.token_hex(12)}"
     marker = f"plain-marker-{secrets.token_hex(6)}"
     app = secret_agents.build_app(cluster.store_url, str(cluster.key_dir))
     try:
-        one = app.start("canary", Secret(canary), marker, object_id="canary-1")
+        one = app.start("canary", Secret(canary), marker, db_url, object_id="canary-1")
         whole = app.start("canary_all", f"all-{canary}", object_id="canary-2")
         first = spawn(cluster)
         wait_status(app, "canary-1", "dormant")
@@ -99,7 +102,12 @@ def run_canary(cluster: Cluster, at_rest: list[Path], flush: object = None) -> N
         app.send("canary-2", "note", f"note-{canary}")
         second = spawn(cluster)
         assert one.result(timeout=30) == {"marker": marker, "token": Secret(canary),
-                                          "same": True}
+                                          "same": True, "env": True,
+                                          "session": "canary-agent"}
+        reports = [r.body for r in app.history("canary-1") if r.kind == "restore_report"]
+        restored = [e for report in reports for e in report["resources"]
+                    if report["outcome"] == "restored"]
+        assert {e["name"] for e in restored} >= {"env", "db"}, reports
         assert whole.result(timeout=30) == f"all-{canary}/note-{canary}"
         search("while the second worker holds the store open")
         assert second.stop() == 0
@@ -113,6 +121,7 @@ def run_canary(cluster: Cluster, at_rest: list[Path], flush: object = None) -> N
         assert "use_key got Secret('***')" in logs  # the agent's own print reached the log
 
         for args in (["show", "canary-1"], ["show", "canary-1", "--json"],
+                     ["tail", "canary-1"], ["tail", "canary-1", "--json"],
                      ["show", "canary-2", "--json"], ["result", "canary-1"],
                      ["result", "canary-1", "--json"], ["ls"], ["export-heads"],
                      ["verify", "canary-1"], ["verify", "canary-2"]):
@@ -136,7 +145,7 @@ def test_canary_on_sqlite(sqlite_cluster: Cluster) -> None:
     assert sqlite_cluster.store_path is not None
     db = sqlite_cluster.store_path
     files = [db, db.with_name(db.name + "-wal"), db.with_name(db.name + "-shm")]
-    run_canary(sqlite_cluster, files)
+    run_canary(sqlite_cluster, files, "postgresql://postgres@127.0.0.1:5432/postgres")
     assert db.exists() and db.stat().st_size > 0
 
 
@@ -152,6 +161,6 @@ def test_canary_on_a_private_postgres(tmp_path: Path, private_pg: PrivateServer)
 
     cluster = Cluster(tmp_path, private_pg.url)
     try:
-        run_canary(cluster, [private_pg.dir], flush=checkpoint)
+        run_canary(cluster, [private_pg.dir], private_pg.url, flush=checkpoint)
     finally:
         cluster.close()

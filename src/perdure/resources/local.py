@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from perdure.core.secret import Secret
 from perdure.errors import CannotRestoreError, ConfigurationError
 from perdure.resources._protocol import Fresh, Invalidate, Resource, Stale, Validity
 
@@ -64,18 +65,27 @@ def _directory(path: str, create: bool) -> Path:
 class Environment(Resource[dict[str, str]]):
     """Environment variables (the live thing is a ``dict`` to hand to subprocesses);
     ``apply=True`` also sets them in this process's ``os.environ`` on every restore.
-    Names in ``secret`` are never printed (``perdure show``, restore reports)."""
 
-    def __init__(self, variables: Mapping[str, str], *, secret: Iterable[str] = (),
-                 apply: bool = False, on_stale: str | Invalidate = "refresh") -> None:
+    A value given as a ``perdure.Secret``, or named in ``secret``, is a credential: the
+    descriptor holds it as a ``Secret``, so memory keeps it sealed at rest and nothing
+    prints it; the live ``dict`` (and ``os.environ``) gets the revealed value."""
+
+    versions = (1, 2)  # 2: secret values are Secrets in the descriptor
+
+    def __init__(self, variables: Mapping[str, str | Secret[str]], *,
+                 secret: Iterable[str] = (), apply: bool = False,
+                 on_stale: str | Invalidate = "refresh") -> None:
         super().__init__(on_stale=on_stale)
         bad = [k for k, v in variables.items()
-               if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k]
+               if not isinstance(k, str) or not k or "=" in k
+               or not isinstance(v.reveal() if isinstance(v, Secret) else v, str)]
         if bad:
-            raise ConfigurationError(f"Environment: names and values must be strings, a name "
-                                     f"without '=': {sorted(map(repr, bad))}")
-        self.variables = dict(variables)
-        self.secret = sorted(set(secret))
+            raise ConfigurationError(f"Environment: names and values must be strings (or "
+                                     f"Secret strings), a name without '=': "
+                                     f"{sorted(map(repr, bad))}")
+        names = set(secret) | {k for k, v in variables.items() if isinstance(v, Secret)}
+        self.variables = {k: _plain(v) for k, v in variables.items()}
+        self.secret = sorted(names)
         self.apply = apply
 
     async def open(self) -> dict[str, str]:
@@ -84,11 +94,13 @@ class Environment(Resource[dict[str, str]]):
         return dict(self.variables)
 
     def describe(self, live: dict[str, str]) -> dict[str, Any]:
-        return {"vars": dict(live), "secret": self.secret, "apply": self.apply}
+        hidden = set(self.secret)
+        return {"vars": {k: Secret(v) if k in hidden else v for k, v in live.items()},
+                "secret": self.secret, "apply": self.apply}
 
     @classmethod
     async def restore(cls, descriptor: dict[str, Any]) -> dict[str, str]:
-        variables = {str(k): str(v) for k, v in dict(descriptor["vars"]).items()}
+        variables = {str(k): str(_plain(v)) for k, v in dict(descriptor["vars"]).items()}
         if descriptor.get("apply"):
             os.environ.update(variables)
         return variables
@@ -100,6 +112,11 @@ class Environment(Resource[dict[str, str]]):
             if differ:
                 return Stale(f"environment variables {', '.join(differ)} differ")
         return Fresh()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` revealed if it is a ``Secret`` (only the live thing gets it)."""
+    return value.reveal() if isinstance(value, Secret) else value
 
 
 class OpenFile(Resource[IO[Any]]):
@@ -214,7 +231,8 @@ class Subprocess(Resource[Process]):
     """
 
     def __init__(self, argv: Sequence[str], *, cwd: str | Path | None = None,
-                 env: Mapping[str, str] | None = None, ready: Mapping[str, Any] | None = None,
+                 env: Mapping[str, str | Secret[str]] | None = None,
+                 ready: Mapping[str, Any] | None = None,
                  ready_timeout: float = 30.0, on_stale: str | Invalidate = "refresh") -> None:
         super().__init__(on_stale=on_stale)
         if not argv or not all(isinstance(a, str) for a in argv):
@@ -224,7 +242,10 @@ class Subprocess(Resource[Process]):
                                      'port]}')
         self.argv = list(argv)
         self.cwd = None if cwd is None else str(Path(cwd).absolute())
-        self.env = dict(env or {})
+        self.env: dict[str, Any] = dict(env or {})
+        if not all(isinstance(_plain(v), str) for v in self.env.values()):
+            raise ConfigurationError("Subprocess: env values must be strings (or Secret "
+                                     "strings)")
         self.ready = None if ready is None else dict(ready)
         self.ready_timeout = float(ready_timeout)
 
@@ -263,9 +284,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-async def _start(argv: list[str], cwd: str | None, env: dict[str, str],
+async def _start(argv: list[str], cwd: str | None, env: dict[str, Any],
                  ready: dict[str, Any] | None, timeout: float) -> Process:
-    full_env = {**os.environ, **env}
+    full_env = {**os.environ, **{str(k): str(_plain(v)) for k, v in env.items()}}
     if shutil.which(argv[0], path=full_env.get("PATH")) is None:
         raise CannotRestoreError(f"program {argv[0]!r} is not installed on this node")
     if cwd is not None and not Path(cwd).is_dir():
