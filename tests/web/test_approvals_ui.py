@@ -1,0 +1,172 @@
+"""The dashboard's inbox and object page against the real approvals, questions and fork
+(``app.approvals``/``approve``/``reject``, ``app.fork``), on both stores: an agent's model
+(the scripted server, over HTTP through the openai SDK) proposes a risky tool call; the
+inbox shows it with its arguments; approving runs the tool once, rejecting tells the
+model why, an edit goes through the gate again (and is denied when the policy says so).
+Every decision is signed with the dashboard's key and names the person logged in; a
+dashboard whose identity may not decide is refused with nothing written."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from perdure.core.lifecycle import Status
+from perdure.core.records import Kind
+from perdure.llm.scripted import ScriptedServer
+from tests.web import agents
+from tests.web.support import Served, actions_noted, csrf_of, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedServer]:
+    """The scripted model server of the ``assistant`` agent."""
+    with ScriptedServer(responder=agents.scripted) as server:
+        yield server
+
+
+@pytest.fixture
+def outbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Where ``send_email`` writes."""
+    path = str(tmp_path / "outbox.jsonl")
+    monkeypatch.setenv(agents.OUTBOX_ENV, path)
+    return path
+
+
+def _waiting(served: Served, oid: str) -> str:
+    """The proposal ``oid`` waits on, once it waits."""
+    wait_until(lambda: any(p.object_id == oid for p in served.app.approvals()), 30)
+    return next(p.proposal_id for p in served.app.approvals() if p.object_id == oid)
+
+
+def test_approve_reject_edit_from_the_inbox(served: Served, model: ScriptedServer,
+                                            outbox: str) -> None:
+    app = served.app
+    with app.background_worker():
+        first = app.start("assistant", model.openai_base_url)
+        second = app.start("assistant", model.openai_base_url)
+        third = app.start("assistant", model.openai_base_url)
+        p1, p2, p3 = (_waiting(served, h.object_id) for h in (first, second, third))
+        with closing(served.login(name="ann")) as client:
+            inbox = client.get("/inbox").text
+            for oid in (first.object_id, second.object_id, third.object_id):
+                assert f'data-object="{oid}"' in inbox
+            assert "send_email" in inbox and "&quot;to&quot;: &quot;team@example.com&quot;" \
+                in inbox
+            assert "who may decide: any trusted identity" in inbox
+            csrf = csrf_of(inbox)
+
+            # approve: the tool runs once, the object completes
+            got = client.post("/inbox/approve", data={
+                "csrf": csrf, "object_id": first.object_id, "proposal_id": p1, "edit": ""})
+            assert got.status_code == 303
+            assert f"proposal {p1} (send_email) approved" in client.get("/inbox").text
+            assert first.result(timeout=30).startswith("Done")
+            assert [m["to"] for m in agents.outbox(outbox)] == ["team@example.com"]
+            again = client.post("/inbox/approve", data={
+                "csrf": csrf, "object_id": first.object_id, "proposal_id": p1})
+            assert again.status_code == 303
+            assert "no proposal" in client.get("/inbox").text
+
+            # reject: a reason is needed; the model is told it; no email
+            before = len(app.store.pending_events(second.object_id))
+            client.post("/inbox/reject", data={"csrf": csrf, "object_id": second.object_id,
+                                               "proposal_id": p2, "reason": "  "})
+            assert "say why" in client.get("/inbox").text
+            assert len(app.store.pending_events(second.object_id)) == before
+            client.post("/inbox/reject", data={"csrf": csrf, "object_id": second.object_id,
+                                               "proposal_id": p2, "reason": "not today"})
+            assert "not today" in second.result(timeout=30)
+
+            # edit: gated again; to an address the policy's constraint refuses: denied
+            client.post("/inbox/approve", data={"csrf": csrf, "object_id": third.object_id,
+                                                "proposal_id": p3, "edit": "{bad"})
+            assert "not JSON" in client.get("/inbox").text
+            client.post("/inbox/approve", data={
+                "csrf": csrf, "object_id": third.object_id, "proposal_id": p3,
+                "edit": '{"to": "evil@example.com", "body": "all our secrets"}'})
+            assert "edited" in client.get("/inbox").text
+            third.result(timeout=30)
+            assert len(agents.outbox(outbox)) == 1  # only the approved email was sent
+
+            page = html.unescape(client.get(f"/objects/{third.object_id}").text)
+            assert "DENIED" in page and "evil@example.com" in page
+            page = html.unescape(client.get(f"/objects/{first.object_id}").text)
+            assert "<h2>Model calls</h2>" in page and "gpt-4o-mini via openai" in page
+            assert "$0.0000" in page or "$0.0001" in page  # priced from the App's table
+            assert "<h2>Tool calls</h2>" in page
+            assert f"approved by {app.node_id}" in page
+            assert "needs approval" in page and "policy web-test" in page
+
+    decided = [r for r in app.history(first.object_id) if r.kind == Kind.TOOL_DECIDED]
+    assert len(decided) == 1
+    body = decided[0].body
+    assert body["identity"] == app.node_id and body["decision"] == "approve"
+    assert "ann (operator, token) via dashboard" in body["reason"]
+    noted = actions_noted(app, first.object_id)
+    assert [(n["action"], n["by"], n["proposal"]) for n in noted] == [("approve", "ann", p1)]
+    rejected = [r.body for r in app.history(second.object_id) if r.kind == Kind.TOOL_DECIDED]
+    assert rejected[0]["decision"] == "reject" and rejected[0]["reason"].startswith(
+        "not today [ann (operator, token) via dashboard]")
+    assert [n["action"] for n in actions_noted(app, third.object_id)] == ["edit"]
+    for h in (first, second, third):
+        assert app.verify(h.object_id).ok
+
+
+def test_a_dashboard_not_allowed_to_decide_is_refused(served: Served,
+                                                      model: ScriptedServer,
+                                                      outbox: str) -> None:
+    app = served.app
+    with app.background_worker():
+        held = app.start("assistant", model.openai_base_url, boss_only=True)
+        pid = _waiting(served, held.object_id)
+        head = app.get(held.object_id).records
+        with closing(served.login(name="ann")) as client:
+            inbox = client.get("/inbox").text
+            assert "who may decide: the-boss" in inbox
+            csrf = csrf_of(inbox)
+            for verdict, extra in (("approve", {}), ("reject", {"reason": "no"})):
+                client.post(f"/inbox/{verdict}", data={
+                    "csrf": csrf, "object_id": held.object_id, "proposal_id": pid, **extra})
+                said = html.unescape(client.get("/inbox").text)
+                assert f"this dashboard decides as '{app.node_id}', which may not decide " \
+                       "on high-risk calls (allowed: the-boss)" in said
+        assert app.store.pending_events(held.object_id) == []  # nothing sent, no note
+        assert app.get(held.object_id).records == head
+        assert [p.proposal_id for p in app.approvals()] == [pid]
+        assert agents.outbox(outbox) == []
+
+
+def test_fork_and_questions_on_the_object_page(served: Served) -> None:
+    app = served.app
+    with app.background_worker():
+        asking = app.start("asker", "lunch")
+        wait_until(lambda: app.get(asking.object_id).status is Status.DORMANT)
+        with closing(served.login(name="bo")) as client:
+            page = client.get(f"/objects/{asking.object_id}").text
+            assert "waiting for event <code>answer</code>" in page
+            csrf = csrf_of(page)
+            client.post("/act/fork", data={"csrf": csrf, "object_id": asking.object_id,
+                                           "at": "2", "new_id": "forked-1"})
+            assert "forked as forked-1" in client.get(f"/objects/{asking.object_id}").text
+            forked = client.get("/objects/forked-1").text
+            assert f"forked from {asking.object_id} at #2" in forked
+            client.post("/act/fork", data={"csrf": csrf, "object_id": asking.object_id,
+                                           "at": "x"})
+            assert "fork needs a record number" in client.get(
+                f"/objects/{asking.object_id}").text
+            client.post("/act/fork", data={"csrf": csrf, "object_id": asking.object_id,
+                                           "at": "999"})
+            assert "#999 is not one of them" in client.get(
+                f"/objects/{asking.object_id}").text
+        wait_until(lambda: app.get("forked-1").status is Status.DORMANT)
+        origin = app.get("forked-1").forked_from or {}
+        assert (origin.get("object_id"), origin.get("seq")) == (asking.object_id, 2)
+        assert [n["action"] for n in actions_noted(app, "forked-1")] == ["fork"]
+        assert actions_noted(app, "forked-1")[0]["by"] == "bo"
