@@ -85,19 +85,21 @@ def stop_serving(served: Served) -> None:
     served.app.close()
 
 
-def _env() -> dict[str, str]:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")}
     env["PYTHONPATH"] = str(ROOT)
+    env.update(extra or {})
     return env
 
 
-def start_worker(store_url: str, key_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """A ``perdure worker`` process serving the test agents."""
+def start_worker(store_url: str, key_dir: Path, log: Path,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A ``perdure worker`` process serving the test agents (``env``: more variables)."""
     with open(log, "ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
              "--app", f"{MODULE}:app", "worker", "--lease", "2", "--poll", "0.02"],
-            cwd=ROOT, env=_env(), stdout=sink, stderr=subprocess.STDOUT)
+            cwd=ROOT, env=_env(env), stdout=sink, stderr=subprocess.STDOUT)
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:

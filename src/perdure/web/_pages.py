@@ -389,11 +389,13 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApprova
                     '<label>reason <input name="reason" required></label>'
                     '<button class="reject danger">Reject</button></form>')
         who_may = ", ".join(item.approvers) or "any trusted identity"
+        expires = ("never expires" if item.expires_at is None else
+                   f"expires {view.when(item.expires_at)}")
         parts.append(
             f'<div class="card approval" data-object="{_e(oid)}" data-proposal="{_e(pid)}">'
             f'<p><a href="{_oid_url(oid)}">{_e(oid)}</a> wants '
             f"<b>{_e(item.tool)}</b> (risk {_e(item.risk)}), requested "
-            f"{_e(view.when(item.requested_at))}, expires {_e(view.when(item.expires_at))}"
+            f"{_e(view.when(item.requested_at))}, {_e(expires)}"
             f'</p><p class="hint">{_e(item.reason)} [policy {_e(item.policy)}; who may '
             f"decide: {_e(who_may)}]</p><pre>{_e(args)}</pre>{acts}</div>")
     parts.append("<h2>Questions</h2>")
