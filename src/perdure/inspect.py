@@ -88,6 +88,7 @@ __all__ = [
     "object_parts",
     "origin",
     "question",
+    "restores",
     "short_type",
     "timeline",
     "tool_trail",
@@ -373,6 +374,12 @@ def tool_trail(records: Sequence[Record]) -> list[TimelineRow]:
     (policy, rule, risk, who may approve), who decided (identity and key) and how the
     call ended."""
     return timeline([r for r in records if r.kind in _TOOL_KINDS])
+
+
+def restores(records: Sequence[Record]) -> list[TimelineRow]:
+    """The restore reports in memory: on each reentry, what came back (each resource,
+    how long it took) or what failed."""
+    return timeline([r for r in records if r.kind == Kind.RESTORE_REPORT])
 
 
 class LedgerRow(NamedTuple):

@@ -129,3 +129,20 @@ def outbox(path: str) -> list[dict[str, Any]]:
         return []
     with open(path, encoding="utf-8") as lines:
         return [json.loads(line) for line in lines if line.strip()]
+
+
+# -- what other features record: emitted events, questions with choices, restores ------
+
+
+@app.agent()
+async def chooser(run: perdure.Run, workdir: str) -> Any:
+    """Holds a working directory across a sleep (a restore report), emits its progress,
+    then asks which colour, offering two."""
+    from perdure.resources import WorkingDirectory
+
+    await run.resource("wd", WorkingDirectory(workdir))
+    await run.emit("progress", {"done": 1, "of": 2})
+    await run.sleep(0.05)
+    await run.emit("progress", {"done": 2, "of": 2})
+    return await run.wait_for("pick", prompt="Which colour for the <b>logo</b>?",
+                              choices=("red", "blue"))

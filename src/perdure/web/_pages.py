@@ -258,17 +258,27 @@ def _tree(lines: Iterable[view.TreeLine], current: str) -> str:
     return f'<div class="tree">{"".join(out)}</div>'
 
 
-def _tools_section(records: Sequence[Record]) -> str:
-    """The tool calls: proposals, the gate's verdicts, who decided, how each ended."""
-    rows = "".join(
-        f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
-        f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
-        f"<td>{_e(row.what)}</td></tr>" for row in view.tool_trail(records))
+def _rows_section(title: str, css: str, rows: Sequence[view.TimelineRow]) -> str:
+    """Some of memory's records, as the timeline draws them, under ``title``."""
     if not rows:
         return ""
-    return ('<h2>Tool calls</h2><table class="timeline tools"><thead><tr><th>seq</th>'
+    body = "".join(
+        f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
+        f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
+        f"<td>{_e(row.what)}</td></tr>" for row in rows)
+    return (f'<h2>{_e(title)}</h2><table class="timeline {css}"><thead><tr><th>seq</th>'
             "<th>time</th><th>node</th><th>kind</th><th>what</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+            f"<tbody>{body}</tbody></table>")
+
+
+def _tools_section(records: Sequence[Record]) -> str:
+    """The tool calls: proposals, the gate's verdicts, who decided, how each ended."""
+    return _rows_section("Tool calls", "tools", view.tool_trail(records))
+
+
+def _restores_section(records: Sequence[Record]) -> str:
+    """The restore reports: what came back on each reentry."""
+    return _rows_section("Restores", "restores", view.restores(records))
 
 
 def _ledger_section(records: Sequence[Record]) -> str:
@@ -357,7 +367,7 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
             + f'<section data-live id="lineage"><h2>Lineage</h2>{_tree(tree, info.object_id)}'
             f"{kids}</section>"
             + f'<section data-live id="calls">{_ledger_section(records)}'
-            f"{_tools_section(records)}</section>"
+            f"{_tools_section(records)}{_restores_section(records)}</section>"
             + f'<section data-live id="memory">'
             f'{_timeline(records if newest is None else newest, info.records)}</section>')
     return layout(info.object_id, body, who=who, csrf=csrf, active="objects")
