@@ -170,3 +170,40 @@ def test_fork_and_questions_on_the_object_page(served: Served) -> None:
         assert (origin.get("object_id"), origin.get("seq")) == (asking.object_id, 2)
         assert [n["action"] for n in actions_noted(app, "forked-1")] == ["fork"]
         assert actions_noted(app, "forked-1")[0]["by"] == "bo"
+
+
+def test_hostile_decisions_change_nothing(served: Served, model: ScriptedServer,
+                                          outbox: str) -> None:
+    app = served.app
+    with app.background_worker():
+        held = app.start("assistant", model.openai_base_url)
+        pid = _waiting(served, held.object_id)
+        head = app.get(held.object_id).records
+        oid = held.object_id
+        with closing(served.login("viewer", name="victor")) as viewer:
+            csrf = csrf_of(viewer.get("/inbox").text)
+            assert 'action="/inbox/approve"' not in viewer.get("/inbox").text
+            got = viewer.post("/inbox/approve", data={"csrf": csrf, "object_id": oid,
+                                                      "proposal_id": pid})
+            assert got.status_code == 403
+        with closing(served.login(name="mal")) as client:
+            csrf = csrf_of(client.get("/inbox").text)
+            for form, said in (
+                    ({"object_id": "nobody", "proposal_id": pid}, "nobody"),
+                    ({"object_id": oid, "proposal_id": "x" * 5000}, "no proposal"),
+                    ({"object_id": oid, "proposal_id": pid, "edit": "[1, 2]"},
+                     "must be a JSON object"),
+                    ({"object_id": oid, "proposal_id": pid, "edit": "\"text\""},
+                     "must be a JSON object"),
+                    ({"object_id": oid, "proposal_id": pid, "edit": "9" * 5000},
+                     "not JSON"),
+            ):
+                client.post("/inbox/approve", data={"csrf": csrf, **form})
+                assert said in html.unescape(client.get("/inbox").text), form
+            client.post("/inbox/reject", data={"csrf": csrf, "object_id": oid,
+                                               "proposal_id": pid, "reason": "r" * 3000})
+            assert "longer than 2000" in client.get("/inbox").text
+        assert app.store.pending_events(oid) == []
+        assert app.get(oid).records == head
+        assert [p.proposal_id for p in app.approvals()] == [pid]
+    assert agents.outbox(outbox) == []
