@@ -168,8 +168,11 @@ def test_fork_and_questions_on_the_object_page(served: Served) -> None:
         wait_until(lambda: app.get("forked-1").status is Status.DORMANT)
         origin = app.get("forked-1").forked_from or {}
         assert (origin.get("object_id"), origin.get("seq")) == (asking.object_id, 2)
-        assert [n["action"] for n in actions_noted(app, "forked-1")] == ["fork"]
-        assert actions_noted(app, "forked-1")[0]["by"] == "bo"
+        # the note wakes the fork if it went dormant first
+        wait_until(lambda: bool(actions_noted(app, "forked-1")))
+        assert [(n["action"], n["by"], n["source"], n["at"])
+                for n in actions_noted(app, "forked-1")] == [
+            ("fork", "bo", asking.object_id, 2)]
 
 
 def test_hostile_decisions_change_nothing(served: Served, model: ScriptedServer,
