@@ -209,4 +209,16 @@ def test_hostile_decisions_change_nothing(served: Served, model: ScriptedServer,
         assert app.store.pending_events(oid) == []
         assert app.get(oid).records == head
         assert [p.proposal_id for p in app.approvals()] == [pid]
+    # no worker now: a decision sent twice before the object takes it up counts once
+    with closing(served.login(name="ann")) as client:
+        csrf = csrf_of(client.get("/inbox").text)
+        for _ in range(2):
+            client.post("/inbox/reject", data={"csrf": csrf, "object_id": oid,
+                                               "proposal_id": pid, "reason": "no"})
+        assert "decided from this dashboard already" in client.get("/inbox").text
+    assert sorted(e.name for e in app.store.pending_events(oid)) == [
+        "perdure:approval", "perdure:refine"]
+    with app.background_worker():
+        assert "no" in held.result(timeout=30)
+    assert [n["action"] for n in actions_noted(app, oid)] == ["reject"]
     assert agents.outbox(outbox) == []

@@ -200,6 +200,19 @@ def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
     return target
 
 
+def _note_decision(app: App, who: Principal, target: PendingApproval, action: str,
+                   **details: Any) -> None:
+    """The note of who decides, once per proposal and dashboard identity: a decision this
+    dashboard sent already (not yet folded into memory) is refused, nothing written."""
+    key = f"ui-decision:{target.proposal_id}:{target.args_hash[:16]}:{app.node_id}"
+    if not record_action(app, target.object_id, who, action, dedupe_key=key,
+                         proposal=target.proposal_id, tool=target.tool, **details):
+        raise ApprovalError(f"proposal {target.proposal_id!r} of object "
+                            f"{target.object_id!r} was decided from this dashboard already "
+                            "(the object has not taken the decision up yet); a decision "
+                            "cannot be changed")
+
+
 def _signed_reason(who: Principal, reason: str) -> str:
     """The decision's reason, naming the person logged in (it is signed with it)."""
     said = f"{who.name} ({who.role}, {who.method}) via dashboard"
@@ -215,8 +228,7 @@ def approve(app: App, who: Principal, object_id: str, proposal_id: str,
         raise ConfigurationError("edited arguments must be a JSON object, e.g. "
                                  '{"amount": 90}')
     target = _waiting(app, object_id, proposal_id)
-    record_action(app, object_id, who, "edit" if edit is not None else "approve",
-                  proposal=proposal_id, tool=target.tool)
+    _note_decision(app, who, target, "edit" if edit is not None else "approve")
     return decide(app, object_id, proposal_id, "approve" if edit is None else "edit",
                   reason=_signed_reason(who, ""), edit=edit)
 
@@ -230,6 +242,5 @@ def reject(app: App, who: Principal, object_id: str, proposal_id: str,
     if len(reason) > _MAX_REASON:
         raise ConfigurationError(f"the reason is longer than {_MAX_REASON} characters")
     target = _waiting(app, object_id, proposal_id)
-    record_action(app, object_id, who, "reject", proposal=proposal_id, tool=target.tool,
-                  reason=reason)
+    _note_decision(app, who, target, "reject", reason=reason)
     return decide(app, object_id, proposal_id, "reject", reason=_signed_reason(who, reason))
