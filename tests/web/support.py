@@ -64,9 +64,11 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
-def serve(store_url: str, key_dir: Path, **options: Any) -> Served:
-    """The dashboard over ``store_url`` (uvicorn in a thread on a free port)."""
-    app = agents_app.with_settings(store=store_url, key_dir=key_dir)
+def serve(store_url: str, key_dir: Path, node_id: str | None = None,
+          **options: Any) -> Served:
+    """The dashboard over ``store_url`` (uvicorn in a thread on a free port), as node
+    ``node_id`` (default: the key folder's)."""
+    app = agents_app.with_settings(store=store_url, key_dir=key_dir, node_id=node_id)
     port = free_port()
     asgi, tokens = web.dashboard(app, port=port, **options)
     _, server = web.serve_in_thread(asgi, host="127.0.0.1", port=port)

@@ -19,7 +19,14 @@ from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
 from perdure.llm.scripted import ScriptedServer
 from tests.web import agents
-from tests.web.support import Served, actions_noted, csrf_of, wait_until
+from tests.web.support import (
+    Served,
+    actions_noted,
+    csrf_of,
+    serve,
+    stop_serving,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,6 +148,29 @@ def test_a_dashboard_not_allowed_to_decide_is_refused(served: Served,
         assert app.get(held.object_id).records == head
         assert [p.proposal_id for p in app.approvals()] == [pid]
         assert agents.outbox(outbox) == []
+
+
+def test_an_allowed_dashboard_decides(store_url: str, key_dir: Path,
+                                      model: ScriptedServer, outbox: str) -> None:
+    served = serve(store_url, key_dir, node_id="the-boss")
+    app = served.app
+    try:
+        with app.background_worker():
+            held = app.start("assistant", model.openai_base_url, boss_only=True)
+            pid = _waiting(served, held.object_id)
+            with closing(served.login(name="bea")) as client:
+                csrf = csrf_of(client.get("/inbox").text)
+                client.post("/inbox/approve", data={"csrf": csrf, "proposal_id": pid,
+                                                    "object_id": held.object_id})
+                assert "approved" in client.get("/inbox").text
+            assert held.result(timeout=30).startswith("Done")
+        [decided] = [r.body for r in app.history(held.object_id)
+                     if r.kind == Kind.TOOL_DECIDED]
+        assert decided["identity"] == "the-boss" and decided["decision"] == "approve"
+        assert "bea (operator, token) via dashboard" in decided["reason"]
+        assert len(agents.outbox(outbox)) == 1
+    finally:
+        stop_serving(served)
 
 
 def test_fork_and_questions_on_the_object_page(served: Served) -> None:
