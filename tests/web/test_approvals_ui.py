@@ -126,6 +126,30 @@ def test_approve_reject_edit_from_the_inbox(served: Served, model: ScriptedServe
         assert app.verify(h.object_id).ok
 
 
+def test_an_edit_the_gate_allows_runs_with_the_new_arguments(
+        served: Served, model: ScriptedServer, outbox: str) -> None:
+    app = served.app
+    with app.background_worker():
+        held = app.start("assistant", model.openai_base_url)
+        pid = _waiting(served, held.object_id)
+        with closing(served.login(name="ed")) as client:
+            csrf = csrf_of(client.get("/inbox").text)
+            client.post("/inbox/approve", data={
+                "csrf": csrf, "object_id": held.object_id, "proposal_id": pid,
+                "edit": '{"to": "team@example.com", "body": "Cloudy in Oslo."}'})
+            assert "gate again" in client.get("/inbox").text
+            held.result(timeout=30)
+            page = html.unescape(client.get(f"/objects/{held.object_id}").text)
+    assert [(m["to"], m["body"]) for m in agents.outbox(outbox)] == [
+        ("team@example.com", "Cloudy in Oslo.")]
+    assert f"(edit of {pid})" in page  # the new proposal, gated again
+    kinds = [(r.body.get("decision"), r.body.get("identity")) for r in app.history(
+        held.object_id) if r.kind == Kind.TOOL_DECIDED]
+    assert kinds and all(identity == app.node_id for _, identity in kinds)
+    assert kinds[0][0] == "edit"
+    assert app.approvals() == []
+
+
 def test_a_dashboard_not_allowed_to_decide_is_refused(served: Served,
                                                       model: ScriptedServer,
                                                       outbox: str) -> None:
