@@ -222,8 +222,11 @@ def test_fork_and_questions_on_the_object_page(served: Served) -> None:
         wait_until(lambda: app.get("forked-1").status is Status.DORMANT)
         origin = app.get("forked-1").forked_from or {}
         assert (origin.get("object_id"), origin.get("seq")) == (asking.object_id, 2)
-        # the note wakes the fork if it went dormant first
-        wait_until(lambda: bool(actions_noted(app, "forked-1")))
+        # the note is folded before the fork's next event at the latest (a note sent
+        # while a node held the fork as it went dormant waits for its next wake)
+        app.send("forked-1", "answer", "soup")
+        assert app.handle("forked-1").result(timeout=30) == {"topic": "lunch",
+                                                             "answer": "soup"}
         assert [(n["action"], n["by"], n["source"], n["at"])
                 for n in actions_noted(app, "forked-1")] == [
             ("fork", "bo", asking.object_id, 2)]
@@ -276,3 +279,67 @@ def test_hostile_decisions_change_nothing(served: Served, model: ScriptedServer,
         assert "no" in held.result(timeout=30)
     assert [n["action"] for n in actions_noted(app, oid)] == ["reject"]
     assert agents.outbox(outbox) == []
+
+
+def test_forged_arguments_are_not_approved(sqlite_url: str, key_dir: Path,
+                                           model: ScriptedServer, outbox: str) -> None:
+    """Someone with write access to the store rewrites a waiting proposal's arguments to
+    look harmless: the inbox shows what the store says, but the dashboard verifies the
+    memory before it signs, refuses, and writes nothing."""
+    import sqlite3
+
+    from perdure.core.codec import encode
+
+    served = serve(sqlite_url, key_dir)
+    app = served.app
+    try:
+        with app.background_worker():
+            held = app.start("assistant", model.openai_base_url)
+            pid = _waiting(served, held.object_id)
+        [proposed] = [r for r in app.history(held.object_id)
+                      if r.kind == Kind.TOOL_PROPOSED and r.body["name"] == "send_email"]
+        body = dict(proposed.body)
+        body["args"] = encode({"to": "team@example.com", "body": "harmless"}).decode()
+        db = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+        db.execute("UPDATE records SET body = ? WHERE object_id = ? AND seq = ?",
+                   (encode(body), held.object_id, proposed.seq))
+        db.commit()
+        db.close()
+        head = app.get(held.object_id).records
+        with closing(served.login(name="ann")) as client:
+            inbox = client.get("/inbox").text
+            assert "harmless" in inbox
+            client.post("/inbox/approve", data={"csrf": csrf_of(inbox), "proposal_id": pid,
+                                                "object_id": held.object_id})
+            said = html.unescape(client.get("/inbox").text)
+            assert f"memory does not verify (record #{proposed.seq}" in said
+        assert app.store.pending_events(held.object_id) == []
+        assert app.get(held.object_id).records == head
+        assert agents.outbox(outbox) == []
+    finally:
+        stop_serving(served)
+
+
+def test_a_damaged_object_leaves_the_inbox_listing_the_others(
+        sqlite_url: str, key_dir: Path, model: ScriptedServer, outbox: str) -> None:
+    import sqlite3
+
+    served = serve(sqlite_url, key_dir)
+    app = served.app
+    try:
+        with app.background_worker():
+            hurt = app.start("assistant", model.openai_base_url, object_id="hurt")
+            fine = app.start("assistant", model.openai_base_url, object_id="fine")
+            _waiting(served, hurt.object_id)
+            pid = _waiting(served, fine.object_id)
+        db = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+        db.execute("UPDATE records SET body = X'ff00fe' WHERE object_id = 'hurt' AND seq = 3")
+        db.commit()
+        db.close()
+        with closing(served.login()) as client:
+            got = client.get("/inbox")
+            assert got.status_code == 200
+            assert "object hurt: its memory cannot be read" in got.text
+            assert f'data-proposal="{pid}"' in got.text and 'data-object="fine"' in got.text
+    finally:
+        stop_serving(served)

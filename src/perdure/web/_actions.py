@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
-from perdure.approvals import PendingApproval, decide, pending_in
+from perdure.approvals import APPROVAL_EVENT, PendingApproval, decide, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.names import check_name
 from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
-from perdure.errors import ApprovalError, ConfigurationError
+from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
 from perdure.handle import Handle, ObjectInfo
 from perdure.questions import Question as AskedQuestion
 from perdure.web._auth import Principal
@@ -178,20 +178,43 @@ def questions(app: App, rows: list[ObjectInfo]) -> list[Question]:
 # -- tool approvals ------------------------------------------------------------------------
 
 
-def pending_approvals(app: App) -> list[PendingApproval]:
-    """Pending tool approvals across objects, newest first (``app.approvals()``)."""
-    return sorted(app.approvals(), key=lambda a: a.requested_at, reverse=True)
+def pending_approvals(app: App) -> tuple[list[PendingApproval], list[str]]:
+    """Pending tool approvals across objects, newest first (what ``app.approvals()``
+    lists), and what could not be read: an object whose memory cannot be decoded is
+    named there, and the others are still listed."""
+    try:
+        found = app.approvals()
+        problems: list[str] = []
+    except RecordDecodeError:  # one damaged object: read them one by one
+        found, problems = [], []
+        for row in app.store.list(status="dormant", phase=None, agent=None, parent=None,
+                                  limit=1000):
+            if row.waiting_event != APPROVAL_EVENT:
+                continue
+            try:
+                found.extend(pending_in(app.history(row.object_id)))
+            except RecordDecodeError as exc:
+                problems.append(f"object {row.object_id}: its memory cannot be read "
+                                f"({exc}); see `perdure verify {row.object_id}`")
+    return sorted(found, key=lambda a: a.requested_at, reverse=True), problems
 
 
 def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
-    """The proposal, if it waits for a person and this dashboard may decide on it;
-    else ``ApprovalError`` saying why, before anything is written."""
+    """The proposal, if it waits for a person, the object's memory verifies (chain and
+    signatures: what the page shows is what was recorded) and this dashboard may decide
+    on it; else ``ApprovalError`` saying why, before anything is written."""
     app.get(object_id, explain=False)
     pending = {p.proposal_id: p for p in pending_in(app.history(object_id))}
     target = pending.get(proposal_id)
     if target is None:
         raise ApprovalError(f"object {object_id!r} has no proposal {proposal_id!r} waiting "
                             "for approval (decided already, or expired); reload the inbox")
+    report = app.verify(object_id)
+    if not report.ok:  # never sign a decision on what a forged or damaged memory shows
+        raise ApprovalError(
+            f"object {object_id!r}'s memory does not verify (record #{report.bad_seq}: "
+            f"{report.reason}); the dashboard decides on nothing it shows: see "
+            f"`perdure verify {object_id}`")
     if target.approvers and app.node_id not in target.approvers:
         raise ApprovalError(
             f"this dashboard decides as {app.node_id!r}, which may not decide on "

@@ -378,10 +378,13 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
 
 def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApproval],
                *, who: Principal, csrf: str, flash: str | None = None,
-               error: str | None = None, parked: Sequence[ObjectInfo] = ()) -> str:
+               error: str | None = None, parked: Sequence[ObjectInfo] = (),
+               damaged: Sequence[str] = ()) -> str:
     """Pending approvals and questions, newest first, with their answers' forms; parked
-    objects, which wait for a person too."""
+    objects, which wait for a person too; ``damaged``: objects whose waiting approvals
+    cannot be read."""
     parts = [f"<h1>Inbox</h1>{_flash(flash, error)}<h2>Approvals</h2>"]
+    parts += [f'<p class="error">{_e(text)}</p>' for text in damaged]
     if not approvals:
         parts.append('<p class="hint">No tool call waits for approval.</p>')
     for item in approvals:

@@ -400,10 +400,11 @@ class Dashboard:
             rows = [info_from_row(r, now) for r in self.queries.questions()]
             parked = [info_from_row(r, now) for r in
                       self.queries.page(Filters(status="parked"), limit=100).rows]
-            return pages.inbox_page(actions.questions(self.app, rows),
-                                    actions.pending_approvals(self.app),
+            approvals, damaged = actions.pending_approvals(self.app)
+            return pages.inbox_page(actions.questions(self.app, rows), approvals,
                                     who=session.principal, csrf=session.csrf,
-                                    flash=flash, error=error, parked=parked)
+                                    flash=flash, error=error, parked=parked,
+                                    damaged=damaged)
         return self._html(await run_in_threadpool(build))
 
     async def nodes(self, request: Request, session: Session, sid: str) -> Response:
