@@ -241,12 +241,19 @@ def test_hostile_decisions_change_nothing(served: Served, model: ScriptedServer,
         head = app.get(held.object_id).records
         oid = held.object_id
         with closing(served.login("viewer", name="victor")) as viewer:
+            page = viewer.get(f"/objects/{oid}").text
+            assert "Waits for a person" in page and f'data-proposal="{pid}"' in page
+            assert 'action="/inbox/approve"' not in page  # a viewer gets no forms
             csrf = csrf_of(viewer.get("/inbox").text)
             assert 'action="/inbox/approve"' not in viewer.get("/inbox").text
             got = viewer.post("/inbox/approve", data={"csrf": csrf, "object_id": oid,
                                                       "proposal_id": pid})
             assert got.status_code == 403
         with closing(served.login(name="mal")) as client:
+            page = client.get(f"/objects/{oid}").text
+            live = page.split('<section data-live id="state">')[1].split("</section>")[0]
+            assert "<form" not in live  # the decision's forms are outside refreshed parts
+            assert page.count('action="/inbox/approve"') == 1
             csrf = csrf_of(client.get("/inbox").text)
             for form, said in (
                     ({"object_id": "nobody", "proposal_id": pid}, "nobody"),

@@ -179,8 +179,10 @@ def test_approve_reject_edit_in_the_browser(stack: Served, page: Any, model: Scr
     assert sent.result(timeout=30).startswith("Done")
     assert [m["to"] for m in agents.outbox(str(outbox))] == ["team@example.com"]
 
-    # Reject with a reason: the model is told; nothing is sent.
-    card = page.locator(f".approval[data-object='{refused.object_id}']")
+    # Reject with a reason, from the object's page: the model is told; nothing is sent.
+    page.goto(f"{stack.url}/objects/{refused.object_id}")
+    card = page.locator(f"#approvals .approval[data-object='{refused.object_id}']")
+    assert '"body": "Sunny in Oslo."' in card.locator("pre").inner_text()
     card.locator("input[name=reason]").fill("not today")
     card.locator("button.reject").click()
     page.wait_for_url(re.compile(r"/inbox$"))

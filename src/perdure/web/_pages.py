@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from perdure import inspect as view
-from perdure.approvals import PendingApproval
+from perdure.approvals import APPROVAL_EVENT, PendingApproval, pending_in
 from perdure.core.bodies import Instantiated, IntentRefined, decode
 from perdure.core.chain import VerifyReport
 from perdure.core.records import Kind, Record
@@ -28,8 +28,8 @@ from perdure.web._actions import Question
 from perdure.web._auth import Principal
 from perdure.web._queries import Filters
 
-__all__ = ["inbox_page", "layout", "list_page", "login_page", "message_page", "nodes_page",
-           "object_page", "overview_page"]
+__all__ = ["approval_card", "inbox_page", "layout", "list_page", "login_page",
+           "message_page", "nodes_page", "object_page", "overview_page"]
 
 _TIMELINE_SHOWN = 1000  # records of one object drawn at once (the newest)
 
@@ -333,6 +333,9 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
         _status(text) if style and text == str(info.status) else f"<span>{_e(text)}</span>"
         for text, style in view.headline(info))
     why = [x for x in (info.note, view.origin(info)) if x]
+    if not questions and info.waiting_event != APPROVAL_EVENT and view.waiting_for(info):
+        why.append(view.waiting_for(info) or "")
+    pending = pending_in(records) if info.waiting_event == APPROVAL_EVENT else []
     try:
         failure = view.failure(records)
     except RecordDecodeError as exc:
@@ -344,6 +347,11 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
         f"{_e(view.question(q.prompt, q.choices))}</p>" if q.prompt is not None or q.choices
         else f'<p class="asks">waiting for event <code>{_e(q.event)}</code></p>'
         for q in questions)
+    deciding = ""  # forms: outside the regions the page refreshes
+    if pending:
+        deciding = ('<div id="approvals"><p class="asks"><b>Waits for a person</b> to '
+                    "decide on a tool call:</p>"
+                    + "".join(approval_card(item, who, csrf) for item in pending) + "</div>")
     verify = ""
     if report is not None:
         verify = (f'<p class="verify ok">verified: {report.records} records, chain and '
@@ -358,7 +366,7 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
     body = (f'<h1 class="oid">{_e(info.object_id)}</h1>{_flash(flash, error)}'
             f'<section data-live id="state"><p class="headline">{head}</p>'
             + "".join(f'<p class="why">{_e(w)}</p>' for w in why) + asks + spend
-            + "</section>"
+            + "</section>" + deciding
             + f'<p><a href="{_e(url)}?verify=1" id="verify">Verify memory</a></p>{verify}'
             + _controls(info, who, csrf, info.records)
             + '<h2>Live stream</h2><pre id="stream" class="stream" '
@@ -376,6 +384,34 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
 # -- the inbox and the nodes ----------------------------------------------------------------
 
 
+def approval_card(item: PendingApproval, who: Principal, csrf: str) -> str:
+    """A tool call waiting for a person: the tool, its risk, why, who may decide, its
+    arguments as JSON; for an operator, the forms to approve (with edited arguments) or
+    reject with a reason."""
+    oid, pid = item.object_id, item.proposal_id
+    args = json.dumps(item.arguments, ensure_ascii=False, indent=2, sort_keys=True,
+                      default=str)
+    acts = ""
+    if who.can_act:
+        hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'
+                  f'<input type="hidden" name="proposal_id" value="{_e(pid)}">')
+        acts = (f'<form method="post" action="/inbox/approve">{hidden}'
+                '<label>edited arguments (JSON, optional) <textarea name="edit">'
+                '</textarea></label><button class="approve">Approve</button></form>'
+                f'<form method="post" action="/inbox/reject">{hidden}'
+                '<label>reason <input name="reason" required></label>'
+                '<button class="reject danger">Reject</button></form>')
+    who_may = ", ".join(item.approvers) or "any trusted identity"
+    expires = ("never expires" if item.expires_at is None else
+               f"expires {view.when(item.expires_at)}")
+    return (f'<div class="card approval" data-object="{_e(oid)}" data-proposal="{_e(pid)}">'
+            f'<p><a href="{_oid_url(oid)}">{_e(oid)}</a> wants '
+            f"<b>{_e(item.tool)}</b> (risk {_e(item.risk)}), proposal {_e(pid)}, requested "
+            f"{_e(view.when(item.requested_at))}, {_e(expires)}"
+            f'</p><p class="hint">{_e(item.reason)} [policy {_e(item.policy)}; who may '
+            f"decide: {_e(who_may)}]</p><pre>{_e(args)}</pre>{acts}</div>")
+
+
 def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApproval],
                *, who: Principal, csrf: str, flash: str | None = None,
                error: str | None = None, parked: Sequence[ObjectInfo] = (),
@@ -387,30 +423,7 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApprova
     parts += [f'<p class="error">{_e(text)}</p>' for text in damaged]
     if not approvals:
         parts.append('<p class="hint">No tool call waits for approval.</p>')
-    for item in approvals:
-        oid, pid = item.object_id, item.proposal_id
-        args = json.dumps(item.arguments, ensure_ascii=False, indent=2, sort_keys=True,
-                          default=str)
-        acts = ""
-        if who.can_act:
-            hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'
-                      f'<input type="hidden" name="proposal_id" value="{_e(pid)}">')
-            acts = (f'<form method="post" action="/inbox/approve">{hidden}'
-                    '<label>edited arguments (JSON, optional) <textarea name="edit">'
-                    '</textarea></label><button class="approve">Approve</button></form>'
-                    f'<form method="post" action="/inbox/reject">{hidden}'
-                    '<label>reason <input name="reason" required></label>'
-                    '<button class="reject danger">Reject</button></form>')
-        who_may = ", ".join(item.approvers) or "any trusted identity"
-        expires = ("never expires" if item.expires_at is None else
-                   f"expires {view.when(item.expires_at)}")
-        parts.append(
-            f'<div class="card approval" data-object="{_e(oid)}" data-proposal="{_e(pid)}">'
-            f'<p><a href="{_oid_url(oid)}">{_e(oid)}</a> wants '
-            f"<b>{_e(item.tool)}</b> (risk {_e(item.risk)}), requested "
-            f"{_e(view.when(item.requested_at))}, {_e(expires)}"
-            f'</p><p class="hint">{_e(item.reason)} [policy {_e(item.policy)}; who may '
-            f"decide: {_e(who_may)}]</p><pre>{_e(args)}</pre>{acts}</div>")
+    parts += [approval_card(item, who, csrf) for item in approvals]
     parts.append("<h2>Questions</h2>")
     if not questions:
         parts.append('<p class="hint">No object waits for an answer.</p>')
