@@ -185,11 +185,12 @@ def test_approve_reject_edit_in_the_browser(stack: Served, page: Any, model: Scr
     assert '"body": "Sunny in Oslo."' in card.locator("pre").inner_text()
     card.locator("input[name=reason]").fill("not today")
     card.locator("button.reject").click()
-    page.wait_for_url(re.compile(r"/inbox$"))
+    page.wait_for_url(f"{stack.url}/objects/{refused.object_id}")
     assert "rejected" in page.inner_text(".flash")
     assert "not today" in refused.result(timeout=30)
 
     # Edit: the new arguments go through the gate again; the policy denies this address.
+    page.goto(stack.url + "/inbox")
     card = page.locator(f".approval[data-object='{edited.object_id}']")
     card.locator("textarea[name=edit]").fill('{"to": "evil@example.com", "body": "hi"}')
     card.locator("button.approve").click()

@@ -351,7 +351,8 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
     if pending:
         deciding = ('<div id="approvals"><p class="asks"><b>Waits for a person</b> to '
                     "decide on a tool call:</p>"
-                    + "".join(approval_card(item, who, csrf) for item in pending) + "</div>")
+                    + "".join(approval_card(item, who, csrf, back="object")
+                            for item in pending) + "</div>")
     verify = ""
     if report is not None:
         verify = (f'<p class="verify ok">verified: {report.records} records, chain and '
@@ -384,17 +385,19 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
 # -- the inbox and the nodes ----------------------------------------------------------------
 
 
-def approval_card(item: PendingApproval, who: Principal, csrf: str) -> str:
+def approval_card(item: PendingApproval, who: Principal, csrf: str, *,
+                  back: str = "inbox") -> str:
     """A tool call waiting for a person: the tool, its risk, why, who may decide, its
     arguments as JSON; for an operator, the forms to approve (with edited arguments) or
-    reject with a reason."""
+    reject with a reason (``back``: ``inbox``, or ``object`` to return to its page)."""
     oid, pid = item.object_id, item.proposal_id
     args = json.dumps(item.arguments, ensure_ascii=False, indent=2, sort_keys=True,
                       default=str)
     acts = ""
     if who.can_act:
         hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'
-                  f'<input type="hidden" name="proposal_id" value="{_e(pid)}">')
+                  f'<input type="hidden" name="proposal_id" value="{_e(pid)}">'
+                  f'<input type="hidden" name="back" value="{_e(back)}">')
         acts = (f'<form method="post" action="/inbox/approve">{hidden}'
                 '<label>edited arguments (JSON, optional) <textarea name="edit">'
                 '</textarea></label><button class="approve">Approve</button></form>'

@@ -546,6 +546,7 @@ class Dashboard:
         form: dict[str, str] = request.state.form
         oid, pid = form.get("object_id", ""), form.get("proposal_id", "")
         who = session.principal
+        back = "/objects/" + quote(oid, safe="") if form.get("back") == "object" else "/inbox"
 
         def run() -> str:
             if verdict == "approve":
@@ -569,11 +570,11 @@ class Dashboard:
             log.warning("dashboard %s %s of %r by %s refused: %s", verdict, pid, oid,
                         who.label(), exc, extra={"action": "ui_action_failed"})
             self._flash.put(sid, None, str(exc))
-            return RedirectResponse("/inbox", 303)
+            return RedirectResponse(back, 303)
         log.info("dashboard %s %s of %r by %s", verdict, pid, oid, who.label(),
                  extra={"action": "ui_action"})
         self._flash.put(sid, said, None)
-        return RedirectResponse("/inbox", 303)
+        return RedirectResponse(back, 303)
 
     # -- the application ---------------------------------------------------------------------
 
