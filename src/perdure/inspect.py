@@ -73,6 +73,7 @@ __all__ = [
     "ARGS_SHOWN",
     "LISTING_COLUMNS",
     "STATUS_STYLE",
+    "LedgerRow",
     "Line",
     "Narrator",
     "Segment",
@@ -83,11 +84,14 @@ __all__ = [
     "headline",
     "lineage",
     "listing_row",
+    "model_ledger",
     "object_parts",
     "origin",
     "question",
+    "restores",
     "short_type",
     "timeline",
+    "tool_trail",
     "usage",
     "waiting_for",
     "waiting_note",
@@ -359,6 +363,64 @@ def timeline(records: Sequence[Record]) -> list[TimelineRow]:
     """The memory timeline of an object, one row per record."""
     return [TimelineRow(str(rec.seq), when(rec.ts)[11:], rec.node_id, str(rec.kind),
                         *describe(rec)) for rec in records]
+
+
+_TOOL_KINDS = frozenset({Kind.TOOL_PROPOSED, Kind.TOOL_GATED, Kind.TOOL_DECIDED,
+                         Kind.TOOL_STARTED, Kind.TOOL_RESULT})
+
+
+def tool_trail(records: Sequence[Record]) -> list[TimelineRow]:
+    """The tool calls in memory, record by record: each proposal, the gate's verdict
+    (policy, rule, risk, who may approve), who decided (identity and key) and how the
+    call ended."""
+    return timeline([r for r in records if r.kind in _TOOL_KINDS])
+
+
+def restores(records: Sequence[Record]) -> list[TimelineRow]:
+    """The restore reports in memory: on each reentry, what came back (each resource,
+    how long it took) or what failed."""
+    return timeline([r for r in records if r.kind == Kind.RESTORE_REPORT])
+
+
+class LedgerRow(NamedTuple):
+    """One model call of an object's ledger (``model_ledger``)."""
+
+    seq: str
+    call: str  # the call's name and position
+    model: str
+    attempt: str
+    input_tokens: str
+    output_tokens: str
+    cost: str  # dollars, exact; "-" when the call was not priced
+    latency: str
+
+
+def model_ledger(records: Sequence[Record]) -> list[LedgerRow]:
+    """The model calls in memory with their tokens, cost and latency, one row each (a
+    record that cannot be decoded says so in the call's cell)."""
+    rows = []
+    for rec in records:
+        if rec.kind != Kind.MODEL_CALL:
+            continue
+        try:
+            body = decode(rec)
+        except RecordDecodeError as exc:
+            rows.append(LedgerRow(str(rec.seq), f"cannot be decoded: {exc.reason}",
+                                  "", "", "", "", "", ""))
+            continue
+        assert isinstance(body, ModelCall)
+        reply, used = body.reply, body.reply.get("usage")
+        used = used if isinstance(used, dict) else {}
+        model = reply.get("model") or body.request.get("model") or "?"
+        cached = used.get("cached_input_tokens")
+        tokens_in = f"{used.get('input_tokens', 0)}" + (f" ({cached} cached)" if cached
+                                                        else "")
+        cost = f"${_dollars(Decimal(body.cost))}" if body.cost is not None else "-"
+        rows.append(LedgerRow(str(rec.seq), f"#{body.pos} {body.name}",
+                              f"{model} via {body.provider}", str(body.attempt), tokens_in,
+                              str(used.get("output_tokens", 0)), cost,
+                              f"{float(reply.get('latency') or 0.0):.3f}s"))
+    return rows
 
 
 def usage(totals: UsageTotals) -> str | None:

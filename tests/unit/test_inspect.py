@@ -3,6 +3,7 @@ or waits, and draws lineage trees; an undecodable body is said to be one."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -145,3 +146,23 @@ def test_a_narrator_subclass_tells_values_in_its_own_words() -> None:
     end = _stored(Terminated.completed({"total": 3}))
     assert view.Narrator().what(end) == "terminated completed: total=3"
     assert Shop().what(end) == "terminated completed"
+
+
+def test_the_ledger_tool_trail_and_restores_pick_their_records() -> None:
+    """``model_ledger`` has a row per model call (tokens, exact cost, or ``-`` unpriced),
+    ``tool_trail`` and ``restores`` the timeline rows of their kinds only; a model call
+    whose body cannot be decoded says so in its row."""
+    records = [_stored(typed, seq) for seq, (typed, _) in enumerate(CASES, 1)]
+    calls = [r for r in records if r.kind == "model_call"]
+    ledger = view.model_ledger(records)
+    assert [row.seq for row in ledger] == [str(r.seq) for r in calls] and ledger
+    for row, rec in zip(ledger, calls, strict=True):
+        cost = rec.body.get("cost")
+        assert row.cost == ("-" if cost is None else f"${view._dollars(Decimal(cost))}")
+        assert row.input_tokens.split()[0].isdigit() and row.output_tokens.isdigit()
+    tools = {"tool_proposed", "tool_gated", "tool_decided", "tool_started", "tool_result"}
+    assert {row.kind for row in view.tool_trail(records)} == tools
+    assert {row.kind for row in view.restores(records)} == {"restore_report"}
+    broken = _record("model_call", {"pos": 1}, seq=9)
+    [row] = view.model_ledger([broken])
+    assert row.seq == "9" and row.call.startswith("cannot be decoded")

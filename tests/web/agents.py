@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
-import perdure
+import openai  # noqa: F401 - imported now, not on the worker's loop at its first call
 
-app = perdure.App()
+import perdure
+from perdure.llm import ChatCompletionsClient, Message, Price, PriceTable
+from perdure.llm.scripted import RecordedRequest, ScriptedReply, ScriptedToolCall
+
+app = perdure.App(prices=PriceTable({"gpt-4o-mini": Price("0.15", "0.60")}))
 
 
 @app.agent()
@@ -52,3 +58,91 @@ def fickle(run: perdure.SyncRun) -> int:
     got = run.step(first_way if fresh else second_way)
     run.wait_for("go")
     return got
+
+
+# -- an agent whose model proposes tool calls, one of them risky -------------------------
+
+OUTBOX_ENV = "WEB_TEST_OUTBOX"  # where send_email writes (a file; one line per email)
+TEAM = "team@example.com"
+
+
+@app.tool(risk="low")
+def weather(city: str) -> str:
+    """Today's weather in a city.
+
+    Args:
+        city: the city's name
+    """
+    return f"sunny in {city}"
+
+
+@app.tool(risk="high", constraints=[perdure.OneOf("to", (TEAM,))])
+def send_email(to: str, body: str, idempotency_key: str) -> str:
+    """Send an email (a person approves first; only to the team).
+
+    Args:
+        to: the address
+        body: what the email says
+    """
+    with open(os.environ[OUTBOX_ENV], "a", encoding="utf-8") as out:
+        out.write(json.dumps({"to": to, "body": body, "key": idempotency_key}) + "\n")
+    return "sent"
+
+
+POLICY = perdure.Policy("web-test", rules=(perdure.Allow({"weather", "send_email"}),))
+ONLY_BOSS = perdure.Policy("boss-approves", rules=POLICY.rules,
+                           approvers={"high": {"the-boss"}})
+
+
+@app.agent()
+async def assistant(run: perdure.Run, base_url: str, boss_only: bool = False) -> str:
+    """Asks the model to check the weather and email the team: the email waits for a
+    person (with ``boss_only``, only the identity ``the-boss`` may decide)."""
+    client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "offline")
+    try:
+        result = await run.agent(
+            client, model="gpt-4o-mini", tools=[weather, send_email],
+            policy=ONLY_BOSS if boss_only else POLICY,
+            messages=[Message.user(f"Check the weather in Oslo and email it to {TEAM}.")])
+    finally:
+        await client.aclose()
+    return result.text
+
+
+def scripted(request: RecordedRequest) -> ScriptedReply:
+    """The model of ``assistant``: the weather, then the email, then an answer."""
+    turn = sum(m.get("role") == "assistant" for m in request.body["messages"])
+    if turn == 0:
+        return ScriptedReply(tool_calls=(ScriptedToolCall("weather", '{"city": "Oslo"}'),),
+                             input_tokens=120, output_tokens=12)
+    if turn == 1:
+        return ScriptedReply(tool_calls=(ScriptedToolCall("send_email", json.dumps(
+            {"to": TEAM, "body": "Sunny in Oslo."})),), input_tokens=160, output_tokens=30)
+    last = request.body["messages"][-1]
+    return ScriptedReply(text=f"Done: {str(last.get('content'))[:200]}", input_tokens=200,
+                         output_tokens=15)
+
+
+def outbox(path: str) -> list[dict[str, Any]]:
+    """The emails ``send_email`` sent, from its file."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+# -- what other features record: emitted events, questions with choices, restores ------
+
+
+@app.agent()
+async def chooser(run: perdure.Run, workdir: str) -> Any:
+    """Holds a working directory across a sleep (a restore report), emits its progress,
+    then asks which colour, offering two."""
+    from perdure.resources import WorkingDirectory
+
+    await run.resource("wd", WorkingDirectory(workdir))
+    await run.emit("progress", {"done": 1, "of": 2})
+    await run.sleep(0.05)
+    await run.emit("progress", {"done": 2, "of": 2})
+    return await run.wait_for("pick", prompt="Which colour for the <b>logo</b>?",
+                              choices=("red", "blue"))

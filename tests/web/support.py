@@ -64,9 +64,11 @@ def csrf_of(html: str) -> str:
     return found.group(1)
 
 
-def serve(store_url: str, key_dir: Path, **options: Any) -> Served:
-    """The dashboard over ``store_url`` (uvicorn in a thread on a free port)."""
-    app = agents_app.with_settings(store=store_url, key_dir=key_dir)
+def serve(store_url: str, key_dir: Path, node_id: str | None = None,
+          **options: Any) -> Served:
+    """The dashboard over ``store_url`` (uvicorn in a thread on a free port), as node
+    ``node_id`` (default: the key folder's)."""
+    app = agents_app.with_settings(store=store_url, key_dir=key_dir, node_id=node_id)
     port = free_port()
     asgi, tokens = web.dashboard(app, port=port, **options)
     _, server = web.serve_in_thread(asgi, host="127.0.0.1", port=port)
@@ -85,19 +87,21 @@ def stop_serving(served: Served) -> None:
     served.app.close()
 
 
-def _env() -> dict[str, str]:
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")}
     env["PYTHONPATH"] = str(ROOT)
+    env.update(extra or {})
     return env
 
 
-def start_worker(store_url: str, key_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """A ``perdure worker`` process serving the test agents."""
+def start_worker(store_url: str, key_dir: Path, log: Path,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A ``perdure worker`` process serving the test agents (``env``: more variables)."""
     with open(log, "ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
              "--app", f"{MODULE}:app", "worker", "--lease", "2", "--poll", "0.02"],
-            cwd=ROOT, env=_env(), stdout=sink, stderr=subprocess.STDOUT)
+            cwd=ROOT, env=_env(env), stdout=sink, stderr=subprocess.STDOUT)
 
 
 def stop_worker(proc: subprocess.Popen[bytes]) -> None:

@@ -1,7 +1,9 @@
 """The dashboard end to end in a real browser: Debian's headless Chromium driven by
-Playwright, a worker process, the dashboard on a free port. Log in with the token,
-answer a waiting object from the inbox by clicking, watch it complete; send an event and
-cancel from an object's page; screenshots of every page (docs/images) checked not blank."""
+Playwright, a worker process, the dashboard on a free port, the scripted model server
+(the worker's agents call it through the openai SDK over HTTP). Log in with the token,
+answer a waiting object from the inbox by clicking, watch it complete; approve, reject
+and edit an agent's risky tool call from the inbox; send an event, cancel and fork from
+an object's page; screenshots of every page (docs/images) checked not blank."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 import pytest
 
 from perdure.core.lifecycle import Status
+from perdure.llm.scripted import ScriptedServer
+from tests.web import agents
 from tests.web.pixels import variance
 from tests.web.support import (
     ROOT,
@@ -40,10 +44,25 @@ pytestmark = [
 
 
 @pytest.fixture
-def stack(sqlite_url: str, key_dir: Path, tmp_path: Path) -> Iterator[Served]:
+def model() -> Iterator[ScriptedServer]:
+    """The scripted model server the ``assistant`` agents call."""
+    with ScriptedServer(responder=agents.scripted) as server:
+        yield server
+
+
+@pytest.fixture
+def outbox(tmp_path: Path) -> Path:
+    """Where the worker's ``send_email`` writes."""
+    return tmp_path / "outbox.jsonl"
+
+
+@pytest.fixture
+def stack(sqlite_url: str, key_dir: Path, tmp_path: Path, outbox: Path,
+          model: ScriptedServer) -> Iterator[Served]:
     """A dashboard and a worker process on one SQLite store."""
     served = serve(sqlite_url, key_dir)
-    worker = start_worker(sqlite_url, key_dir, tmp_path / "worker.log")
+    worker = start_worker(sqlite_url, key_dir, tmp_path / "worker.log",
+                          env={agents.OUTBOX_ENV: str(outbox)})
     try:
         yield served
     finally:
@@ -71,9 +90,9 @@ def page(stack: Served) -> Iterator[Any]:
             browser.close()
 
 
-def shoot(tab: Any, name: str) -> None:
+def shoot(tab: Any, name: str, *, full_page: bool = False) -> None:
     """A screenshot of the page into docs/images, checked not blank."""
-    png = tab.screenshot(full_page=False)
+    png = tab.screenshot(full_page=full_page)
     assert variance(png) > 50, f"screenshot {name} looks blank"
     IMAGES.mkdir(parents=True, exist_ok=True)
     (IMAGES / f"dashboard-{name}.png").write_bytes(png)
@@ -140,23 +159,75 @@ def test_answer_send_cancel_in_the_browser(stack: Served, page: Any) -> None:
     shoot(page, "overview")
 
 
+def test_approve_reject_edit_in_the_browser(stack: Served, page: Any, model: ScriptedServer,
+                                            outbox: Path) -> None:
+    app = stack.app
+    sent, refused, edited = (app.start("assistant", model.openai_base_url) for _ in range(3))
+    wait_until(lambda: {p.object_id for p in app.approvals()} ==
+               {sent.object_id, refused.object_id, edited.object_id}, 60)
+
+    # The inbox lists the risky call with its arguments; approving runs the tool once.
+    page.goto(stack.url + "/inbox")
+    card = page.locator(f".approval[data-object='{sent.object_id}']")
+    card.wait_for()
+    assert '"to": "team@example.com"' in card.locator("pre").inner_text()
+    assert "send_email" in card.inner_text() and "risk high" in card.inner_text()
+    shoot(page, "inbox-approval")
+    card.locator("button.approve").click()
+    page.wait_for_url(re.compile(r"/inbox$"))
+    assert "(send_email) approved" in page.inner_text(".flash")
+    assert sent.result(timeout=30).startswith("Done")
+    assert [m["to"] for m in agents.outbox(str(outbox))] == ["team@example.com"]
+
+    # Reject with a reason, from the object's page: the model is told; nothing is sent.
+    page.goto(f"{stack.url}/objects/{refused.object_id}")
+    card = page.locator(f"#approvals .approval[data-object='{refused.object_id}']")
+    assert '"body": "Sunny in Oslo."' in card.locator("pre").inner_text()
+    card.locator("input[name=reason]").fill("not today")
+    card.locator("button.reject").click()
+    page.wait_for_url(f"{stack.url}/objects/{refused.object_id}")
+    assert "rejected" in page.inner_text(".flash")
+    assert "not today" in refused.result(timeout=30)
+
+    # Edit: the new arguments go through the gate again; the policy denies this address.
+    page.goto(stack.url + "/inbox")
+    card = page.locator(f".approval[data-object='{edited.object_id}']")
+    card.locator("textarea[name=edit]").fill('{"to": "evil@example.com", "body": "hi"}')
+    card.locator("button.approve").click()
+    page.wait_for_url(re.compile(r"/inbox$"))
+    assert "gate again" in page.inner_text(".flash")
+    edited.result(timeout=30)
+    page.goto(f"{stack.url}/objects/{edited.object_id}")
+    assert "DENIED" in page.inner_text("#calls")
+    assert len(agents.outbox(str(outbox))) == 1
+
+    # The object page: the model-call ledger, proposals, the gate's verdicts, who decided.
+    page.goto(f"{stack.url}/objects/{sent.object_id}")
+    page.wait_for_selector(".headline .s-completed")
+    calls = page.inner_text("#calls")
+    assert "gpt-4o-mini via openai" in calls and "$" in calls
+    assert "needs approval" in calls and f"approved by {app.node_id}" in calls
+    assert "approve by alice (operator, token) via dashboard" in page.inner_text("#memory")
+    shoot(page, "object-agent", full_page=True)
+    assert actions_noted(app, sent.object_id)[0]["by"] == "alice"
+
+
 def test_fork_from_the_browser(stack: Served, page: Any) -> None:
-    if not callable(getattr(stack.app, "fork", None)):
-        pytest.skip("app.fork is not in this version of perdure: the dashboard shows fork "
-                    "as not available (tested below) until it is")
-    done = stack.app.start("asker", "fork me")
-    wait_until(lambda: stack.app.get(done.object_id).status is Status.DORMANT)
-    page.goto(f"{stack.url}/objects/{done.object_id}")
-    page.fill("form input[name=at]", "2")
-    page.fill("form input[name=new_id]", "forked-copy")
+    asking = stack.app.start("asker", "fork me")
+    wait_until(lambda: stack.app.get(asking.object_id).status is Status.DORMANT)
+    page.goto(f"{stack.url}/objects/{asking.object_id}")
+    page.fill("form.fork input[name=at]", "2")
+    page.fill("form.fork input[name=new_id]", "forked-copy")
     page.click("#fork")
     page.wait_for_selector(".flash")
-    assert stack.app.get("forked-copy").records >= 1
-
-
-def test_fork_says_not_available_without_the_api(stack: Served, page: Any) -> None:
-    if callable(getattr(stack.app, "fork", None)):
-        pytest.skip("app.fork exists: the fork test above runs")
-    held = stack.app.start("sleeper", 3600.0)
-    page.goto(f"{stack.url}/objects/{held.object_id}")
-    assert "Fork: not available" in page.inner_text(".controls")
+    assert "forked as forked-copy" in page.inner_text(".flash")
+    page.goto(f"{stack.url}/objects/forked-copy")
+    assert f"forked from {asking.object_id} at #2" in page.inner_text("#state")
+    wait_until(lambda: stack.app.get("forked-copy").status is Status.DORMANT)
+    # the fork waits for its answer as the original did; answering it completes it alone
+    page.fill("form.send input[name=payload]", "soup")
+    page.click("#send")
+    page.wait_for_selector(".headline .s-completed")
+    assert stack.app.get("forked-copy").status is Status.COMPLETED
+    assert stack.app.get(asking.object_id).status is Status.DORMANT
+    assert [n["action"] for n in actions_noted(stack.app, "forked-copy")] == ["fork", "send"]

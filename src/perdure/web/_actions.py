@@ -1,19 +1,20 @@
 """What the dashboard does to objects, and who did it: the one place that calls ``App``'s
-acting API, including the calls that this version of perdure may not have yet (tool
-approvals, questions with a prompt, fork, retry).
+acting API (send, pause, resume, cancel, retry, fork, tool approvals, questions).
 
 Every action puts a note in the object's inbox saying who acts and how
 (``record_action``): a sealed refinement event that a node folds into the object's
 memory as a ``progress`` record ``{"operator_action": {...}}`` before anything else,
 a cancel included. The note goes first; for a retry of a parked object the unpark
-waits until the note is recorded (see ``retry``). The API calls that may be absent are
-looked up with ``getattr``; when absent, the dashboard says "not available" and does
-nothing.
+waits until the note is recorded (see ``retry``).
+
+A tool approval is a decision signed with the dashboard process's key (its node id is
+the identity the gate checks against the approvers of the call's risk level); the
+person logged in is named in the signed decision's reason and in the note. A dashboard
+whose identity may not decide on a call is refused before anything is written.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 import secrets
 import time
@@ -21,32 +22,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
+from perdure.approvals import APPROVAL_EVENT, PendingApproval, decide, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.names import check_name
 from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
-from perdure.errors import ConfigurationError
-from perdure.handle import ObjectInfo
+from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
+from perdure.handle import Handle, ObjectInfo
+from perdure.questions import Question as AskedQuestion
 from perdure.web._auth import Principal
 
-__all__ = ["NOT_AVAILABLE", "Question", "approve", "available", "cancel", "fork",
-           "pause", "pending_approvals", "questions", "record_action", "reject", "resume",
-           "retry", "send"]
+__all__ = ["Question", "approve", "cancel", "fork", "pause", "pending_approvals",
+           "questions", "record_action", "reject", "resume", "retry", "send"]
 
-NOT_AVAILABLE = "not available in this version of perdure"
 _NONCE = re.compile(r"[A-Za-z0-9_-]{8,64}")
-
-
-def available(app: App, name: str) -> bool:
-    """Whether ``app`` has the API ``name`` (``approvals``, ``approve``, ``reject``,
-    ``questions``, ``fork``, ``retry``)."""
-    return callable(getattr(app, name, None))
-
-
-def _call(app: App, name: str, *args: Any, **kwargs: Any) -> Any:
-    fn = getattr(app, name, None)
-    if not callable(fn):
-        raise ConfigurationError(f"{name}: {NOT_AVAILABLE}")
-    return fn(*args, **kwargs)
+_MAX_REASON = 2000
 
 
 def record_action(app: App, object_id: str, who: Principal, action: str, *,
@@ -104,28 +93,24 @@ def cancel(app: App, who: Principal, object_id: str) -> ObjectInfo:
     return app.cancel(object_id)
 
 
-# -- what may not exist yet ------------------------------------------------------------
+# -- retry, fork -----------------------------------------------------------------------
 
 
 def retry(app: App, who: Principal, object_id: str, *, settle: float = 5.0) -> ObjectInfo:
-    """Retry a parked object (``app.retry``, else ``app.resume``, which unparks).
+    """Retry a parked object (``app.retry``; ``NotParkedError`` if it is not parked).
 
-    The note goes first and, for a parked object, is let settle: a note wakes a parked
-    object, a node records it and lets the object go still parked; an unpark made while
-    that node held it would be written over. So the unpark waits (up to ``settle``
-    seconds) until the note is in memory and no node holds the object.
+    The note goes first and is let settle: a note wakes a parked object, a node records
+    it and lets the object go still parked; an unpark made while that node held it would
+    be written over. So the unpark waits (up to ``settle`` seconds) until the note is in
+    memory and no node holds the object.
     """
-    row = app.store.get(object_id)
-    if row is None:
-        app.get(object_id, explain=False)  # ObjectNotFoundError, worded as everywhere
+    info = app.get(object_id, explain=False)
+    if info.status != "parked":
+        app.retry(object_id)  # NotParkedError, worded as everywhere; nothing written
     mark = secrets.token_hex(8)
     record_action(app, object_id, who, "retry", mark=mark)
-    if row is not None and row.parked:
-        _settle(app, object_id, mark, settle)
-    if available(app, "retry"):
-        result = _call(app, "retry", object_id)
-        return result if isinstance(result, ObjectInfo) else app.get(object_id)
-    return app.resume(object_id)
+    _settle(app, object_id, mark, settle)
+    return app.retry(object_id)
 
 
 def _settle(app: App, object_id: str, mark: str, timeout: float) -> None:
@@ -148,48 +133,40 @@ def _settle(app: App, object_id: str, mark: str, timeout: float) -> None:
 
 
 def fork(app: App, who: Principal, object_id: str, at: int, new_id: str | None) -> str:
-    """A new object from the verified prefix of ``object_id``'s memory up to ``at``;
-    its id. ``ConfigurationError`` when this perdure has no ``app.fork``."""
-    if not available(app, "fork"):
-        raise ConfigurationError(f"fork: {NOT_AVAILABLE}")
+    """A new object from the verified prefix of ``object_id``'s memory up to ``at``
+    (``app.fork``); its id. The note of who forked goes into the new object's memory."""
     app.get(object_id, explain=False)
-    params = inspect.signature(app.fork).parameters
-    kwargs: dict[str, Any] = {}
-    at_name = next((n for n in ("at", "seq", "at_seq") if n in params), None)
-    if at_name is None:
-        raise ConfigurationError(f"fork: this perdure's app.fork takes no record number "
-                                 f"({NOT_AVAILABLE} from the dashboard)")
-    kwargs[at_name] = at
-    if new_id is not None:
-        id_name = next((n for n in ("new_id", "fork_id", "new_object_id", "as_id", "id")
-                        if n in params), None)
-        if id_name is None:
-            raise ConfigurationError("fork: this perdure's app.fork chooses the new id "
-                                     "itself; leave the new id empty")
-        kwargs[id_name] = new_id
-    made = _call(app, "fork", object_id, **kwargs)
-    new = str(getattr(made, "object_id", made))
-    record_action(app, new, who, "fork", source=object_id, at=at)
-    return new
+    made: Handle = app.fork(object_id, at=at, new_id=new_id)
+    record_action(app, made.object_id, who, "fork", source=object_id, at=at)
+    return made.object_id
+
+
+# -- questions ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class Question:
-    """An object asking something of a person: the event it waits for, and its words."""
+    """An object asking something of a person: the event it waits for, its words and the
+    answers it offers (``None``: any payload)."""
 
     object_id: str
     agent: str
     event: str
     prompt: Any
     since: float
+    choices: tuple[Any, ...] | None = None
+
+    @classmethod
+    def asked(cls, q: AskedQuestion) -> Question:
+        """The dashboard's form of a question ``app.questions()`` found."""
+        return cls(q.object_id, q.agent, q.event, q.prompt, q.asked_at, q.choices)
 
 
-def questions(app: App, rows: list[Any]) -> list[Question]:
+def questions(app: App, rows: list[ObjectInfo]) -> list[Question]:
     """Open questions, newest first: what ``app.questions()`` finds (waits with a
     prompt) and every other object waiting for an event (``rows``, from the
     dashboard's query)."""
-    found = [Question(q.object_id, q.agent, q.event, q.prompt, q.asked_at)
-             for q in app.questions()]
+    found = [Question.asked(q) for q in app.questions()]
     asked = {q.object_id for q in found}
     # an object waiting for an event without a prompt is a question too: the event answers
     found += [Question(r.object_id, r.agent, str(r.waiting_event), None, r.updated_at)
@@ -198,34 +175,95 @@ def questions(app: App, rows: list[Any]) -> list[Question]:
     return found
 
 
-def pending_approvals(app: App) -> list[dict[str, Any]] | None:
-    """Pending tool approvals across objects, newest first, each as a dict (object_id,
-    proposal_id, tool, arguments, risk, requested_at, expires_at); ``None`` when this
-    perdure has no approvals."""
-    if not available(app, "approvals"):
-        return None
-    out = []
-    for item in _call(app, "approvals"):
-        get = item.get if isinstance(item, dict) else (lambda k, i=item: getattr(i, k, None))
-        out.append({k: get(k) for k in ("object_id", "proposal_id", "tool", "arguments",
-                                        "risk", "requested_at", "expires_at")})
-    out.sort(key=lambda a: float(a.get("requested_at") or 0), reverse=True)
-    return out
+# -- tool approvals ------------------------------------------------------------------------
+
+
+def pending_approvals(app: App) -> tuple[list[PendingApproval], list[str]]:
+    """Pending tool approvals across objects, newest first (what ``app.approvals()``
+    lists), and what could not be read: an object whose memory cannot be decoded is
+    named there, and the others are still listed."""
+    try:
+        found = app.approvals()
+        problems: list[str] = []
+    except RecordDecodeError:  # one damaged object: read them one by one
+        found, problems = [], []
+        for row in app.store.list(status="dormant", phase=None, agent=None, parent=None,
+                                  limit=1000):
+            if row.waiting_event != APPROVAL_EVENT:
+                continue
+            try:
+                found.extend(pending_in(app.history(row.object_id)))
+            except RecordDecodeError as exc:
+                problems.append(f"object {row.object_id}: its memory cannot be read "
+                                f"({exc}); see `perdure verify {row.object_id}`")
+    return sorted(found, key=lambda a: a.requested_at, reverse=True), problems
+
+
+def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
+    """The proposal, if it waits for a person, the object's memory verifies (chain and
+    signatures: what the page shows is what was recorded) and this dashboard may decide
+    on it; else ``ApprovalError`` saying why, before anything is written."""
+    app.get(object_id, explain=False)
+    pending = {p.proposal_id: p for p in pending_in(app.history(object_id))}
+    target = pending.get(proposal_id)
+    if target is None:
+        raise ApprovalError(f"object {object_id!r} has no proposal {proposal_id!r} waiting "
+                            "for approval (decided already, or expired); reload the inbox")
+    report = app.verify(object_id)
+    if not report.ok:  # never sign a decision on what a forged or damaged memory shows
+        raise ApprovalError(
+            f"object {object_id!r}'s memory does not verify (record #{report.bad_seq}: "
+            f"{report.reason}); the dashboard decides on nothing it shows: see "
+            f"`perdure verify {object_id}`")
+    if target.approvers and app.node_id not in target.approvers:
+        raise ApprovalError(
+            f"this dashboard decides as {app.node_id!r}, which may not decide on "
+            f"{target.risk}-risk calls (allowed: {', '.join(target.approvers)}); "
+            "use `perdure approve` with an allowed identity's key folder")
+    return target
+
+
+def _note_decision(app: App, who: Principal, target: PendingApproval, action: str,
+                   **details: Any) -> None:
+    """The note of who decides, once per proposal and dashboard identity: a decision this
+    dashboard sent already (not yet folded into memory) is refused, nothing written."""
+    key = f"ui-decision:{target.proposal_id}:{target.args_hash[:16]}:{app.node_id}"
+    if not record_action(app, target.object_id, who, action, dedupe_key=key,
+                         proposal=target.proposal_id, tool=target.tool, **details):
+        raise ApprovalError(f"proposal {target.proposal_id!r} of object "
+                            f"{target.object_id!r} was decided from this dashboard already "
+                            "(the object has not taken the decision up yet); a decision "
+                            "cannot be changed")
+
+
+def _signed_reason(who: Principal, reason: str) -> str:
+    """The decision's reason, naming the person logged in (it is signed with it)."""
+    said = f"{who.name} ({who.role}, {who.method}) via dashboard"
+    return f"{reason} [{said}]" if reason else f"by {said}"
 
 
 def approve(app: App, who: Principal, object_id: str, proposal_id: str,
-            edit: Any = None) -> None:
-    """Approve a pending tool call (with ``edit``: changed arguments, gated again)."""
-    if not available(app, "approve"):
-        raise ConfigurationError(f"approve: {NOT_AVAILABLE}")
-    record_action(app, object_id, who, "approve", proposal=proposal_id,
-                  edited=edit is not None)
-    _call(app, "approve", object_id, proposal_id, edit=edit)
+            edit: dict[str, Any] | None = None) -> PendingApproval:
+    """Approve a pending tool call (with ``edit``: new arguments for the same tool,
+    which go through the gate again); the decision is signed with this process's key and
+    names ``who``."""
+    if edit is not None and not isinstance(edit, dict):
+        raise ConfigurationError("edited arguments must be a JSON object, e.g. "
+                                 '{"amount": 90}')
+    target = _waiting(app, object_id, proposal_id)
+    _note_decision(app, who, target, "edit" if edit is not None else "approve")
+    return decide(app, object_id, proposal_id, "approve" if edit is None else "edit",
+                  reason=_signed_reason(who, ""), edit=edit)
 
 
-def reject(app: App, who: Principal, object_id: str, proposal_id: str, reason: str) -> None:
-    """Reject a pending tool call, saying why."""
-    if not available(app, "reject"):
-        raise ConfigurationError(f"reject: {NOT_AVAILABLE}")
-    record_action(app, object_id, who, "reject", proposal=proposal_id, reason=reason)
-    _call(app, "reject", object_id, proposal_id, reason=reason)
+def reject(app: App, who: Principal, object_id: str, proposal_id: str,
+           reason: str) -> PendingApproval:
+    """Reject a pending tool call, saying why (the model is told ``reason``)."""
+    reason = reason.strip()
+    if not reason:
+        raise ConfigurationError("say why the proposal is rejected")
+    if len(reason) > _MAX_REASON:
+        raise ConfigurationError(f"the reason is longer than {_MAX_REASON} characters")
+    target = _waiting(app, object_id, proposal_id)
+    _note_decision(app, who, target, "reject", reason=reason)
+    return decide(app, object_id, proposal_id, "reject", reason=_signed_reason(who, reason))

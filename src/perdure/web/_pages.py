@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from perdure import inspect as view
+from perdure.approvals import APPROVAL_EVENT, PendingApproval, pending_in
 from perdure.core.bodies import Instantiated, IntentRefined, decode
 from perdure.core.chain import VerifyReport
 from perdure.core.records import Kind, Record
@@ -23,12 +24,12 @@ from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
 from perdure.inspect import STATUS_STYLE
 from perdure.stores.base import NodeInfo
-from perdure.web._actions import NOT_AVAILABLE, Question
+from perdure.web._actions import Question
 from perdure.web._auth import Principal
 from perdure.web._queries import Filters
 
-__all__ = ["inbox_page", "layout", "list_page", "login_page", "message_page", "nodes_page",
-           "object_page", "overview_page"]
+__all__ = ["approval_card", "inbox_page", "layout", "list_page", "login_page",
+           "message_page", "nodes_page", "object_page", "overview_page"]
 
 _TIMELINE_SHOWN = 1000  # records of one object drawn at once (the newest)
 
@@ -257,8 +258,43 @@ def _tree(lines: Iterable[view.TreeLine], current: str) -> str:
     return f'<div class="tree">{"".join(out)}</div>'
 
 
-def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int,
-              fork_ok: bool) -> str:
+def _rows_section(title: str, css: str, rows: Sequence[view.TimelineRow]) -> str:
+    """Some of memory's records, as the timeline draws them, under ``title``."""
+    if not rows:
+        return ""
+    body = "".join(
+        f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
+        f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
+        f"<td>{_e(row.what)}</td></tr>" for row in rows)
+    return (f'<h2>{_e(title)}</h2><table class="timeline {css}"><thead><tr><th>seq</th>'
+            "<th>time</th><th>node</th><th>kind</th><th>what</th></tr></thead>"
+            f"<tbody>{body}</tbody></table>")
+
+
+def _tools_section(records: Sequence[Record]) -> str:
+    """The tool calls: proposals, the gate's verdicts, who decided, how each ended."""
+    return _rows_section("Tool calls", "tools", view.tool_trail(records))
+
+
+def _restores_section(records: Sequence[Record]) -> str:
+    """The restore reports: what came back on each reentry."""
+    return _rows_section("Restores", "restores", view.restores(records))
+
+
+def _ledger_section(records: Sequence[Record]) -> str:
+    """The model calls with their tokens, cost and latency."""
+    rows = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>"
+                   for row in view.model_ledger(records))
+    if not rows:
+        return ""
+    head = "".join(f"<th>{_e(c)}</th>" for c in ("seq", "call", "model", "attempt",
+                                                  "tokens in", "tokens out", "cost",
+                                                  "latency"))
+    return (f'<h2>Model calls</h2><table class="timeline ledger"><thead><tr>{head}</tr>'
+            f"</thead><tbody>{rows}</tbody></table>")
+
+
+def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int) -> str:
     if not who.can_act:
         return '<p class="hint">Viewers read; an operator can act on this object.</p>'
     if info.terminal:
@@ -278,41 +314,45 @@ def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int,
                 f'<button id="{hold[0]}">{hold[1]}</button></form>{retry}'
                 f'<form method="post" action="/act/cancel">{_csrf(csrf)}{oid}'
                 '<button id="cancel" class="danger">Cancel</button></form>')
-    if fork_ok:
-        fork = (f'<form method="post" action="/act/fork">{_csrf(csrf)}'
-                f'<input type="hidden" name="object_id" value="{_e(info.object_id)}">'
-                f'<label>fork at seq <input name="at" type="number" min="1" max="{records}" '
-                f'value="{records}"></label><label>new id <input name="new_id"></label>'
-                '<button id="fork">Fork</button></form>')
-    else:
-        fork = f'<p class="hint">Fork: {NOT_AVAILABLE}.</p>'
+    fork = (f'<form method="post" action="/act/fork" class="fork">{_csrf(csrf)}'
+            f'<input type="hidden" name="object_id" value="{_e(info.object_id)}">'
+            f'<label>fork at seq <input name="at" type="number" min="1" max="{records}" '
+            f'value="{records}"></label><label>new id <input name="new_id" maxlength="200">'
+            '</label><button id="fork">Fork</button></form>')
     return f'<div class="controls">{base}{fork}</div>'
 
 
 def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[view.TreeLine],
                 children: Sequence[ObjectInfo], usage: str | None, lineage_usage: str | None,
-                report: VerifyReport | None, question: Question | None, who: Principal,
-                csrf: str, fork_ok: bool, flash: str | None = None,
+                report: VerifyReport | None, questions: Sequence[Question], who: Principal,
+                csrf: str, flash: str | None = None,
                 error: str | None = None, newest: Sequence[Record] | None = None) -> str:
     """Everything about one object; ``newest``: the records the timeline draws, when
     ``records`` is not the whole memory."""
     head = " ".join(
         _status(text) if style and text == str(info.status) else f"<span>{_e(text)}</span>"
         for text, style in view.headline(info))
-    why = [x for x in (info.note, view.waiting_for(info)) if x]
+    why = [x for x in (info.note, view.origin(info)) if x]
+    if not questions and info.waiting_event != APPROVAL_EVENT and view.waiting_for(info):
+        why.append(view.waiting_for(info) or "")
+    pending = pending_in(records) if info.waiting_event == APPROVAL_EVENT else []
     try:
         failure = view.failure(records)
     except RecordDecodeError as exc:
         failure = f"the terminal record cannot be decoded: {exc.reason}"
     if failure and info.status in ("failed", "cancelled"):
         why.append(f"ended: {failure}")
-    asks = ""
-    if question is not None:
-        prompt = question.prompt
-        words = prompt if isinstance(prompt, str) else (
-            json.dumps(prompt, ensure_ascii=False) if prompt is not None else
-            f"waiting for event {question.event!r}")
-        asks = f'<p class="asks"><b>Asks:</b> {_e(words)}</p>'
+    asks = "".join(
+        f'<p class="asks"><b>Asks</b> (answer: event <code>{_e(q.event)}</code>): '
+        f"{_e(view.question(q.prompt, q.choices))}</p>" if q.prompt is not None or q.choices
+        else f'<p class="asks">waiting for event <code>{_e(q.event)}</code></p>'
+        for q in questions)
+    deciding = ""  # forms: outside the regions the page refreshes
+    if pending:
+        deciding = ('<div id="approvals"><p class="asks"><b>Waits for a person</b> to '
+                    "decide on a tool call:</p>"
+                    + "".join(approval_card(item, who, csrf, back="object")
+                            for item in pending) + "</div>")
     verify = ""
     if report is not None:
         verify = (f'<p class="verify ok">verified: {report.records} records, chain and '
@@ -327,14 +367,16 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
     body = (f'<h1 class="oid">{_e(info.object_id)}</h1>{_flash(flash, error)}'
             f'<section data-live id="state"><p class="headline">{head}</p>'
             + "".join(f'<p class="why">{_e(w)}</p>' for w in why) + asks + spend
-            + "</section>"
+            + "</section>" + deciding
             + f'<p><a href="{_e(url)}?verify=1" id="verify">Verify memory</a></p>{verify}'
-            + _controls(info, who, csrf, info.records, fork_ok)
+            + _controls(info, who, csrf, info.records)
             + '<h2>Live stream</h2><pre id="stream" class="stream" '
             f'data-src="/stream?{_e(urlencode({"id": info.object_id}))}"></pre>'
             + _intent_section(records)
             + f'<section data-live id="lineage"><h2>Lineage</h2>{_tree(tree, info.object_id)}'
             f"{kids}</section>"
+            + f'<section data-live id="calls">{_ledger_section(records)}'
+            f"{_tools_section(records)}{_restores_section(records)}</section>"
             + f'<section data-live id="memory">'
             f'{_timeline(records if newest is None else newest, info.records)}</section>')
     return layout(info.object_id, body, who=who, csrf=csrf, active="objects")
@@ -343,41 +385,54 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
 # -- the inbox and the nodes ----------------------------------------------------------------
 
 
-def inbox_page(questions: Sequence[Question], approvals: Sequence[Mapping[str, Any]] | None,
+def approval_card(item: PendingApproval, who: Principal, csrf: str, *,
+                  back: str = "inbox") -> str:
+    """A tool call waiting for a person: the tool, its risk, why, who may decide, its
+    arguments as JSON; for an operator, the forms to approve (with edited arguments) or
+    reject with a reason (``back``: ``inbox``, or ``object`` to return to its page)."""
+    oid, pid = item.object_id, item.proposal_id
+    args = json.dumps(item.arguments, ensure_ascii=False, indent=2, sort_keys=True,
+                      default=str)
+    acts = ""
+    if who.can_act:
+        hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'
+                  f'<input type="hidden" name="proposal_id" value="{_e(pid)}">'
+                  f'<input type="hidden" name="back" value="{_e(back)}">')
+        acts = (f'<form method="post" action="/inbox/approve">{hidden}'
+                '<label>edited arguments (JSON, optional) <textarea name="edit">'
+                '</textarea></label><button class="approve">Approve</button></form>'
+                f'<form method="post" action="/inbox/reject">{hidden}'
+                '<label>reason <input name="reason" required></label>'
+                '<button class="reject danger">Reject</button></form>')
+    who_may = ", ".join(item.approvers) or "any trusted identity"
+    expires = ("never expires" if item.expires_at is None else
+               f"expires {view.when(item.expires_at)}")
+    return (f'<div class="card approval" data-object="{_e(oid)}" data-proposal="{_e(pid)}">'
+            f'<p><a href="{_oid_url(oid)}">{_e(oid)}</a> wants '
+            f"<b>{_e(item.tool)}</b> (risk {_e(item.risk)}), proposal {_e(pid)}, requested "
+            f"{_e(view.when(item.requested_at))}, {_e(expires)}"
+            f'</p><p class="hint">{_e(item.reason)} [policy {_e(item.policy)}; who may '
+            f"decide: {_e(who_may)}]</p><pre>{_e(args)}</pre>{acts}</div>")
+
+
+def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApproval],
                *, who: Principal, csrf: str, flash: str | None = None,
-               error: str | None = None, parked: Sequence[ObjectInfo] = ()) -> str:
+               error: str | None = None, parked: Sequence[ObjectInfo] = (),
+               damaged: Sequence[str] = ()) -> str:
     """Pending approvals and questions, newest first, with their answers' forms; parked
-    objects, which wait for a person too."""
+    objects, which wait for a person too; ``damaged``: objects whose waiting approvals
+    cannot be read."""
     parts = [f"<h1>Inbox</h1>{_flash(flash, error)}<h2>Approvals</h2>"]
-    if approvals is None:
-        parts.append(f'<p class="hint">Tool approvals: {NOT_AVAILABLE}.</p>')
-    elif not approvals:
+    parts += [f'<p class="error">{_e(text)}</p>' for text in damaged]
+    if not approvals:
         parts.append('<p class="hint">No tool call waits for approval.</p>')
-    for item in approvals or ():
-        oid, pid = str(item.get("object_id")), str(item.get("proposal_id"))
-        args = json.dumps(item.get("arguments"), ensure_ascii=False, indent=2, sort_keys=True,
-                          default=str)
-        acts = ""
-        if who.can_act:
-            hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'
-                      f'<input type="hidden" name="proposal_id" value="{_e(pid)}">')
-            acts = (f'<form method="post" action="/inbox/approve">{hidden}'
-                    '<label>edited arguments (JSON, optional) <textarea name="edit">'
-                    '</textarea></label><button class="approve">Approve</button></form>'
-                    f'<form method="post" action="/inbox/reject">{hidden}'
-                    '<label>reason <input name="reason" required></label>'
-                    '<button class="reject danger">Reject</button></form>')
-        parts.append(
-            f'<div class="card approval"><p><a href="{_oid_url(oid)}">{_e(oid)}</a> wants '
-            f'<b>{_e(item.get("tool"))}</b> (risk {_e(item.get("risk"))}), requested '
-            f'{_e(view.when(_num(item.get("requested_at"))))}, expires '
-            f'{_e(view.when(_num(item.get("expires_at"))))}</p><pre>{_e(args)}</pre>{acts}</div>')
+    parts += [approval_card(item, who, csrf) for item in approvals]
     parts.append("<h2>Questions</h2>")
     if not questions:
         parts.append('<p class="hint">No object waits for an answer.</p>')
     for q in questions:
-        prompt = q.prompt if isinstance(q.prompt, str) else (
-            json.dumps(q.prompt, ensure_ascii=False) if q.prompt is not None else "")
+        prompt = view.question(q.prompt, q.choices) if (q.prompt is not None or q.choices
+                                                        ) else ""
         answer = ""
         if who.can_act:
             answer = (f'<form method="post" action="/act/send" '
@@ -405,11 +460,6 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[Mapping[str, A
                      f"{_e(info.object_id)}</a> ({_e(info.agent)}@{_e(info.agent_version)}) "
                      f"parked: {_e(info.note or '')}</p>{retry}</div>")
     return layout("Inbox", "".join(parts), who=who, csrf=csrf, active="inbox")
-
-
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
-        else None
 
 
 def nodes_page(nodes: Sequence[NodeInfo], running: Mapping[str, Sequence[str]], now: float,

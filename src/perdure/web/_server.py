@@ -334,11 +334,15 @@ class Dashboard:
         return self._html(pages.list_page(infos, filters, page.next_cursor, cursor,
                                           who=session.principal, csrf=session.csrf))
 
-    def _question(self, info: ObjectInfo) -> actions.Question | None:
+    def _questions(self, info: ObjectInfo) -> list[actions.Question]:
+        """What the object asks: its questions (prompt, choices), else the plain event
+        it waits for."""
+        if info.asking:
+            return [actions.Question.asked(q) for q in info.asking]
         if not info.waiting_event or info.waiting_event.startswith("perdure:"):
-            return None
-        return actions.Question(info.object_id, info.agent, info.waiting_event,
-                                getattr(info, "prompt", None), info.updated_at)
+            return []
+        return [actions.Question(info.object_id, info.agent, info.waiting_event, None,
+                                 info.updated_at)]
 
     async def object(self, request: Request, session: Session, sid: str) -> Response:
         """GET /objects/{id}: everything about one object."""
@@ -381,9 +385,9 @@ class Dashboard:
             report = self.app.verify(oid) if want_verify else None
             return self._html(pages.object_page(
                 info, records, tree=tree, children=children, usage=usage,
-                lineage_usage=lineage_usage, report=report, question=self._question(info),
+                lineage_usage=lineage_usage, report=report, questions=self._questions(info),
                 who=session.principal, csrf=session.csrf,
-                fork_ok=actions.available(self.app, "fork"), flash=flash,
+                flash=flash,
                 error=damaged or error, newest=tail))
         return await run_in_threadpool(build)
 
@@ -396,10 +400,11 @@ class Dashboard:
             rows = [info_from_row(r, now) for r in self.queries.questions()]
             parked = [info_from_row(r, now) for r in
                       self.queries.page(Filters(status="parked"), limit=100).rows]
-            return pages.inbox_page(actions.questions(self.app, rows),
-                                    actions.pending_approvals(self.app),
+            approvals, damaged = actions.pending_approvals(self.app)
+            return pages.inbox_page(actions.questions(self.app, rows), approvals,
                                     who=session.principal, csrf=session.csrf,
-                                    flash=flash, error=error, parked=parked)
+                                    flash=flash, error=error, parked=parked,
+                                    damaged=damaged)
         return self._html(await run_in_threadpool(build))
 
     async def nodes(self, request: Request, session: Session, sid: str) -> Response:
@@ -541,28 +546,35 @@ class Dashboard:
         form: dict[str, str] = request.state.form
         oid, pid = form.get("object_id", ""), form.get("proposal_id", "")
         who = session.principal
+        back = "/objects/" + quote(oid, safe="") if form.get("back") == "object" else "/inbox"
 
         def run() -> str:
             if verdict == "approve":
                 edit = form.get("edit", "").strip()
-                actions.approve(self.app, who, oid, pid,
-                                edit=json.loads(edit) if edit else None)
-                return f"proposal {pid} approved"
-            reason = form.get("reason", "").strip()
-            if not reason:
-                raise ConfigurationError("say why the proposal is rejected")
-            actions.reject(self.app, who, oid, pid, reason)
-            return f"proposal {pid} rejected"
+                try:
+                    edited = json.loads(edit) if edit else None
+                except ValueError as exc:
+                    raise ConfigurationError(f"the edited arguments are not JSON: {exc}"
+                                             ) from None
+                done = actions.approve(self.app, who, oid, pid, edit=edited)
+                if edited is not None:
+                    return (f"proposal {pid} ({done.tool}) edited: the new arguments go "
+                            "through the gate again")
+                return f"proposal {pid} ({done.tool}) approved"
+            done = actions.reject(self.app, who, oid, pid, form.get("reason", ""))
+            return f"proposal {pid} ({done.tool}) rejected"
 
         try:
             said = await run_in_threadpool(run)
         except (ConfigurationError, PerdureError, ValueError) as exc:
+            log.warning("dashboard %s %s of %r by %s refused: %s", verdict, pid, oid,
+                        who.label(), exc, extra={"action": "ui_action_failed"})
             self._flash.put(sid, None, str(exc))
-            return RedirectResponse("/inbox", 303)
+            return RedirectResponse(back, 303)
         log.info("dashboard %s %s of %r by %s", verdict, pid, oid, who.label(),
                  extra={"action": "ui_action"})
         self._flash.put(sid, said, None)
-        return RedirectResponse("/inbox", 303)
+        return RedirectResponse(back, 303)
 
     # -- the application ---------------------------------------------------------------------
 
