@@ -12,11 +12,19 @@ from typing import Any
 from perdure.core.chain import CommitSeal, check_links
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import Record, record_from_columns
-from perdure.stores.base import Append, Claim, DataKeyRow, NewObject, ObjectRow
+from perdure.stores.base import (
+    Append,
+    CheckpointRow,
+    Claim,
+    DataKeyRow,
+    NewObject,
+    ObjectRow,
+)
 
 __all__ = [
     "append_params",
     "checked_chain",
+    "checkpoint_row",
     "claim_from_row",
     "create_params",
     "data_key_row",
@@ -168,3 +176,9 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
         "cancel_children": op.cancel_children,
     }
 
+
+
+def checkpoint_row(row: Sequence[Any]) -> CheckpointRow:
+    """A ``CheckpointRow`` from the ``checkpoints`` query's columns."""
+    return CheckpointRow(str(row[0]), str(row[1]), int(row[2]), int(row[3]), str(row[4]),
+                         bytes(row[5]), str(row[6]), bytes(row[7]), float(row[8]))
