@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import StepCheckpoint
 from perdure.core.records import Kind, Record
+from perdure.engine.commands.positions import top
 from perdure.engine.payloads import recorded_payload
 from perdure.engine.slots import step_slot
 
@@ -48,6 +49,7 @@ log = logging.getLogger("perdure.checkpoints")
 
 CHECKPOINT_EVERY = 0.5  # seconds: how long a batched marker may wait to be written
 _CHECKPOINT = Kind.STEP_CHECKPOINT.value
+_INVALIDATED = Kind.INVALIDATED.value
 
 
 def last_marker(recs: Sequence[Record]) -> Any:
@@ -67,6 +69,12 @@ def slot_marker(run: Run, pos: int | str, name: str) -> tuple[bool, Any]:
     body = slot.value
     if not isinstance(body, dict) or body.get("name") != name or "cursor" not in body:
         return False, None
+    at = top(pos)
+    for rec in reversed(run._records):  # (rare: only a step whose slot holds a marker)
+        if rec.seq <= slot.after_seq:
+            break
+        if rec.kind == _INVALIDATED and int(rec.body["from_pos"]) <= at:
+            return False, None  # the step runs again from scratch: its marker is void
     return True, run._opened(body["cursor"])
 
 
@@ -75,11 +83,9 @@ def step_marks(run: Run, pos: int | str, name: str, attempt: int, recs: Sequence
     """What a step's ``StepInfo`` carries about progress: the last marker memory holds
     at its position (its checkpoint slot, else a ``step_checkpoint`` record an older
     version wrote), and what this attempt's ``Marks`` are made of."""
-    last = None
-    if recs:
-        found, last = slot_marker(run, pos, name)
-        if not found:
-            last = last_marker(recs)
+    found, last = slot_marker(run, pos, name) if run._slots else (False, None)
+    if not found and recs:
+        last = last_marker(recs)
     # What the markers need, as a tuple: ``StepInfo`` makes the ``Marks`` at the first
     # marker (most steps give none, and this is on every step's path).
     return last, (run, pos, name, attempt, asyncio.get_running_loop())
