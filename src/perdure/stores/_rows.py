@@ -181,4 +181,12 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
 def checkpoint_row(row: Sequence[Any]) -> CheckpointRow:
     """A ``CheckpointRow`` from the ``checkpoints`` query's columns."""
     return CheckpointRow(str(row[0]), str(row[1]), int(row[2]), int(row[3]), str(row[4]),
-                         bytes(row[5]), str(row[6]), bytes(row[7]), float(row[8]))
+                         _blob(row[5]), str(row[6]), _blob(row[7]), float(row[8]))
+
+
+def _blob(value: Any) -> bytes:
+    """A BLOB column's bytes; text that a hand edit put there, as its UTF-8 bytes (its
+    signature check then fails: never a crash)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return bytes(value)
