@@ -26,7 +26,7 @@ def _sql(store_url: str, statement: str, params: tuple[Any, ...] = ()) -> None:
             conn.execute(statement.replace("%s", "?"), params)
         return
     with psycopg.connect(store_url, autocommit=True) as conn:
-        conn.execute(statement, params)  # type: ignore[arg-type]
+        conn.execute(statement, params)
 
 
 def _slots(app: perdure.App, object_id: str) -> list[str]:
