@@ -5,7 +5,10 @@ what they follow (release, the step's outcome, the object's end). Both stores.""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,8 +52,8 @@ def _register_logger(app: perdure.App, folder: Path, seen: dict[str, Any]) -> No
         return n
 
 
-def test_checkpoints_go_to_one_slot_and_a_resume_reads_it(make_app: AppFactory,
-                                                          tmp_path: Path) -> None:
+def test_checkpoints_go_to_one_slot_and_a_resume_reads_it(
+        make_app: AppFactory, store_url: str, key_dir: Path, tmp_path: Path) -> None:
     """30 checkpoints leave one slot row and no superseding record in the chain; the
     resume restores the file at the last checkpointed position; release deletes the
     slot, the object's end deletes every slot."""
@@ -62,6 +65,11 @@ def test_checkpoints_go_to_one_slot_and_a_resume_reads_it(make_app: AppFactory,
     assert _slots(app, "log-1") == ["resource:log"]
     resource_records = [r for r in app.history("log-1") if r.kind == perdure.Kind.RESOURCE]
     assert len(resource_records) == 1, "the declaration only: no superseding records"
+    shown = subprocess.run(
+        [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
+         "show", "log-1"], capture_output=True, text=True, check=True, timeout=60,
+        env={**os.environ, "COLUMNS": "300"}).stdout
+    assert "checkpoint slots" in shown and "resource:log: latest value after #" in shown
     app.send("log-1", "go", None)
     app.run_worker(until=lambda: "after_release" in seen)
     expected = sum(len(f"minute {m}\n") for m in range(30))
