@@ -8,13 +8,14 @@ restore report lists each resource's outcome, its time and, when stale or failed
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from perdure.core.bodies import Body, Invalidated, ResourceHeld, RestoreReport, StepCheckpoint
+from perdure.stores.base import CheckpointRow
 
-__all__ = ["MASK", "RESOURCE_LINES", "shown_body"]
+__all__ = ["MASK", "RESOURCE_LINES", "shown_body", "slot_lines"]
 
 MASK = "***"
 _RESOURCE = "resource"
@@ -98,3 +99,17 @@ RESOURCE_LINES: Mapping[type[Body], Callable[[Any], tuple[str, bool]]] = {
     Invalidated: _invalidated,
 }
 """Each execution-state body class and how it reads: (text, shown whole)."""
+
+
+def slot_lines(rows: Sequence[CheckpointRow]) -> list[str]:
+    """The object's checkpoint slots (latest descriptors, progress markers kept outside
+    the chain) in words: slot, the record it follows, who wrote it and when; never the
+    value (a descriptor may hold secrets; it is verified and used at the next claim)."""
+    from datetime import UTC, datetime
+
+    lines = []
+    for row in rows:
+        when = datetime.fromtimestamp(row.written_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(f"  {row.slot}: latest value after #{row.after_seq}, written by "
+                     f"{row.signer} at {when} UTC ({len(row.body)} bytes)")
+    return lines

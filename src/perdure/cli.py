@@ -32,7 +32,7 @@ from perdure._cli_tail import tail
 from perdure._cli_ui import start_ui, ui
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder, default_key_dir
-from perdure._resource_lines import shown_body
+from perdure._resource_lines import shown_body, slot_lines
 from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
@@ -457,6 +457,8 @@ def show(obj: _Ctx, object_id: str, as_json: bool) -> None:
             what = what[: room - 1] + "…"
         table.add_row(*(Text(cell) for cell in (seq, time_, node, kind, what)))  # not markup
     out.print(table)
+    if slots := slot_lines(app.store.checkpoints(object_id)):
+        out.print(Text("checkpoint slots (outside the chain, latest only):\n" + "\n".join(slots)))
     ledger = view.usage(usage_totals(records))
     if ledger:
         out.print(Text(ledger))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +15,12 @@ from perdure.engine.checkpoints import CHECKPOINT_EVERY
 AppFactory = Callable[..., perdure.App]
 
 
-def _markers(app: perdure.App, object_id: str) -> list[dict[str, Any]]:
-    return [r.body for r in app.history(object_id) if r.kind == perdure.Kind.STEP_CHECKPOINT]
+def _slot(app: perdure.App, object_id: str) -> dict[str, Any] | None:
+    """The step's progress marker as its checkpoint slot holds it now (outside the
+    chain: each marker replaces the one before), or ``None``."""
+    rows = [r for r in app.store.checkpoints(object_id) if r.slot.startswith("step:")]
+    assert len(rows) <= 1
+    return json.loads(rows[0].body) if rows else None
 
 
 def test_batched_markers_are_few_and_a_retry_continues_from_the_last(
@@ -26,9 +31,12 @@ def test_batched_markers_are_few_and_a_retry_continues_from_the_last(
     app = make_app()
     seen: list[Any] = []
 
+    slots: list[dict[str, Any] | None] = []
+
     def crawl() -> int:
         step = perdure.current_step()
         seen.append(step.last_checkpoint)
+        slots.append(_slot(app, "crawl-1"))
         start = step.last_checkpoint or 0
         for i in range(start + 1, 2001):
             step.checkpoint(i)
@@ -44,10 +52,12 @@ def test_batched_markers_are_few_and_a_retry_continues_from_the_last(
     with app.background_worker():
         assert handle.result(timeout=15) == 2000
     assert seen == [None, 1500]
-    markers = _markers(app, "crawl-1")
-    assert 1 <= len(markers) <= 10, "batched: the latest marker per interval, not 2,000"
-    first = [m for m in markers if m["attempt"] == 1]
-    assert first[-1]["cursor"] == 1500, "the failed attempt's last marker was written"
+    first = slots[1]  # what the retry found: the failed attempt's last marker
+    assert first is not None and first["attempt"] == 1
+    assert first["cursor"] == 1500, "the failed attempt's last marker was written"
+    assert 1 <= first["count"] <= 10, "batched: the latest marker per interval, not 2,000"
+    assert _slot(app, "crawl-1") is None, "the step's outcome deletes its slot"
+    assert perdure.Kind.STEP_CHECKPOINT not in [r.kind for r in app.history("crawl-1")]
     assert CHECKPOINT_EVERY <= 1.0
 
 
@@ -58,10 +68,14 @@ def test_async_step_durable_markers(make_app: AppFactory) -> None:
     app = make_app()
     said: list[str] = []
 
+    durable: list[Any] = []
+
     async def walk() -> str:
         step = perdure.current_step()
         for i in range(3):
             await step.acheckpoint({"at": i})
+            got = await asyncio.to_thread(_slot, app, "walk-1")  # in the store already
+            durable.append(got and got["cursor"])
         try:
             step.checkpoint(1, durable=True)
         except RuntimeError as exc:
@@ -80,7 +94,8 @@ def test_async_step_durable_markers(make_app: AppFactory) -> None:
     handle = app.start("walker", object_id="walk-1")
     with app.background_worker():
         assert handle.result(timeout=10) == "walked"
-    assert [m["cursor"] for m in _markers(app, "walk-1")] == [{"at": 0}, {"at": 1}, {"at": 2}]
+    assert durable == [{"at": 0}, {"at": 1}, {"at": 2}]
+    assert _slot(app, "walk-1") is None
     assert "acheckpoint" in said[0] and said[1] == "SerializationError"
 
 

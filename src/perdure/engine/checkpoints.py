@@ -9,8 +9,11 @@ Three markers, kept distinct:
 - **completion**: the step's ``step_done`` record; a completed step never runs again;
 - **idempotency**: ``current_step().idempotency_key``, the same on every attempt, for the
   targets of side effects to deduplicate with;
-- **partial progress**: ``step_checkpoint`` records at the step's position, the cursor
-  the code gave; they say how far an attempt got, never that anything completed.
+- **partial progress**: the step's checkpoint slot ``step:<pos>`` (``engine.slots``:
+  outside the chain, signed, fenced, each marker replacing the one before), the cursor
+  the code gave; it says how far an attempt got, never that anything completed. It is
+  deleted once the step's outcome is recorded. (Memories written before slots existed
+  hold ``step_checkpoint`` records at the position; they are still read.)
 
 Batched by default: ``checkpoint(cursor)`` returns at once and the latest cursor is
 written at most every ``CHECKPOINT_EVERY`` seconds (an earlier cursor given in between
@@ -32,17 +35,21 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import StepCheckpoint
 from perdure.core.records import Kind, Record
+from perdure.engine.commands.positions import top
 from perdure.engine.payloads import recorded_payload
+from perdure.engine.slots import step_slot
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
 
-__all__ = ["CHECKPOINT_EVERY", "Marks", "last_marker", "step_marks"]
+__all__ = ["CHECKPOINT_EVERY", "Marks", "drop_step_slot", "last_marker", "slot_marker",
+           "step_marks"]
 
 log = logging.getLogger("perdure.checkpoints")
 
 CHECKPOINT_EVERY = 0.5  # seconds: how long a batched marker may wait to be written
 _CHECKPOINT = Kind.STEP_CHECKPOINT.value
+_INVALIDATED = Kind.INVALIDATED.value
 
 
 def last_marker(recs: Sequence[Record]) -> Any:
@@ -53,11 +60,32 @@ def last_marker(recs: Sequence[Record]) -> Any:
     return None
 
 
+def slot_marker(run: Run, pos: int | str, name: str) -> tuple[bool, Any]:
+    """``(True, cursor)`` when the step's checkpoint slot holds a marker of it (opened),
+    else ``(False, None)``."""
+    slot = run._slots.get(step_slot(pos))
+    if slot is None:
+        return False, None
+    body = slot.value
+    if not isinstance(body, dict) or body.get("name") != name or "cursor" not in body:
+        return False, None
+    at = top(pos)
+    for rec in reversed(run._records):  # (rare: only a step whose slot holds a marker)
+        if rec.seq <= slot.after_seq:
+            break
+        if rec.kind == _INVALIDATED and int(rec.body["from_pos"]) <= at:
+            return False, None  # the step runs again from scratch: its marker is void
+    return True, run._opened(body["cursor"])
+
+
 def step_marks(run: Run, pos: int | str, name: str, attempt: int, recs: Sequence[Record]
                ) -> tuple[Any, tuple[Any, ...]]:
     """What a step's ``StepInfo`` carries about progress: the last marker memory holds
-    at its position, and what this attempt's ``Marks`` are made of."""
-    last = last_marker(recs) if recs else None
+    at its position (its checkpoint slot, else a ``step_checkpoint`` record an older
+    version wrote), and what this attempt's ``Marks`` are made of."""
+    found, last = slot_marker(run, pos, name) if run._slots else (False, None)
+    if not found and recs:
+        last = last_marker(recs)
     # What the markers need, as a tuple: ``StepInfo`` makes the ``Marks`` at the first
     # marker (most steps give none, and this is on every step's path).
     return last, (run, pos, name, attempt, asyncio.get_running_loop())
@@ -171,11 +199,21 @@ class Marks:
         if self._has and self._timer is None and self._error is None:
             self._schedule()
 
+    @property
+    def written(self) -> bool:
+        """Whether a marker of this attempt was written."""
+        return self._count > 0
+
     async def _write(self, cursor: Any) -> None:
         self._count += 1
-        stored, _ = self._run._stored(cursor, what=f"checkpoint of step {self._name!r}")
+        run = self._run
+        stored, _ = run._stored(cursor, what=f"checkpoint of step {self._name!r}")
         body = StepCheckpoint(self._pos, self._name, self._attempt, self._count, stored)
-        await self._run._journal.commit([body.draft()])
+        slots = run._journal.slots
+        if slots is None:
+            await run._journal.commit([body.draft()])
+        else:
+            await slots.put(run._journal, step_slot(self._pos), body.encode())
         self._last_write = time.monotonic()
 
     async def close(self, *, flush: bool) -> None:
@@ -194,3 +232,15 @@ class Marks:
                 log.warning("the last progress marker of step %s could not be written",
                             self._name, exc_info=True,
                             extra={"action": "checkpoint_lost"})
+
+
+async def drop_step_slot(run: Run, pos: int | str, marks: Any) -> None:
+    """The step at ``pos`` has its outcome in memory: delete its checkpoint slot, if
+    this attempt (``marks``: its ``StepInfo._marks``) or an earlier one wrote it."""
+    slots = run._journal.slots
+    key = step_slot(pos)
+    if slots is None:
+        return
+    if key in run._slots or (isinstance(marks, Marks) and marks.written):
+        await slots.drop(run._journal, [key])
+        run._slots.pop(key, None)

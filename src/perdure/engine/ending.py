@@ -21,7 +21,12 @@ from perdure.engine.journal import Journal
 from perdure.engine.leases import cancel_pending
 from perdure.engine.lineage import parent_signal
 from perdure.engine.node import Node
-from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismError
+from perdure.errors import (
+    CancelRequestedError,
+    LeaseLostError,
+    NonDeterminismError,
+    StoreError,
+)
 from perdure.hooks import ObjectTerminated
 
 __all__ = ["finish", "finish_failed", "park"]
@@ -72,6 +77,11 @@ async def finish(node: Node, journal: Journal, records: list[Record], ended_as: 
                              signal=parent_signal(node, records, cancelled),
                              cancel_children=children)
     node.held.drop(journal.object_id)
+    try:  # an ended object has no superseding state left to keep (engine.slots)
+        await node.slots.drop_all(journal.object_id)
+    except StoreError:
+        log.warning("the checkpoint slots of ended object %s could not be deleted",
+                    journal.object_id, exc_info=True, extra={"action": "slots_left"})
     if node.hooks.active:
         node.hooks.emit(ObjectTerminated(node.signer.node_id, journal.object_id,
                                          ended.value, node.clock() - journal.claimed_at))

@@ -42,7 +42,10 @@ async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executo
     returns with work still open raises as ``Run.check_finished`` says.
     """
     intent = run.intent
+    slots = run._journal.slots
     if run._journal.committer is not None:  # (a replay check restores nothing)
+        if slots is not None:
+            run._slots = await slots.load(run.object_id, run._records)
         await restore_resources(run, run._records)
     try:
         if agent.is_async:

@@ -7,6 +7,7 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from perdure.core.chain import CommitSeal, Signer, seal, seal_parts, seal_unsigned, signed
 from perdure.core.lifecycle import Phase, Status
@@ -15,6 +16,9 @@ from perdure.core.sealing import redact
 from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
 from perdure.hooks import CommitBatch, Hooks
 from perdure.stores.base import Append, Outcomes, Signal, Store, Writer
+
+if TYPE_CHECKING:
+    from perdure.engine.slots import Slots
 
 __all__ = ["Committer", "HistoryEnd", "Journal", "StoreUnavailable"]
 
@@ -213,6 +217,8 @@ class Journal:
     anchor: Callable[[int, str], None] | None = None
     #: The node's hooks: commands tell them what they record (when anyone listens).
     hooks: Hooks | None = None
+    #: The node's checkpoint slots (``engine.slots``); ``None`` for a read-only journal.
+    slots: Slots | None = None
 
     def __post_init__(self) -> None:
         self.buffer: list[RecordDraft] = []
@@ -226,6 +232,8 @@ class Journal:
         #: Texts of the secrets the run met (its sealer's set): error records and notes
         #: that quote one are written with ``[secret]`` in its place.
         self.secrets: set[str] = set()
+        #: ``(seq, hash)`` of the newest record known durable (what a slot follows).
+        self.durable_head = (self.head_seq, self.head_hash)
 
     @classmethod
     def read_only(cls, records: Sequence[Record], *, object_id: str, signer: Signer,
@@ -363,6 +371,8 @@ class Journal:
                 self.head_seq, self.head_hash = before
             self.flags_at = time.monotonic()
             raise
+        if records and records[-1].seq > self.durable_head[0]:
+            self.durable_head = (records[-1].seq, records[-1].hash)
         if release and self.anchor is not None:
             # The head this node leaves the object at is the one it must find again:
             # noted as it lets go (the heads of a run in progress are its own to know).

@@ -37,6 +37,7 @@ from perdure.engine.journal import Committer, Journal
 from perdure.engine.run import Run
 from perdure.engine.sealer import KeyCache, SealedScan, Sealer
 from perdure.engine.settings import AgentDef, WorkerSettings
+from perdure.engine.slots import Slots
 from perdure.engine.verifier import Verifier
 from perdure.errors import StoreError
 from perdure.hooks import Hooks
@@ -97,6 +98,7 @@ class Node:
         #: What this node tells listeners (``perdure.hooks``); inactive: no cost.
         self.hooks = hooks if hooks is not None else Hooks()
         self.committer = Committer(store, self.write_pool, clock, signer, hooks=self.hooks)
+        self.slots = Slots(store, verifier, signer, self.write_pool, self.read_pool, clock)
         self.active: dict[str, Active] = {}
         self.held = HeldRecords(settings.held_records)
         #: Data keys this node unwrapped (secrets at rest), shared by its runs' sealers.
@@ -156,6 +158,7 @@ class Node:
             claimed_at=self.clock(),
             anchor=lambda seq, digest: note(oid, genesis, seq, digest),
             hooks=self.hooks,
+            slots=self.slots,
         )
 
     async def release(self, claim: Claim, *, ready_at: float | None, status: Status,

@@ -1,7 +1,9 @@
 """Reentry: bring back every resource the object holds, all or nothing, before its code runs.
 
 Memory is read from the newest record back: the latest descriptor of each resource
-decides (superseded ones are never decoded again), a resource whose latest state is
+decides (superseded ones are never decoded again; a descriptor recaptured since its
+declaration is in the resource's checkpoint slot, ``engine.slots``, verified before it
+is used), a resource whose latest state is
 ``closed`` stays closed, and a declaration an ``invalidated`` record voided is skipped.
 Each resource is restored from its descriptor and validated, in declaration order:
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +32,9 @@ from perdure.core.bodies import CapabilityMissing, Invalidated, Parked, RestoreR
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.positions import top
-from perdure.engine.commands.resources import Held, clean_descriptor
+from perdure.engine.commands.resources import Held, clean_descriptor, put_descriptors
 from perdure.engine.signals import Park, Suspend
+from perdure.engine.slots import Slot, resource_slot
 from perdure.errors import (
     CannotRestoreError,
     DescriptorVersionError,
@@ -58,12 +61,17 @@ _CLASSES = frozenset(c.value for c in ErrorClass)
 class _Declared:
     name: str
     pos: int | str
-    body: dict[str, Any]  # the latest descriptor record's body
+    body: dict[str, Any]  # the latest descriptor: its record's body, or its slot's
+    seq: int = 0  # the latest resource record's position in the chain
 
 
-def held_resources(records: Sequence[Record]) -> list[_Declared]:
+def held_resources(records: Sequence[Record], slots: Mapping[str, Slot] | None = None,
+                   opened: Callable[[Any], Any] | None = None) -> list[_Declared]:
     """The resources memory says are held, each by its latest descriptor, in declaration
-    order; read from the newest record back, so superseded descriptors are not decoded."""
+    order; read from the newest record back, so superseded descriptors are not decoded.
+
+    A resource's checkpoint slot (``slots``, verified; its value through ``opened``)
+    holds a newer descriptor than its records when it follows the latest of them."""
     latest: dict[str, _Declared] = {}
     voided_from: int | None = None  # the lowest position an invalidation seen so far voids
     for rec in reversed(records):
@@ -80,9 +88,26 @@ def held_resources(records: Sequence[Record]) -> list[_Declared]:
             continue
         name = str(body["name"])
         if name not in latest:
-            latest[name] = _Declared(name, decl, body)
+            latest[name] = _Declared(name, decl, body, rec.seq)
     found = [d for d in latest.values() if d.body.get("state") == "open"]
+    if slots:
+        found = [_slotted(d, slots, opened) for d in found]
     return sorted(found, key=lambda d: (top(d.pos), str(d.pos)))
+
+
+def _slotted(declared: _Declared, slots: Mapping[str, Slot],
+             opened: Callable[[Any], Any] | None) -> _Declared:
+    """``declared`` with its slot's descriptor when the slot follows its latest record
+    (a slot older than that record, left by a crash before its deletion, is ignored)."""
+    slot = slots.get(resource_slot(declared.name))
+    if slot is None or slot.after_seq < declared.seq:
+        return declared
+    body = opened(slot.value) if opened is not None else slot.value
+    if not isinstance(body, dict) or body.get("name") != declared.name or (
+            body.get("state") != "open"):
+        raise ValueError(f"checkpoint slot of resource {declared.name!r} holds no open "
+                         f"descriptor of it")
+    return _Declared(declared.name, declared.pos, {**declared.body, **body}, declared.seq)
 
 
 class _StaleStopError(Exception):
@@ -97,7 +122,7 @@ class _StaleStopError(Exception):
 async def restore_resources(run: Run, records: Sequence[Record]) -> None:
     """Restore what ``records`` say ``run`` holds into ``run._held`` (see the module)."""
     try:
-        declared = held_resources(records)
+        declared = held_resources(records, run._slots, run._opened)
     except (KeyError, TypeError, ValueError) as exc:  # a body no node of ours writes
         why = f"a resource record in memory is malformed ({type(exc).__name__}: {exc})"
         raise Park(RuntimeError(why), Parked(why, "resource", 0).draft()) from None
@@ -109,6 +134,7 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
     drafts: list[RecordDraft] = []
     restored: list[Held] = []
     invalidate: list[tuple[int, str, str, str]] = []  # (from_pos, step, resource, reason)
+    refreshed: list[Held] = []  # their new descriptors go to their slots
     current: _Declared | None = None
     t0 = began
     try:
@@ -125,7 +151,7 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
                 if policy == "refresh":
                     held.descriptor = clean_descriptor(held.name, await held.recipe.recapture(
                         held.descriptor, held.live))
-                    drafts.append(held.record(run).draft())
+                    refreshed.append(held)
                     entry["status"] = "refreshed"
                 elif policy.startswith("invalidate:"):
                     step = policy.partition(":")[2]
@@ -176,6 +202,9 @@ async def restore_resources(run: Run, records: Sequence[Record]) -> None:
     report = RestoreReport("restored", node, round(time.perf_counter() - began, 6), entries)
     try:
         await run._journal.commit([*drafts, report.draft()])
+        kept = [h for h in refreshed if h in restored]
+        if kept:
+            await put_descriptors(run, kept)
     except BaseException:  # (a lost lease, the store gone): nothing stays open
         await _rollback(restored)
         raise

@@ -126,6 +126,9 @@ class Run:
         self._records = records  # what a reentry restores resources from (engine.restore)
         self._held: dict[str, resource_commands.Held] = {}  # resources held, by name
         self._replayed: dict[str, resource_commands.Held] = {}  # released ones, replayed
+        # The object's checkpoint slots as the reentry read and verified them (by slot:
+        # ``engine.slots.Slot``): resources' latest descriptors, steps' latest markers.
+        self._slots: dict[str, Any] = {}
         self._max_recorded, self._rerouted = self._index(records)
         # What the commands learn as the agent runs (see their modules).
         self._crashes = crashes

@@ -92,6 +92,16 @@ class Verifier:
         if problem is not None:
             raise IntegrityError(object_id, last.seq, problem)
 
+    def slot_signer_problem(self, node_id: str, ts_us: int) -> str | None:
+        """Why ``node_id``'s key does not vouch for a checkpoint slot row written at
+        ``ts_us``, or ``None`` (the signature itself is checked by the caller)."""
+        self._known([node_id])
+        key = self.key_of(node_id)
+        if key is None:
+            return f"signer node {node_id!r} has no registered public key"
+        why = self.ring.problem(key, ts_us)
+        return None if why is None else f"signed by node {node_id!r}, whose {why}"
+
     # -- events -----------------------------------------------------------------------
 
     def warm(self, events: Sequence[Event]) -> None:

@@ -17,7 +17,16 @@ from perdure.core.chain import CommitSeal
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.errors import CancelRequestedError, LeaseLostError
 from perdure.stores._rows import notices_cancel, record_params
-from perdure.stores.base import Append, Claim, DataKeyRow, Event, NewObject, ObjectRow, Route
+from perdure.stores.base import (
+    Append,
+    CheckpointRow,
+    Claim,
+    DataKeyRow,
+    Event,
+    NewObject,
+    ObjectRow,
+    Route,
+)
 
 __all__ = ["TERMINAL", "NodeRow", "Row", "StoredEvent", "Tables", "apply_one"]
 
@@ -130,6 +139,7 @@ class Tables:
     nodes: dict[str, NodeRow] = field(default_factory=dict)
     trust: dict[str, tuple[float, str, bytes]] = field(default_factory=dict)
     data_keys: dict[str, DataKeyRow] = field(default_factory=dict)
+    checkpoints: dict[tuple[str, str], CheckpointRow] = field(default_factory=dict)
     woken: builtins.list[str] = field(default_factory=builtins.list)  # to tell subscribers
 
     def create(self, new: NewObject, now: float) -> bool:

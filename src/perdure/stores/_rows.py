@@ -12,11 +12,19 @@ from typing import Any
 from perdure.core.chain import CommitSeal, check_links
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import Record, record_from_columns
-from perdure.stores.base import Append, Claim, DataKeyRow, NewObject, ObjectRow
+from perdure.stores.base import (
+    Append,
+    CheckpointRow,
+    Claim,
+    DataKeyRow,
+    NewObject,
+    ObjectRow,
+)
 
 __all__ = [
     "append_params",
     "checked_chain",
+    "checkpoint_row",
     "claim_from_row",
     "create_params",
     "data_key_row",
@@ -168,3 +176,17 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
         "cancel_children": op.cancel_children,
     }
 
+
+
+def checkpoint_row(row: Sequence[Any]) -> CheckpointRow:
+    """A ``CheckpointRow`` from the ``checkpoints`` query's columns."""
+    return CheckpointRow(str(row[0]), str(row[1]), int(row[2]), int(row[3]), str(row[4]),
+                         _blob(row[5]), str(row[6]), _blob(row[7]), float(row[8]))
+
+
+def _blob(value: Any) -> bytes:
+    """A BLOB column's bytes; text that a hand edit put there, as its UTF-8 bytes (its
+    signature check then fails: never a crash)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    return bytes(value)

@@ -29,6 +29,8 @@ from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
     "Append",
+    "CheckpointRow",
+    "Checkpoints",
     "Claim",
     "DataKeyRow",
     "DataKeyRows",
@@ -112,6 +114,25 @@ class DataKeyRow:
     key_id: str
     wrapped: bytes
     seal_all: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRow:
+    """The latest superseding state of one slot of an object (a resource's descriptor, a
+    step's progress marker), kept outside the hash chain: ``body`` (bytes the engine
+    encodes), signed by ``signer`` over the object, the slot, the chain head it follows
+    (``after_seq``, ``after_hash``) and the body; ``epoch``: the lease it was written
+    under."""
+
+    object_id: str
+    slot: str
+    epoch: int
+    after_seq: int
+    after_hash: str
+    body: bytes
+    signer: str
+    signature: bytes
+    written_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +435,27 @@ class DataKeyRows(Protocol):
         """How many data keys each key-encryption key id wraps."""
 
 
-class Store(Nodes, Objects, Records, Leases, Inbox, DataKeyRows, Writes, Protocol):
+class Checkpoints(Protocol):
+    """Slots of superseding state (``CheckpointRow``): one row per ``(object_id, slot)``,
+    upserted, so only the latest value is kept. Writes are fenced like appends: only
+    while the object's row still has the writer's ``epoch`` and a lease owner."""
+
+    def put_checkpoint(self, row: CheckpointRow) -> bool:
+        """Upsert ``row`` if the object's lease is still at ``row.epoch``; whether it was
+        written (``False``: the lease moved on, nothing changed)."""
+
+    def checkpoints(self, object_id: str) -> builtins.list[CheckpointRow]:
+        """Every slot row of ``object_id``, by slot."""
+
+    def delete_checkpoints(self, object_id: str, slots: Sequence[str] | None,
+                           epoch: int | None) -> bool:
+        """Delete ``slots`` of ``object_id`` (``None``: all of them), fenced on ``epoch``
+        as ``put_checkpoint`` is (``None``: unfenced, for an object that ended); whether
+        the fence held."""
+
+
+class Store(Nodes, Objects, Records, Leases, Inbox, DataKeyRows, Checkpoints, Writes,
+            Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys.
 
     Every role above, plus ``url`` (shown in banners and errors, password masked) and

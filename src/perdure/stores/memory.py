@@ -33,6 +33,7 @@ from perdure.stores._memory_rows import TERMINAL, NodeRow, Tables, apply_one
 from perdure.stores._rows import checked_chain, record_from_row, record_params
 from perdure.stores.base import (
     Append,
+    CheckpointRow,
     Claim,
     DataKeyRow,
     Event,
@@ -160,6 +161,37 @@ class MemoryStore:
                 return False
             t.data_keys[old.object_id] = DataKeyRow(old.object_id, key_id, bytes(wrapped),
                                                     old.seal_all)
+            return True
+
+    # -- checkpoint slots ---------------------------------------------------------
+
+    def put_checkpoint(self, row: CheckpointRow) -> bool:
+        """Upsert ``row`` if the object's lease is still at ``row.epoch``."""
+        with self._held() as t:
+            obj = t.objects.get(row.object_id)
+            if obj is None or obj.epoch != row.epoch or obj.lease_owner is None:
+                return False
+            t.checkpoints[(row.object_id, row.slot)] = row
+            return True
+
+    def checkpoints(self, object_id: str) -> builtins.list[CheckpointRow]:
+        """Every slot row of ``object_id``, by slot."""
+        with self._held() as t:
+            return sorted((r for (oid, _), r in t.checkpoints.items() if oid == object_id),
+                          key=lambda r: r.slot)
+
+    def delete_checkpoints(self, object_id: str, slots: Sequence[str] | None,
+                           epoch: int | None) -> bool:
+        """Delete ``slots`` (``None``: all) of ``object_id``, fenced on ``epoch``."""
+        with self._held() as t:
+            obj = t.objects.get(object_id)
+            if epoch is not None and (obj is None or obj.epoch != epoch
+                                      or obj.lease_owner is None):
+                return False
+            gone = ([key for key in t.checkpoints if key[0] == object_id] if slots is None
+                    else [(object_id, s) for s in slots])
+            for key in gone:
+                t.checkpoints.pop(key, None)
             return True
 
     def data_key_counts(self) -> dict[str, int]:

@@ -60,6 +60,7 @@ from perdure.stores._postgres_db import PostgresDatabase, translate
 from perdure.stores._postgres_db import Q as _Q
 from perdure.stores._rows import (
     checked_chain,
+    checkpoint_row,
     claim_from_row,
     create_params,
     data_key_row,
@@ -72,6 +73,7 @@ from perdure.stores._rows import (
 from perdure.stores._urls import redact_url
 from perdure.stores.base import (
     Append,
+    CheckpointRow,
     Claim,
     DataKeyRow,
     Event,
@@ -187,6 +189,38 @@ class PostgresStore(PostgresDatabase):
         """How many data keys each key-encryption key id wraps."""
         with self._single() as conn:
             return {row[0]: int(row[1]) for row in conn.execute(_Q["data_key_counts"])}
+
+    # -- checkpoint slots ---------------------------------------------------------
+
+    def put_checkpoint(self, row: CheckpointRow) -> bool:
+        """Upsert ``row`` if the object's lease is still at ``row.epoch``."""
+        with self._tx() as conn:
+            cur = conn.execute(_Q["put_checkpoint"], {
+                "object_id": row.object_id, "slot": row.slot, "epoch": row.epoch,
+                "after_seq": row.after_seq, "after_hash": row.after_hash, "body": row.body,
+                "signer": row.signer, "signature": row.signature,
+                "written_at": row.written_at})
+            return cur.rowcount == 1
+
+    def checkpoints(self, object_id: str) -> builtins.list[CheckpointRow]:
+        """Every slot row of ``object_id``, by slot."""
+        with self._single() as conn:
+            rows = conn.execute(_Q["checkpoints"], (object_id,)).fetchall()
+        return [checkpoint_row(row) for row in rows]
+
+    def delete_checkpoints(self, object_id: str, slots: Sequence[str] | None,
+                           epoch: int | None) -> bool:
+        """Delete ``slots`` (``None``: all) of ``object_id``, fenced on ``epoch``."""
+        with self._tx() as conn:
+            if epoch is not None and conn.execute(_Q["checkpoint_fence"],
+                                                  (object_id, epoch)).fetchone() is None:
+                return False
+            if slots is None:
+                conn.execute(_Q["delete_checkpoints"], (object_id,))
+            else:
+                for slot in slots:
+                    conn.execute(_Q["delete_checkpoint"], (object_id, slot))
+        return True
 
     def public_keys(self) -> dict[str, bytes]:
         """All registered node keys."""

@@ -31,6 +31,7 @@ from perdure.errors import (
 )
 from perdure.stores._rows import (
     checked_chain,
+    checkpoint_row,
     claim_from_row,
     create_params,
     data_key_row,
@@ -51,6 +52,7 @@ from perdure.stores._sqlite_file import (
 from perdure.stores._sqlite_file import Q as _Q
 from perdure.stores.base import (
     Append,
+    CheckpointRow,
     Claim,
     DataKeyRow,
     Event,
@@ -174,6 +176,34 @@ class SQLiteStore(SQLiteFile):
         """How many data keys each key-encryption key id wraps."""
         return {row[0]: int(row[1]) for row in self._rows(_Q["data_key_counts"], (),
                                                            text_at=(0,))}
+
+    # -- checkpoint slots ---------------------------------------------------------
+
+    def put_checkpoint(self, row: CheckpointRow) -> bool:
+        """Upsert ``row`` if the object's lease is still at ``row.epoch``."""
+        with self._write() as conn:
+            cur = conn.execute(_Q["put_checkpoint"], (
+                row.object_id, row.slot, row.epoch, row.after_seq, row.after_hash, row.body,
+                row.signer, row.signature, row.written_at))
+            return cur.rowcount == 1
+
+    def checkpoints(self, object_id: str) -> builtins.list[CheckpointRow]:
+        """Every slot row of ``object_id``, by slot."""
+        rows = self._rows(_Q["checkpoints"], (object_id,), text_at=(0, 1, 4, 6))
+        return [checkpoint_row(row) for row in rows]
+
+    def delete_checkpoints(self, object_id: str, slots: Sequence[str] | None,
+                           epoch: int | None) -> bool:
+        """Delete ``slots`` (``None``: all) of ``object_id``, fenced on ``epoch``."""
+        with self._write() as conn:
+            if epoch is not None and conn.execute(_Q["checkpoint_fence"],
+                                                  (object_id, epoch)).fetchone() is None:
+                return False
+            if slots is None:
+                conn.execute(_Q["delete_checkpoints"], (object_id,))
+            else:
+                conn.executemany(_Q["delete_checkpoint"], [(object_id, s) for s in slots])
+        return True
 
     def public_keys(self) -> dict[str, bytes]:
         """All registered node keys (a node id that is not UTF-8 reads with U+FFFD)."""

@@ -15,7 +15,9 @@ and the object moves to another node.
 ``run.checkpoint_resources()`` records each held resource's descriptor as of now (a
 file's position, say) when it changed; ``run.release(name)`` closes one and records
 that it is no longer held. Neither takes a position: a later descriptor supersedes
-the earlier ones, which a resume never reads.
+the earlier ones, so it goes to the resource's checkpoint slot (``engine.slots``),
+outside the chain, where it replaces the one before; the release is a chain record and
+deletes the slot.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.records import Kind
 from perdure.engine.payloads import recorded_payload
 from perdure.engine.signals import Suspend
+from perdure.engine.slots import resource_slot
 from perdure.errors import CannotRestoreError, ConfigurationError, PerdureSignal
 from perdure.resources._protocol import Resource, type_name
 from perdure.resources.checks import see_all
@@ -38,8 +41,8 @@ from perdure.resources.checks import see_all
 if TYPE_CHECKING:
     from perdure.engine.run import Run
 
-__all__ = ["CMD", "Held", "checkpoint_resources", "clean_descriptor", "holding", "release",
-           "resource"]
+__all__ = ["CMD", "Held", "checkpoint_resources", "clean_descriptor", "holding",
+           "put_descriptors", "release", "resource"]
 
 T = TypeVar("T")
 
@@ -58,6 +61,8 @@ class Held:
     on_stale: str
     descriptor: dict[str, Any]
     live: Any
+    #: Whether this node wrote the resource's checkpoint slot (release deletes it).
+    written: bool = False
 
     def record(self, run: Run, state: str = "open") -> ResourceHeld:
         """A superseding descriptor record of this resource (its secrets sealed by
@@ -174,17 +179,30 @@ async def checkpoint_resources(self: Run, *names: str) -> int:
     unknown = [n for n in names if n not in self._held]
     if unknown:
         raise ConfigurationError(f"checkpoint_resources: not held: {', '.join(unknown)}")
-    drafts = []
+    changed = []
     for held in [self._held[n] for n in names] if names else list(self._held.values()):
         now = clean_descriptor(held.name, await held.recipe.recapture(held.descriptor,
                                                                        held.live))
         if now != held.descriptor:
             held.descriptor = now
-            drafts.append(held.record(self).draft())
-    if drafts:
+            changed.append(held)
+    if changed:
         self._boundary()
-        await self._journal.commit(drafts)
-    return len(drafts)
+        await put_descriptors(self, changed)
+    return len(changed)
+
+
+async def put_descriptors(run: Run, changed: list[Held]) -> None:
+    """Keep each of ``changed``'s latest descriptor in its checkpoint slot
+    (``engine.slots``: outside the chain, superseding the one before); a journal without
+    slots (none in tests of a bare run) records them in the chain instead."""
+    slots = run._journal.slots
+    if slots is None:
+        await run._journal.commit([held.record(run).draft() for held in changed])
+        return
+    for held in changed:
+        await slots.put(run._journal, resource_slot(held.name), held.record(run).encode())
+        held.written = True
 
 
 async def release(self: Run, name: str) -> None:
@@ -203,6 +221,10 @@ async def release(self: Run, name: str) -> None:
         await held.recipe.close(held.live)
     finally:
         await self._journal.commit([held.record(self, "closed").draft()])
+        slots = self._journal.slots
+        if slots is not None and (held.written or resource_slot(name) in self._slots):
+            await slots.drop(self._journal, [resource_slot(name)])
+            self._slots.pop(resource_slot(name), None)
 
 
 @contextlib.asynccontextmanager

@@ -29,7 +29,7 @@ from perdure.core.backoff import RetryPolicy
 from perdure.core.bodies import StepDone, StepStarted
 from perdure.core.codec import decode, detached
 from perdure.core.records import Kind, Record, RecordDraft
-from perdure.engine.checkpoints import step_marks
+from perdure.engine.checkpoints import Marks, drop_step_slot, step_marks
 from perdure.engine.commands.positions import branch
 from perdure.engine.commands.step_failures import (
     cannot_do,
@@ -176,8 +176,10 @@ async def step(
         cannot_do(self, step_name, pos, exc.reason)
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
         policy = retry or opts.get("retry") or DEFAULT_RETRY
-        raise await _failed(self, pos, step_name, attempt, failures, policy, exc,
-                            time.perf_counter() - began, key) from None
+        error = await _failed(self, pos, step_name, attempt, failures, policy, exc,
+                              time.perf_counter() - began, key)
+        await drop_step_slot(self, pos, info._marks)  # a final failure: its outcome
+        raise error from None
     # Record: the result as memory holds it.
     self._poisoned_at = False  # a step ran to its end on this claim: the worker lived
     latency = round(time.perf_counter() - began, 6)
@@ -188,6 +190,8 @@ async def step(
     await self._journal.commit(
         [done_draft(pos, step_name, attempt, latency, recorded, result_bytes)],
         **routing_reset(self))
+    if self._slots or type(info._marks) is Marks:
+        await drop_step_slot(self, pos, info._marks)
     _told(self, step_name, pos, True, latency)
     # Sealed: memory keeps the ciphertext, the agent gets what replay will give it.
     return recorded if stored is result else self._opened(recorded)

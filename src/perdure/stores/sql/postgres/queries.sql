@@ -451,3 +451,32 @@ WHERE object_id = %s AND key_id = %s AND wrapped = %s;
 
 -- name: data_key_counts
 SELECT key_id, count(*) FROM data_keys GROUP BY key_id ORDER BY key_id;
+
+-- name: put_checkpoint
+-- Fenced like an append: only while the object's row still has the writer's epoch and a
+-- lease owner. One row per (object, slot): the latest value replaces the one before.
+INSERT INTO checkpoints (object_id, slot, epoch, after_seq, after_hash, body, signer,
+                         signature, written_at)
+SELECT %(object_id)s, %(slot)s, %(epoch)s, %(after_seq)s, %(after_hash)s, %(body)s,
+       %(signer)s, %(signature)s, %(written_at)s
+WHERE EXISTS (SELECT 1 FROM objects WHERE object_id = %(object_id)s
+                                      AND epoch = %(epoch)s AND lease_owner IS NOT NULL)
+ON CONFLICT (object_id, slot) DO UPDATE SET
+    epoch = excluded.epoch, after_seq = excluded.after_seq,
+    after_hash = excluded.after_hash, body = excluded.body, signer = excluded.signer,
+    signature = excluded.signature, written_at = excluded.written_at;
+
+-- name: checkpoints
+SELECT object_id, slot, epoch, after_seq, after_hash, body, signer, signature, written_at
+FROM checkpoints WHERE object_id = %s ORDER BY slot;
+
+-- name: checkpoint_fence
+-- Held until the transaction ends, so that no claim moves the epoch in between.
+SELECT 1 FROM objects WHERE object_id = %s AND epoch = %s AND lease_owner IS NOT NULL
+FOR UPDATE;
+
+-- name: delete_checkpoint
+DELETE FROM checkpoints WHERE object_id = %s AND slot = %s;
+
+-- name: delete_checkpoints
+DELETE FROM checkpoints WHERE object_id = %s;

@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 6
+-- version: 7
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -110,3 +110,15 @@ CREATE TABLE data_keys (
 );
 
 CREATE INDEX data_keys_by_key ON data_keys (key_id);
+CREATE TABLE checkpoints (
+    object_id  TEXT NOT NULL,
+    slot       TEXT NOT NULL,
+    epoch      BIGINT NOT NULL,
+    after_seq  BIGINT NOT NULL,
+    after_hash TEXT NOT NULL,
+    body       BYTEA NOT NULL,
+    signer     TEXT NOT NULL,
+    signature  BYTEA NOT NULL,
+    written_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (object_id, slot)
+);

@@ -347,3 +347,29 @@ WHERE object_id = ? AND key_id = ? AND wrapped = ?;
 
 -- name: data_key_counts
 SELECT key_id, count(*) FROM data_keys GROUP BY key_id ORDER BY key_id;
+
+-- name: put_checkpoint
+-- Fenced like an append: only while the object's row still has the writer's epoch and a
+-- lease owner. One row per (object, slot): the latest value replaces the one before.
+INSERT INTO checkpoints (object_id, slot, epoch, after_seq, after_hash, body, signer,
+                         signature, written_at)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9
+WHERE EXISTS (SELECT 1 FROM objects WHERE object_id = ?1 AND epoch = ?3
+                                      AND lease_owner IS NOT NULL)
+ON CONFLICT (object_id, slot) DO UPDATE SET
+    epoch = excluded.epoch, after_seq = excluded.after_seq,
+    after_hash = excluded.after_hash, body = excluded.body, signer = excluded.signer,
+    signature = excluded.signature, written_at = excluded.written_at;
+
+-- name: checkpoints
+SELECT object_id, slot, epoch, after_seq, after_hash, body, signer, signature, written_at
+FROM checkpoints WHERE object_id = ? ORDER BY slot;
+
+-- name: checkpoint_fence
+SELECT 1 FROM objects WHERE object_id = ? AND epoch = ? AND lease_owner IS NOT NULL;
+
+-- name: delete_checkpoint
+DELETE FROM checkpoints WHERE object_id = ? AND slot = ?;
+
+-- name: delete_checkpoints
+DELETE FROM checkpoints WHERE object_id = ?;

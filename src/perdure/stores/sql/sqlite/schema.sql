@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 7
+-- version: 8
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -106,3 +106,16 @@ CREATE TABLE data_keys (
 ) WITHOUT ROWID;
 
 CREATE INDEX data_keys_by_key ON data_keys (key_id);
+CREATE TABLE checkpoints (
+    object_id  TEXT NOT NULL,
+    slot       TEXT NOT NULL,
+    epoch      INTEGER NOT NULL,
+    after_seq  INTEGER NOT NULL,
+    after_hash TEXT NOT NULL,
+    body       BLOB NOT NULL,
+    signer     TEXT NOT NULL,
+    signature  BLOB NOT NULL,
+    written_at REAL NOT NULL,
+    PRIMARY KEY (object_id, slot)
+) WITHOUT ROWID;
+
