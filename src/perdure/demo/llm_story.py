@@ -32,7 +32,7 @@ from perdure.demo.llm_agent import (
     prompts,
 )
 from perdure.demo.story import DemoError, _prepare
-from perdure.demo.workers import WorkerProcess
+from perdure.demo.workers import WorkerProcess, report_failure
 from perdure.errors import PerdureError
 from perdure.inspect import Narrator, describe, usage
 from perdure.llm import recorded_calls
@@ -273,13 +273,7 @@ def run_llm_demo(folder: str | Path = LLM_DEFAULT_DIR, *, fresh: bool = False,
         with ExitStack() as stack:
             return story.run(fresh, stack)
     except (DemoError, PerdureError) as exc:
-        out.print(f"[bold red]demo failed:[/] {escape(str(exc))}")
-        for worker in story.workers:
-            tail = worker.log_tail()
-            if tail:
-                out.print(f"[dim]last lines of worker {worker.label}'s log:[/]")
-                out.print(tail, markup=False)
-        return 1
+        return report_failure(out, exc, story.workers)
     finally:
         for worker in story.workers:
             worker.stop()

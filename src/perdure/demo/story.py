@@ -22,7 +22,7 @@ from rich.table import Table
 from perdure import Kind, Record
 from perdure.demo.agents import AGENT, DEFAULT_DIR, EFFECTS, LEASE_SECONDS, build_app
 from perdure.demo.samples import MARKER, write_samples
-from perdure.demo.workers import WorkerProcess
+from perdure.demo.workers import WorkerProcess, report_failure
 from perdure.errors import PerdureError
 from perdure.inspect import Narrator
 
@@ -280,13 +280,7 @@ def run_demo(folder: str | Path = DEFAULT_DIR, *, fresh: bool = False,
     try:
         return story.run(fresh)
     except (DemoError, PerdureError) as exc:
-        out.print(f"[bold red]demo failed:[/] {exc}")
-        for worker in story.workers:
-            tail = worker.log_tail()
-            if tail:
-                out.print(f"[dim]last lines of worker {worker.label}'s log:[/]")
-                out.print(tail, markup=False)
-        return 1
+        return report_failure(out, exc, story.workers)
     finally:
         for worker in story.workers:
             worker.stop()

@@ -36,7 +36,7 @@ from perdure.demo.tool_agent import (
     sandbox,
     seed,
 )
-from perdure.demo.workers import WorkerProcess
+from perdure.demo.workers import WorkerProcess, report_failure
 from perdure.errors import PerdureError
 from perdure.inspect import describe
 
@@ -219,13 +219,7 @@ def run_agent_demo(folder: str | Path = AGENT_DEFAULT_DIR, *, fresh: bool = Fals
         with ExitStack() as stack:
             return story.run(fresh, stack)
     except (DemoError, PerdureError) as exc:
-        out.print(f"[bold red]demo failed:[/] {escape(str(exc))}")
-        for worker in story.workers:
-            tail = worker.log_tail()
-            if tail:
-                out.print(f"[dim]last lines of worker {worker.label}'s log:[/]")
-                out.print(tail, markup=False)
-        return 1
+        return report_failure(out, exc, story.workers)
     finally:
         for worker in story.workers:
             worker.stop()

@@ -7,11 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
 
 from perdure.demo.agents import DEMO_DIR_ENV
 
-__all__ = ["WorkerProcess"]
+__all__ = ["WorkerProcess", "report_failure"]
 
 
 class WorkerProcess:
@@ -59,3 +63,14 @@ class WorkerProcess:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def report_failure(out: Console, exc: BaseException, workers: Sequence[WorkerProcess]) -> int:
+    """Say why a demo failed, with the end of each worker's log; the exit code (1)."""
+    out.print(f"[bold red]demo failed:[/] {escape(str(exc))}")
+    for worker in workers:
+        tail = worker.log_tail()
+        if tail:
+            out.print(f"[dim]last lines of worker {worker.label}'s log:[/]")
+            out.print(tail, markup=False)
+    return 1
