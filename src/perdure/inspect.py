@@ -59,10 +59,11 @@ from perdure.core.bodies import (
     Woke,
     decode,
 )
+from perdure.core.bodies.tools import DECIDED
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import sealed_shown
-from perdure.core.usage import UsageTotals
+from perdure.core.usage import UsageTotals, decimal_text
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
 from perdure.questions import asking_note
@@ -215,7 +216,7 @@ def _progress(body: Progress) -> Line:
 
 def _dollars(cost: Decimal) -> str:
     """An exact cost without trailing zeros: ``0.0025``, ``0``."""
-    return f"{cost.normalize():f}" if cost else "0"
+    return decimal_text(cost.normalize())
 
 
 def _tokens(usage: Mapping[str, Any]) -> str:
@@ -291,7 +292,7 @@ def _tool_decided(body: ToolDecided) -> Line:
                     f"{body.reason}", True)
     edit = f" -> {body.edit[:ARGS_SHOWN]}" if body.edit else ""
     reason = f": {body.reason}" if body.reason else ""
-    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {body.decision}d by "
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {DECIDED[body.decision]} by "
                 f"{body.identity} (key {body.key[:16]}){edit}{reason}", True)
 
 
