@@ -100,7 +100,7 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _server(asgi: object, *, host: str, port: int, ssl_certfile: str | None,
+def _uvicorn_server(asgi: object, *, host: str, port: int, ssl_certfile: str | None,
             ssl_keyfile: str | None) -> object:
     import uvicorn
 
@@ -115,9 +115,12 @@ def serve(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None
     """Run ``asgi`` with uvicorn on ``sock`` (bound now with ``listen`` when not given)
     until interrupted. Blocks."""
     sock = sock or listen(host, port)
-    server = _server(asgi, host=host, port=port, ssl_certfile=ssl_certfile,
+    server = _uvicorn_server(asgi, host=host, port=port, ssl_certfile=ssl_certfile,
                      ssl_keyfile=ssl_keyfile)
-    server.run(sockets=[sock])  # type: ignore[attr-defined]
+    try:
+        server.run(sockets=[sock])  # type: ignore[attr-defined]
+    finally:
+        sock.close()
 
 
 def serve_in_thread(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
@@ -127,9 +130,16 @@ def serve_in_thread(asgi: object, *, host: str, port: int, ssl_certfile: str | N
     ``sock`` (bound now, in the caller, when not given: a port in use raises here);
     returns the thread and the uvicorn server (set its ``should_exit`` to stop it)."""
     sock = sock or listen(host, port)
-    server = _server(asgi, host=host, port=port, ssl_certfile=ssl_certfile,
+    server = _uvicorn_server(asgi, host=host, port=port, ssl_certfile=ssl_certfile,
                      ssl_keyfile=ssl_keyfile)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},  # type: ignore[attr-defined]
-                              daemon=True, name="perdure-ui")
+    listening = sock
+
+    def run() -> None:
+        try:
+            server.run(sockets=[listening])  # type: ignore[attr-defined]
+        finally:
+            listening.close()
+
+    thread = threading.Thread(target=run, daemon=True, name="perdure-ui")
     thread.start()
     return thread, server
