@@ -7,6 +7,7 @@ forward from exactly where it was.
 
 from __future__ import annotations
 
+from perdure import _interrupt  # noqa: F401 - first: a Ctrl-C while the rest loads is one line
 from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity
 from perdure._keys import KeyFolder

@@ -71,9 +71,13 @@ def _load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         _fail(f"cannot import {module_name!r} for --app: {exc}")
-    app = getattr(module, attr, None)
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    hint = f"; its Apps: {', '.join(f'{module_name}:{name}' for name in apps)}" if apps else ""
+    if not hasattr(module, attr):
+        _fail(f"--app {spec}: module {module_name!r} has no attribute {attr!r}{hint}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        _fail(f"{spec!r} is not a perdure.App (found {type(app).__name__})")
+        _fail(f"--app {spec}: {attr!r} is a {type(app).__name__}, not a perdure.App{hint}")
     return app
 
 
@@ -739,3 +743,28 @@ def main() -> None:
         _fail(str(exc))
     except KeyboardInterrupt:
         sys.exit(130)
+    except ImportError as exc:  # a package of an extra that is not installed
+        _fail(_import_hint(exc))
+    except OSError as exc:  # a file or folder the command was given or needs
+        _fail(_os_error_text(exc))
+
+
+_EXTRAS = {"openai": "llm", "anthropic": "llm", "bpe_openai": "llm", "psycopg": "postgres",
+           "psycopg_pool": "postgres", "starlette": "ui", "uvicorn": "ui", "mcp": "mcp",
+           "keyring": "keyring", "httpx": "resources", "pydantic_ai": "pydantic-ai"}
+
+
+def _import_hint(exc: ImportError) -> str:
+    """What is missing, and the install that brings it, for an import that failed."""
+    top = (exc.name or "").partition(".")[0]
+    if top in _EXTRAS:
+        return (f"this needs the {top!r} package, which is not installed: "
+                f"pip install 'perdure[{_EXTRAS[top]}]'")
+    return f"cannot import {exc.name or 'a module'}: {exc}"
+
+
+def _os_error_text(exc: OSError) -> str:
+    """An operating-system error as one line: what failed, on which file."""
+    what = exc.strerror or type(exc).__name__
+    files = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+    return f"{what}: {' -> '.join(files)}" if files else f"{what}: {exc}"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from perdure.core.backoff import ErrorClass, Failure, next_delay
 from perdure.core.bodies import Dormant, ModelCall, ModelFailed, ModelStarted
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.usage import decimal_text
 from perdure.engine.commands.model_budget import (
     call_key,
     exhausted,
@@ -240,7 +241,7 @@ class Attempts:
                 cost = prices.cost(reply.model, reply.usage)
         body = ModelCall(self.pos, self.name, self.attempt, route.index,
                          route.client.provider, self.asked, encoded.request, encoded.blobs,
-                         encoded.reply, None if cost is None else str(cost),
+                         encoded.reply, None if cost is None else decimal_text(cost),
                          tuple(skipped), recovery)
         try:
             await self.run._journal.commit([*before, body.draft()])
