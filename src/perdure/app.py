@@ -40,6 +40,7 @@ from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
 from perdure.engine.sealer import Sealer, needs_sealing
+from perdure.engine.settings import DRAIN_SECONDS
 from perdure.engine.verifier import Verifier
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -805,7 +806,7 @@ class App:
 
     # -- running a node -------------------------------------------------------------
 
-    def worker(self, *, concurrency: int = 16, drain_seconds: float = 5.0,
+    def worker(self, *, concurrency: int = 16, drain_seconds: float = DRAIN_SECONDS,
                held_records: int = 50_000) -> Worker:
         """Build this node's worker (``run_worker`` runs one until stopped).
 
@@ -828,8 +829,15 @@ class App:
                       anchors=self.anchors, hooks=self.hooks)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
-                    corrupt_retry: float = CORRUPT_RETRY_SECONDS) -> None:
+                    corrupt_retry: float = CORRUPT_RETRY_SECONDS,
+                    drain_seconds: float = DRAIN_SECONDS,
+                    abandon: asyncio.Event | None = None) -> int:
         """Run a worker on the current event loop until ``stop`` is set.
+
+        Then the node claims nothing more and drains: steps already running may finish,
+        and are recorded, for up to ``drain_seconds`` (or until ``abandon`` is set); the
+        objects are let go. Returns how many steps it abandoned still running on code
+        threads (0 when every object was let go at a command boundary).
 
         If the store cannot be reached when the node starts, it says so once and
         keeps trying (backing off up to 5 s) instead of exiting. A damaged store
@@ -841,7 +849,8 @@ class App:
         delay, said, damaged = 0.25, False, ""
         while not stop.is_set():
             try:
-                worker = await asyncio.to_thread(self.worker, concurrency=concurrency)
+                worker = await asyncio.to_thread(self.worker, concurrency=concurrency,
+                                                 drain_seconds=drain_seconds)
             except StoreCorruptError as exc:
                 if str(exc) != damaged:
                     log.error("%s; this node waits, checking the store again every %.0f s",
@@ -862,24 +871,33 @@ class App:
                 continue
             if said or damaged:
                 log.warning("store reachable; node starting", extra={"action": "store_up"})
-            await worker.run(stop)
-            return
+            return await worker.run(stop, abandon)
+        return 0
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
-                   install_signals: bool = True) -> None:
+                   install_signals: bool = True, drain_seconds: float = DRAIN_SECONDS) -> int:
         """Run this node until SIGINT/SIGTERM (or ``until()`` turns true). Blocks.
 
-        On stop the node finishes the command each object is in, lets the
-        objects go, and returns.
+        On the first signal the node claims nothing more, says what it waits for, and
+        lets the steps already running finish and be recorded, for up to
+        ``drain_seconds``; then it lets the objects go and returns. A second signal lets
+        them go at once. Returns how many steps were abandoned still running on code
+        threads: the interpreter waits for those threads at exit unless the caller
+        exits at once (``os._exit``), as ``perdure worker`` does.
         """
 
-        async def main() -> None:
+        async def main() -> int:
             stop = asyncio.Event()
+            abandon = asyncio.Event()
             loop = asyncio.get_running_loop()
+
+            def signalled() -> None:
+                (abandon if stop.is_set() else stop).set()
+
             if install_signals and threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     with contextlib.suppress(NotImplementedError, RuntimeError):
-                        loop.add_signal_handler(sig, stop.set)
+                        loop.add_signal_handler(sig, signalled)
             watcher = None
             if until is not None:
 
@@ -890,12 +908,13 @@ class App:
 
                 watcher = asyncio.create_task(watch())
             try:
-                await self.serve(stop, concurrency=concurrency)
+                return await self.serve(stop, concurrency=concurrency,
+                                        drain_seconds=drain_seconds, abandon=abandon)
             finally:
                 if watcher is not None:
                     watcher.cancel()
 
-        asyncio.run(main())
+        return asyncio.run(main())
 
     @contextlib.contextmanager
     def background_worker(self, *, concurrency: int = 16) -> Iterator[None]:
