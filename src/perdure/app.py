@@ -585,7 +585,7 @@ class App:
     def _explain(self, info: ObjectInfo, live: builtins.list[NodeInfo] | None = None
                  ) -> ObjectInfo:
         """Say why a runnable object waits when no live node can take it."""
-        if info.status is not Status.READY or info.note:
+        if info.status is not Status.READY or (info.note and not info.avoid):
             return info  # nothing to explain: no need to ask for the live nodes
         note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)

@@ -47,11 +47,16 @@ def running_steps() -> list[Running]:
     """The steps running on this event loop now (read from the tasks' frames)."""
     found: list[Running] = []
     for task in asyncio.all_tasks():
-        for frame in task.get_stack():
-            if frame.f_code is _STEP_CODE:
+        # A suspended task's stack is the chain of coroutines each one awaits.
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None and frame.f_code is _STEP_CODE:
                 info = frame.f_locals.get("info")
                 if isinstance(info, StepInfo):
                     found.append(Running(info, "call" in frame.f_locals))
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom",
+                                                                   None)
     return found
 
 
