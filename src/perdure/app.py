@@ -807,8 +807,11 @@ class App:
     # -- running a node -------------------------------------------------------------
 
     def worker(self, *, concurrency: int = 16, drain_seconds: float = DRAIN_SECONDS,
-               held_records: int = 50_000) -> Worker:
+               held_records: int = 50_000, warn_stalls: float | None = None) -> Worker:
         """Build this node's worker (``run_worker`` runs one until stopped).
+
+        ``warn_stalls`` (seconds) logs a WARNING, with the stack, whenever the worker's
+        event loop is blocked longer (``perdure.engine.stalls``).
 
         ``held_records`` bounds the records the node keeps of objects it ran, so that
         claiming one again reads only what was appended since (0: always read all).
@@ -820,6 +823,7 @@ class App:
             poll_interval=self.poll_interval,
             drain_seconds=drain_seconds,
             held_records=held_records,
+            warn_stalls=warn_stalls,
             model_prices=self.prices,
         )
         signer = self._ensure_node()
@@ -831,7 +835,8 @@ class App:
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
                     corrupt_retry: float = CORRUPT_RETRY_SECONDS,
                     drain_seconds: float = DRAIN_SECONDS,
-                    abandon: asyncio.Event | None = None) -> int:
+                    abandon: asyncio.Event | None = None,
+                    warn_stalls: float | None = None) -> int:
         """Run a worker on the current event loop until ``stop`` is set.
 
         Then the node claims nothing more and drains: steps already running may finish,
@@ -850,7 +855,8 @@ class App:
         while not stop.is_set():
             try:
                 worker = await asyncio.to_thread(self.worker, concurrency=concurrency,
-                                                 drain_seconds=drain_seconds)
+                                                 drain_seconds=drain_seconds,
+                                                 warn_stalls=warn_stalls)
             except StoreCorruptError as exc:
                 if str(exc) != damaged:
                     log.error("%s; this node waits, checking the store again every %.0f s",
@@ -875,7 +881,8 @@ class App:
         return 0
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
-                   install_signals: bool = True, drain_seconds: float = DRAIN_SECONDS) -> int:
+                   install_signals: bool = True, drain_seconds: float = DRAIN_SECONDS,
+                   warn_stalls: float | None = None) -> int:
         """Run this node until SIGINT/SIGTERM (or ``until()`` turns true). Blocks.
 
         On the first signal the node claims nothing more, says what it waits for, and
@@ -909,7 +916,8 @@ class App:
                 watcher = asyncio.create_task(watch())
             try:
                 return await self.serve(stop, concurrency=concurrency,
-                                        drain_seconds=drain_seconds, abandon=abandon)
+                                        drain_seconds=drain_seconds, abandon=abandon,
+                                        warn_stalls=warn_stalls)
             finally:
                 if watcher is not None:
                     watcher.cancel()

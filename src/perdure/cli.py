@@ -318,6 +318,10 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
                    "finish and be recorded for up to SECONDS before the node lets their "
                    "objects go (a second Ctrl-C lets go at once; an abandoned step runs "
                    "again on the next node). Keep it under your supervisor's kill timeout.")
+@click.option("--warn-stalls", "warn_stalls", type=click.FloatRange(min=1), default=None,
+              envvar="PERDURE_WARN_STALLS", show_envvar=True, metavar="MS",
+              help="Log a WARNING, with the stack, whenever the node's event loop is "
+                   "blocked longer than MS milliseconds (finding slow code in agents).")
 @click.option("--capability", "capabilities", multiple=True, metavar="NAME",
               help="A capability this node has (repeatable), added to the App's own; objects "
                    "and steps that require one go only to nodes that have it.")
@@ -332,7 +336,7 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
            poll_interval: float | None, capabilities: tuple[str, ...], with_ui: bool = False,
            ui_host: str = "127.0.0.1", ui_port: int = 8377,
-           drain_seconds: float = DRAIN_SECONDS) -> None:
+           drain_seconds: float = DRAIN_SECONDS, warn_stalls: float | None = None) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM.
 
     The first Ctrl-C (or SIGTERM) stops claiming, says which objects and steps it waits
@@ -347,7 +351,8 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
               f"(concurrency {concurrency}{caps})")
     if with_ui:
         start_ui(app, host=ui_host, port=ui_port, background=True)
-    abandoned = app.run_worker(concurrency=concurrency, drain_seconds=drain_seconds)
+    abandoned = app.run_worker(concurrency=concurrency, drain_seconds=drain_seconds,
+                               warn_stalls=None if warn_stalls is None else warn_stalls / 1000)
     if abandoned:
         # Steps left running on code threads would hold the process until they end:
         # their objects were let go, so exit now.

@@ -54,6 +54,8 @@ class WorkerSettings:
     model_prices: PriceTable | None = None
     # The key-encryption keys that open and make objects' data keys (secrets at rest).
     data_keys: DataKeys | None = None
+    # Log a WARNING when the event loop stalls longer than this (seconds; None: off).
+    warn_stalls: float | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -34,6 +34,7 @@ from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
+from perdure.engine.stalls import LoopWatchdog
 from perdure.engine.verifier import Verifier
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
 from perdure.hooks import Hooks, IntegrityFailure, LeaseLost
@@ -113,6 +114,10 @@ class Worker:
         idle = self.settings.idle_seconds if unsubscribe is not None else (
             self.settings.poll_interval
         )
+        watchdog = None
+        if self.settings.warn_stalls is not None:
+            watchdog = LoopWatchdog(self.settings.warn_stalls)
+            watchdog.start()
         await self._start_up()
         abandoned = 0
         try:
@@ -130,6 +135,8 @@ class Worker:
             with contextlib.suppress(Exception):
                 await node.read(self.anchors.close)
             node.shutdown()
+            if watchdog is not None:
+                watchdog.stop()
         return abandoned
 
     async def _start_up(self) -> None:
