@@ -40,6 +40,7 @@ from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
 from perdure.engine.sealer import Sealer, needs_sealing
+from perdure.engine.settings import DRAIN_SECONDS
 from perdure.engine.verifier import Verifier
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -584,7 +585,7 @@ class App:
     def _explain(self, info: ObjectInfo, live: builtins.list[NodeInfo] | None = None
                  ) -> ObjectInfo:
         """Say why a runnable object waits when no live node can take it."""
-        if info.status is not Status.READY or info.note:
+        if info.status is not Status.READY or (info.note and not info.avoid):
             return info  # nothing to explain: no need to ask for the live nodes
         note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)
@@ -805,9 +806,12 @@ class App:
 
     # -- running a node -------------------------------------------------------------
 
-    def worker(self, *, concurrency: int = 16, drain_seconds: float = 5.0,
-               held_records: int = 50_000) -> Worker:
+    def worker(self, *, concurrency: int = 16, drain_seconds: float = DRAIN_SECONDS,
+               held_records: int = 50_000, warn_stalls: float | None = None) -> Worker:
         """Build this node's worker (``run_worker`` runs one until stopped).
+
+        ``warn_stalls`` (seconds) logs a WARNING, with the stack, whenever the worker's
+        event loop is blocked longer (``perdure.engine.stalls``).
 
         ``held_records`` bounds the records the node keeps of objects it ran, so that
         claiming one again reads only what was appended since (0: always read all).
@@ -819,6 +823,7 @@ class App:
             poll_interval=self.poll_interval,
             drain_seconds=drain_seconds,
             held_records=held_records,
+            warn_stalls=warn_stalls,
             model_prices=self.prices,
         )
         signer = self._ensure_node()
@@ -828,8 +833,16 @@ class App:
                       anchors=self.anchors, hooks=self.hooks)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
-                    corrupt_retry: float = CORRUPT_RETRY_SECONDS) -> None:
+                    corrupt_retry: float = CORRUPT_RETRY_SECONDS,
+                    drain_seconds: float = DRAIN_SECONDS,
+                    abandon: asyncio.Event | None = None,
+                    warn_stalls: float | None = None) -> int:
         """Run a worker on the current event loop until ``stop`` is set.
+
+        Then the node claims nothing more and drains: steps already running may finish,
+        and are recorded, for up to ``drain_seconds`` (or until ``abandon`` is set); the
+        objects are let go. Returns how many steps it abandoned still running on code
+        threads (0 when every object was let go at a command boundary).
 
         If the store cannot be reached when the node starts, it says so once and
         keeps trying (backing off up to 5 s) instead of exiting. A damaged store
@@ -841,7 +854,9 @@ class App:
         delay, said, damaged = 0.25, False, ""
         while not stop.is_set():
             try:
-                worker = await asyncio.to_thread(self.worker, concurrency=concurrency)
+                worker = await asyncio.to_thread(self.worker, concurrency=concurrency,
+                                                 drain_seconds=drain_seconds,
+                                                 warn_stalls=warn_stalls)
             except StoreCorruptError as exc:
                 if str(exc) != damaged:
                     log.error("%s; this node waits, checking the store again every %.0f s",
@@ -862,24 +877,34 @@ class App:
                 continue
             if said or damaged:
                 log.warning("store reachable; node starting", extra={"action": "store_up"})
-            await worker.run(stop)
-            return
+            return await worker.run(stop, abandon)
+        return 0
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
-                   install_signals: bool = True) -> None:
+                   install_signals: bool = True, drain_seconds: float = DRAIN_SECONDS,
+                   warn_stalls: float | None = None) -> int:
         """Run this node until SIGINT/SIGTERM (or ``until()`` turns true). Blocks.
 
-        On stop the node finishes the command each object is in, lets the
-        objects go, and returns.
+        On the first signal the node claims nothing more, says what it waits for, and
+        lets the steps already running finish and be recorded, for up to
+        ``drain_seconds``; then it lets the objects go and returns. A second signal lets
+        them go at once. Returns how many steps were abandoned still running on code
+        threads: the interpreter waits for those threads at exit unless the caller
+        exits at once (``os._exit``), as ``perdure worker`` does.
         """
 
-        async def main() -> None:
+        async def main() -> int:
             stop = asyncio.Event()
+            abandon = asyncio.Event()
             loop = asyncio.get_running_loop()
+
+            def signalled() -> None:
+                (abandon if stop.is_set() else stop).set()
+
             if install_signals and threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     with contextlib.suppress(NotImplementedError, RuntimeError):
-                        loop.add_signal_handler(sig, stop.set)
+                        loop.add_signal_handler(sig, signalled)
             watcher = None
             if until is not None:
 
@@ -890,12 +915,14 @@ class App:
 
                 watcher = asyncio.create_task(watch())
             try:
-                await self.serve(stop, concurrency=concurrency)
+                return await self.serve(stop, concurrency=concurrency,
+                                        drain_seconds=drain_seconds, abandon=abandon,
+                                        warn_stalls=warn_stalls)
             finally:
                 if watcher is not None:
                     watcher.cancel()
 
-        asyncio.run(main())
+        return asyncio.run(main())
 
     @contextlib.contextmanager
     def background_worker(self, *, concurrency: int = 16) -> Iterator[None]:

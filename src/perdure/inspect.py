@@ -488,19 +488,28 @@ def failure(records: Sequence[Record]) -> str | None:
 
 
 def waiting_note(info: ObjectInfo, nodes: Sequence[NodeInfo]) -> str | None:
-    """Why a runnable object (status ready, no note of its own) waits when none of the
-    live ``nodes`` can take it: none serves its agent version, or none that does has the
-    capabilities it requires. ``None`` when one can, or the object is not waiting so."""
-    if info.status is not Status.READY or info.note:
+    """Why a runnable object (status ready) waits when none of the live ``nodes`` can
+    take it: none serves its agent version, none that does has the capabilities it
+    requires, or every one that could said it cannot do its next step (it cannot
+    restore a resource, lacks a key or a package: the object's own note says which).
+    ``None`` when one can, or the object is not waiting so."""
+    if info.status is not Status.READY or (info.note and not info.avoid):
         return None
     wanted = f"{info.agent}@{info.agent_version}"
     serving = [n for n in nodes if wanted in n.serves]
     if not serving:
-        return f"waiting: no live node serves {wanted}"
+        return f"waiting: no live node serves {wanted}" if not info.note else None
     needs = set(info.requires)
-    if any(needs <= set(n.capabilities) for n in serving):
+    able = [n for n in serving if needs <= set(n.capabilities)]
+    if not able:
+        return (f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
+                if not info.note else None)
+    refused = {owner.rpartition("/")[0] or owner for owner in info.avoid}
+    if any(n.node_id not in refused for n in able):
         return None
-    return f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
+    why = info.note or f"{', '.join(sorted(refused))} cannot do its next step"
+    return (f"waiting: no live node can take it: {why}; fix that node and restart it, "
+            f"or start another")
 
 
 def waiting_for(info: ObjectInfo) -> str | None:

@@ -78,6 +78,9 @@ class ObjectRow:
     created_at: float
     updated_at: float
     requires: tuple[str, ...] = ()
+    #: The node processes (``node_id/pid``) that said they cannot do the object's next
+    #: step; none of them claims it until that step is done elsewhere.
+    avoid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
