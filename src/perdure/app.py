@@ -68,9 +68,8 @@ from perdure.tools import Tool
 if TYPE_CHECKING:
     from perdure.llm import PriceTable
 
-__all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
+__all__ = ["CORRUPT_RETRY_SECONDS", "App", "step"]
 
-LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
 CORRUPT_RETRY_SECONDS = 30.0  # a worker on a damaged store checks it again this often
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -580,7 +579,7 @@ class App:
                 for row in rows]
 
     def _live_nodes(self, now: float) -> builtins.list[NodeInfo]:
-        return self.store.live_nodes(now - LIVE_NODE_SECONDS)
+        return self.store.live_nodes(now)
 
     def _explain(self, info: ObjectInfo, live: builtins.list[NodeInfo] | None = None
                  ) -> ObjectInfo:

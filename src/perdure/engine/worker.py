@@ -29,7 +29,13 @@ from perdure.engine.anchors import HeadAnchors
 from perdure.engine.draining import drain
 from perdure.engine.held import HeldRecords
 from perdure.engine.journal import StoreUnavailable
-from perdure.engine.leases import control_loop, heartbeat, recover_dead_leases, renew_loop
+from perdure.engine.leases import (
+    control_loop,
+    heartbeat,
+    node_gone,
+    recover_dead_leases,
+    renew_loop,
+)
 from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
 from perdure.engine.run import CHILD_EVENT
@@ -126,6 +132,8 @@ class Worker:
             if unsubscribe is not None:
                 await loop.run_in_executor(None, unsubscribe)
             abandoned = await drain(node, abandon)
+            with contextlib.suppress(Exception):  # the store may be down: it ages out then
+                await node.write(node_gone, node)
             with contextlib.suppress(Exception):
                 await self.store.close_async()
             for task in (renewer, watcher):

@@ -124,6 +124,7 @@ class NodeRow:
     serves: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     seen_at: float | None = None
+    live_until: float | None = None
 
 
 @dataclass(slots=True)
