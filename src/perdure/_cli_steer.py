@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from perdure import inspect as view
+from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 
 __all__ = ["fork", "query", "questions", "retry"]
@@ -77,7 +78,7 @@ def query(obj: Any, object_id: str, name: str, args: tuple[str, ...]) -> None:
     """
     values = _json_args(args)
     app = obj.app(need_agents=True)
-    answer = app.query(object_id, name, *values)
+    answer = sealed_shown(app.query(object_id, name, *values))
     try:
         text = json.dumps(answer, indent=2, ensure_ascii=False, allow_nan=False,
                           default=_shown_secret)

@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from perdure._app_secrets import differences, opened_body, sealed_payload, start_arguments
+from perdure._app_secrets import (
+    differences,
+    opened_body,
+    sealed_goal,
+    sealed_payload,
+    start_arguments,
+)
 from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity, TrustSpec, publish
 from perdure._keys import default_key_dir, public_bytes
@@ -114,6 +120,11 @@ class App:
     holds the key-encryption keys that keep ``perdure.Secret`` values encrypted at
     rest; by default the ``data-keys`` folder in the key folder, whose first key is
     made on first use (see ``docs/howto/secrets.md``).
+
+    ``open_sealed`` (an attribute, default ``True``): whether what this App reads back
+    for its caller (results, queries, questions, followers) comes opened with its data
+    keys. The command line sets it ``False`` (the CLI never opens, it prints
+    ``<sealed>``); its dashboard (``perdure ui``) leaves it ``True``.
     """
 
     def __init__(
@@ -166,6 +177,8 @@ class App:
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
         self.hooks = Hooks()
+        #: Whether readers open sealed values for the caller (see the class docstring).
+        self.open_sealed = True
         self._lock = threading.RLock()
         self._registered = False
 
@@ -267,6 +280,7 @@ class App:
         clone._queries = self._queries.copy()
         clone._tools = dict(self._tools)
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
+        clone.open_sealed = self.open_sealed
         return clone
 
     def publish(self, item: Certificate | Revocation) -> None:
@@ -515,7 +529,8 @@ class App:
         ``cost``, or ``None`` for none) wakes an object dormant on an exhausted one.
 
         Appended as an intent-refinement record with a new intent version on the
-        object's next cycle.
+        object's next cycle. A ``goal`` is sealed under the object's data key when its
+        agent encrypts all (its ``perdure.Secret`` values are, for any agent).
         """
         check_object_id(object_id)
         try:
@@ -530,6 +545,9 @@ class App:
             check_name(need, "required capability")
         if "budget" in changes:
             changes["budget"] = budget_body(changes["budget"])
+        if "goal" in changes:  # sealed for an agent that encrypts all, or with secrets
+            changes["goal"] = sealed_goal(self.store, self.data_keys, object_id,
+                                          changes["goal"])
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
         self.store.send(object_id, REFINE_EVENT, data, None, time.time(),
                         self._seal(object_id, REFINE_EVENT, data, None))
@@ -679,11 +697,20 @@ class App:
         """
         return fork_object(self, object_id, at, new_id)
 
-    def history(self, object_id: str, *, after: int = 0) -> builtins.list[Record]:
+    def history(self, object_id: str, *, after: int = 0, opened: bool = False
+                ) -> builtins.list[Record]:
         """The object's memory, in order (only its records after seq ``after``, if
-        given); ``RecordDecodeError`` if a record is damaged."""
+        given); ``RecordDecodeError`` if a record is damaged. Bodies are as stored,
+        sealed values sealed; ``opened=True`` opens them with this App's data keys where
+        it may (``perdure.llm.recorded_calls`` then rebuilds an encrypt-all agent's
+        conversation)."""
         self.get(object_id, explain=False)
-        return self.store.records(object_id, after_seq=after)
+        records = self.store.records(object_id, after_seq=after)
+        if not opened:
+            return records
+        from perdure._reading import RecordOpener
+
+        return RecordOpener(self).records(records)
 
     def usage(self, object_id: str, *, lineage: bool = False) -> UsageTotals:
         """What the object's model calls (``run.model``) used and cost, from its memory;
@@ -801,6 +828,8 @@ class App:
         problem = self.verifier.record_problem(rec) or _row_against_memory(row, rec)
         if problem is not None:
             raise IntegrityError(object_id, rec.seq, problem)
+        if not self.open_sealed:
+            return dict(rec.body)
         return opened_body(self.store, self.data_keys, rec)
 
     # -- running a node -------------------------------------------------------------

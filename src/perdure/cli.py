@@ -37,6 +37,7 @@ from perdure.app import App
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
+from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 from perdure.core.usage import usage_totals
 from perdure.engine.settings import DRAIN_SECONDS
@@ -121,6 +122,7 @@ class _Ctx:
             _fail("no store: pass --store URL (e.g. sqlite:///agents.db) or set PERDURE_STORE")
         if self.data_keys:
             app = app.with_settings(data_keys=self.data_keys)
+        app.open_sealed = False  # the CLI never opens: sealed values print as <sealed>
         self._app = app
         return app
 
@@ -695,10 +697,11 @@ def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
     """Print an object's result as JSON (waiting up to --wait seconds)."""
     app = obj.app()
     if not as_json:
-        out.print_json(json.dumps(app.handle(object_id).result(timeout=wait), default=str))
+        out.print_json(json.dumps(sealed_shown(app.handle(object_id).result(timeout=wait)),
+                                  default=str))
         return
     try:
-        value = app.handle(object_id).result(timeout=wait)
+        value = sealed_shown(app.handle(object_id).result(timeout=wait))
     except StoreError:
         raise
     except PerdureError as exc:

@@ -62,7 +62,7 @@ from perdure.core.bodies import (
 from perdure.core.bodies.tools import DECIDED
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
-from perdure.core.sealing import sealed_shown
+from perdure.core.sealing import SEALED, sealed_shown
 from perdure.core.usage import UsageTotals, decimal_text
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
@@ -276,8 +276,9 @@ def _model_failed(body: ModelFailed) -> Line:
 def _model_chunks(body: ModelChunks) -> Line:
     chars = sum(len(str(c.get("text", ""))) for c in body.chunks)
     last = body.start + len(body.chunks) - 1
+    size = "sealed" if any(SEALED in c for c in body.chunks) else f"{chars} chars"
     return Line(f"#{body.pos} {body.name} attempt {body.attempt} stream chunks "
-                f"{body.start}-{last} ({chars} chars)", False)
+                f"{body.start}-{last} ({size})", False)
 
 
 def _model_recovered(body: ModelRecovered) -> Line:

@@ -8,6 +8,8 @@ origin is its first record, read once per object (a first record never changes).
 they say is shown only when a signature under a key this node trusts vouches for the
 records it comes from (their links checked, the last one's signature: it covers every
 record before it); a forged or damaged record is left out, with a warning naming it.
+A question sealed by an agent that encrypts all is opened with the App's data keys when
+the App opens what it reads (``App.open_sealed``), else it stays sealed.
 """
 
 from __future__ import annotations
@@ -18,10 +20,16 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from perdure._reading import RecordOpener
 from perdure.core.chain import check_links
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
-from perdure.errors import ConfigurationError, IntegrityError, RecordDecodeError
+from perdure.errors import (
+    ConfigurationError,
+    IntegrityError,
+    RecordDecodeError,
+    SealBrokenError,
+)
 from perdure.handle import ObjectInfo
 from perdure.questions import ASKING_MARK, Question, forked_from, pending_questions
 
@@ -103,11 +111,23 @@ class MemoryNotes:
         else from all of it."""
         store = self._app.store
         tail = store.records(object_id, after_seq=max(0, head_seq - QUESTION_TAIL))
-        found = pending_questions(tail, agent) if self.vouched(object_id, tail) else []
+        found = (pending_questions(self._opened(tail), agent)
+                 if self.vouched(object_id, tail) else [])
         if found or head_seq <= QUESTION_TAIL:
             return found
         records = store.records(object_id)
-        return pending_questions(records, agent) if self.vouched(object_id, records) else []
+        return (pending_questions(self._opened(records), agent)
+                if self.vouched(object_id, records) else [])
+
+    def _opened(self, records: list[Record]) -> list[Record]:
+        """``records`` opened where the App may (a sealed prompt); a sealed value that
+        does not decrypt stays sealed, with a warning (``verify`` names the record)."""
+        try:
+            return RecordOpener(self._app).records(records)
+        except SealBrokenError as exc:
+            log.warning("%s; its question is shown sealed", exc,
+                        extra={"action": "seal_broken"})
+            return records
 
     def vouched(self, object_id: str, records: Sequence[Record]) -> bool:
         """Whether ``records`` (a run of an object's memory) link up and their last one is

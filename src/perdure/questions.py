@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import sealed_shown
 
 __all__ = ["ASKING_MARK", "Question", "asking_note", "forked_from", "pending_questions",
            "question_text"]
@@ -71,7 +72,10 @@ def _json_text(value: Any, cap: int) -> str:
 
 def question_text(prompt: Any, choices: Sequence[Any] | None) -> str:
     """A question a waiting agent asks, in one line: the prompt (a string quoted, anything
-    else as JSON, cut short) and the choices it offers; control characters escaped."""
+    else as JSON, cut short) and the choices it offers; control characters escaped.
+    A sealed prompt or choice (an agent that encrypts all) reads ``<sealed>``."""
+    prompt = sealed_shown(prompt)
+    choices = None if choices is None else sealed_shown(list(choices))
     if prompt is None:
         shown = "a question"
     elif isinstance(prompt, str):
