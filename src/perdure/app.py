@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from perdure._app_secrets import differences, opened_body, sealed_payload, start_arguments
 from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity, TrustSpec, publish
-from perdure._keys import default_key_dir, public_bytes
+from perdure._keys import default_key_dir
 from perdure.approvals import PendingApproval
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
@@ -225,11 +225,12 @@ class App:
         return self.signer.node_id
 
     def _ensure_node(self) -> Signer:
-        """This node, certified by a trusted root and registered in the store."""
+        """This node, certified under its node id by a trusted root (the certificate
+        published in the store): ``NodeIdentityError`` when its key is certified only
+        under other names. Nothing else ties the id to the key: no store row."""
         signer = self.signer
         if not self._registered:
             self._identity.certified(self.store)
-            self.store.register_node(signer.node_id, public_bytes(signer.private_key), time.time())
             self._registered = True
         return signer
 
@@ -715,7 +716,7 @@ class App:
         verifier = self.verifier
         verifier.refresh()
         digests = [d for d in map(sealed_by, records) if d is not None]
-        report = verify_chain(object_id, records, verifier.keys(),
+        report = verify_chain(object_id, records, {},
                               head_seq=row.head_seq, head_hash=row.head_hash,
                               seals=self.store.seals(digests), trust=verifier.ring)
         if not report.ok or not records:
