@@ -205,8 +205,11 @@ def list_(obj: Any, as_json: bool) -> None:
     verifier.refresh()
     rows = []
     pairs = [(name, public) for name, keys in verifier.names().items() for public in keys]
+    strangers = verifier.ring.strangers()
+    pairs += [(name, public) for name, keys in strangers.items() for public in keys]
     for node_id, public in sorted(pairs):
-        why = verifier.ring.problem(public, name=node_id)
+        why = (verifier.ring.unknown_name(node_id) if node_id in strangers
+               else verifier.ring.problem(public, name=node_id))
         certs = [c for c in verifier.ring.certificates(public) if c.name == node_id]
         expires = max((c.expires_at or float("inf") for c in certs), default=None)
         rows.append({"node_id": node_id, "public_key": public.hex(),

@@ -348,6 +348,12 @@ class KeyRing:
         """Every certified name and its keys, as accepted so far."""
         return {name: list(keys) for name, keys in self._named.items()}
 
+    def strangers(self) -> dict[str, list[bytes]]:
+        """Names certified only by roots this ring does not trust, and those keys (for
+        listings: none of them counts)."""
+        return {name: [c.public_key for c in certs] for name, certs in self._strangers.items()
+                if name not in self._named}
+
     def signer(self, name: str, signature: bytes, message: bytes,
                ts_us: int | None = None, *, first: bytes | None = None
                ) -> tuple[bytes | None, str | None]:
