@@ -130,8 +130,11 @@ class _Ctx:
         in the key folder (and no ``--trust``), one line naming the folder and what to
         run. ``worker``, ``start``, ``fork``, ``demo`` and ``keys`` may set a folder up."""
         command = click.get_current_context(silent=True)
-        name = command.command_path.split()[1:2] if command is not None else []
-        if not name or name[0] in _MAY_MAKE_KEYS or app.identity.explicit_trust:
+        while command is not None and command.parent is not None and (
+                command.parent.parent is not None):
+            command = command.parent  # up to the top-level command (``keys``, not ``list``)
+        top = command.info_name if command is not None and command.parent is not None else None
+        if top is None or top in _MAY_MAKE_KEYS or app.identity.explicit_trust:
             return
         folder = app.identity.folder
         if folder.roots():
@@ -139,7 +142,7 @@ class _Ctx:
         given = ("--key-dir / PERDURE_KEY_DIR" if self.key_dir else
                  f"the default for {app.store_url}")
         _fail(f"no trusted root in key folder {folder.path} ({given}), and `perdure "
-              f"{name[0]}` does not make one: pass --key-dir FOLDER (or set PERDURE_KEY_DIR) "
+              f"{top}` does not make one: pass --key-dir FOLDER (or set PERDURE_KEY_DIR) "
               "to the folder your workers use, or start a worker or an object on this store "
               "first (that sets the folder up)")
 

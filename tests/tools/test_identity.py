@@ -68,8 +68,9 @@ def test_a_non_approver_cannot_decide_under_any_approver_name(
     worker = _app(make_app, folders["worker"])
     alice = _app(make_app, folders["alice"])
     assert (worker.node_id, alice.node_id) == ("worker", "alice")
-    if approver_first:
-        alice.start("strict_agent", server.openai_base_url, "warm-up", object_id="mine")
+    if approver_first:  # alice's node certified and its certificate in the store
+        alice._ensure_node()
+        assert "alice" in worker.verifier.names()
     worker.start("strict_agent", server.openai_base_url, "go", object_id="id-1")
     bob_key = perdure.KeyFolder(folders["bob"]).node_key()
     with worker.background_worker():

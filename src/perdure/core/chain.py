@@ -439,7 +439,11 @@ def verify_chain(
         problem = record_problem(rec, public_keys, seals or {}, trust, keys, good_seals)
         if problem is not None:
             digest = sealed_by(rec)
-            untrusted = (trust is not None and not trust.keys_named(rec.node_id)
+            # Foreign, not bad: the first record already names a writer no trusted root
+            # certifies (an object of another cluster, or this node given the wrong key
+            # folder). After records that verified, such a writer is a forgery.
+            untrusted = (trust is not None and rec is records[0]
+                         and not trust.keys_named(rec.node_id)
                          and rec.node_id not in keys  # no trusted root's key verified it
                          and (digest is None or _seal_shape_problem(
                              rec, digest, (seals or {}).get(digest)) is None))
@@ -504,6 +508,8 @@ def record_problem(rec: Record, public_keys: Mapping[str, bytes],
             if digest is not None:
                 keys["\0" + digest.hex()] = key
         if why is not None:
+            if key is None and digest is not None:
+                why = why.replace("its signature", "its commit seal's signature", 1)
             return f"signed by node {rec.node_id!r}: {why}"
         return None
     key = keys.get(rec.node_id)

@@ -381,8 +381,8 @@ class KeyRing:
                     "App(trust=...), --trust or PERDURE_TRUST)")
         strangers = sorted({key_text(c.issuer) for c in self._strangers.get(name, ())})
         if strangers:
-            return (f"{name!r} is certified only by root {', '.join(strangers)}, which this "
-                    f"node does not trust (it trusts {self.roots_text()})")
+            return (f"{name!r} is not certified by a root this node trusts (it trusts "
+                    f"{self.roots_text()}), only by root {', '.join(strangers)}")
         return (f"{name!r} is not certified by a root this node trusts "
                 f"({self.roots_text()})")
 
