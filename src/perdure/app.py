@@ -25,7 +25,7 @@ from perdure._app_secrets import (
 )
 from perdure._data_keys import DataKeys
 from perdure._identity import NodeIdentity, TrustSpec, publish
-from perdure._keys import default_key_dir, public_bytes
+from perdure._keys import default_key_dir
 from perdure.approvals import PendingApproval
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
@@ -104,9 +104,12 @@ def step(
 class App:
     """A perdure application: a store, this node's identity, and registered agents.
 
-    ``store`` is a URL (``sqlite:///agents.db``) or an open ``Store``. ``node_id``
-    defaults to ``hostname-keyfingerprint``; ``key_dir`` holds the node's Ed25519
-    key pair (created on first use, default ``~/.perdure/keys``).
+    ``store`` is a URL (``sqlite:///agents.db``) or an open ``Store``. ``key_dir``
+    holds the node's Ed25519 key pair (created on first use); by default ``keys``
+    beside a SQLite store's database file, else ``~/.perdure/keys``. ``node_id`` is
+    the name this node acts under; it must be one a trusted root certified its key
+    under (by default the name in the folder's ``node.cert``, else
+    ``hostname-keyfingerprint``, which a root kept in the folder certifies).
 
     ``trust`` names the root public keys whose certificates this node believes (keys,
     roots files or key folders; see ``docs/howto/keys-and-trust.md``); by default, the
@@ -149,7 +152,9 @@ class App:
                             else key_passphrase)
         self._store_arg = store
         self._store: Store | None = None if isinstance(store, str) else store
-        self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
+        self._key_dir_arg = key_dir  # None: the default, which follows the store
+        self._key_dir = (Path(key_dir) if key_dir is not None
+                         else default_key_dir(store if isinstance(store, str) else store.url))
         self._data_keys_arg = data_keys
         #: The key-encryption keys of this node (secrets at rest; ``perdure.DataKeys``).
         if data_keys is not None and not isinstance(data_keys, str | DataKeys):
@@ -238,20 +243,51 @@ class App:
         return self.signer.node_id
 
     def _ensure_node(self) -> Signer:
-        """This node, certified by a trusted root and registered in the store."""
+        """This node, certified under its node id by a trusted root (the certificate
+        published in the store): ``NodeIdentityError`` when its key is certified only
+        under other names. Nothing else ties the id to the key: no store row."""
         signer = self.signer
         if not self._registered:
             self._identity.certified(self.store)
-            self.store.register_node(signer.node_id, public_bytes(signer.private_key), time.time())
             self._registered = True
         return signer
 
     def _seal(self, object_id: str, name: str, data: bytes, dedupe_key: str | None) -> bytes:
-        """This node's seal over an event it puts into an inbox."""
+        """This node's seal over an event it puts into an inbox; ``ConfigurationError``
+        when the object's writers are certified by roots this node does not trust (its
+        workers would refuse the event: say so here, at the sender)."""
         signer = self._ensure_node()
+        self._check_audience(object_id)
         seal, _ = seal_event(signer.sign, signer.node_id, object_id, name, data, dedupe_key,
                              os.urandom(12).hex())
         return seal
+
+    def _check_audience(self, object_id: str) -> None:
+        """Refuse to send to an object whose newest record is written under a name no
+        root this node trusts certifies: trust goes both ways in a cluster, so its
+        workers would refuse what this node signs (``event_refused``) while the sender
+        thought it sent."""
+        row = self.store.get(object_id)
+        if row is None or not row.head_seq:
+            return
+        tail = self.store.records(object_id, after_seq=row.head_seq - 1)
+        if not tail:
+            return
+        writer = tail[-1].node_id
+        problem = self.verifier.record_problem(tail[-1])
+        if problem is None or self.verifier.ring.keys_named(writer):
+            return
+        raise ConfigurationError(
+            f"object {object_id!r} is written by node {writer!r}, which no root trusted in "
+            f"{self._identity.folder.path} certifies, so its workers would refuse what this "
+            f"key signs; use the key folder its workers use (--key-dir / PERDURE_KEY_DIR / "
+            f"App(key_dir=...)), or have their root certify this key ({problem})")
+
+    @property
+    def key_dir_setting(self) -> Path | None:
+        """The ``key_dir`` this App was given (``None``: the default, following the
+        store)."""
+        return None if self._key_dir_arg is None else Path(self._key_dir_arg)
 
     def with_settings(self, *, store: str | None = None, key_dir: str | Path | None = None,
                       node_id: str | None = None, trust: TrustSpec | None = None,
@@ -264,7 +300,7 @@ class App:
         capabilities (``None`` keeps this App's; ``capabilities`` adds to them)."""
         clone = App(
             store=store or self._store_arg,
-            key_dir=key_dir or self._key_dir,
+            key_dir=key_dir or self._key_dir_arg,  # a default follows the new store
             node_id=node_id or self._node_id,
             trust=trust if trust is not None else self._trust,
             key_passphrase=key_passphrase if key_passphrase is not None else self._passphrase,
@@ -742,7 +778,7 @@ class App:
         verifier = self.verifier
         verifier.refresh()
         digests = [d for d in map(sealed_by, records) if d is not None]
-        report = verify_chain(object_id, records, verifier.keys(),
+        report = verify_chain(object_id, records, {},
                               head_seq=row.head_seq, head_hash=row.head_hash,
                               seals=self.store.seals(digests), trust=verifier.ring)
         if not report.ok or not records:

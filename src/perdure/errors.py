@@ -6,7 +6,7 @@ The tree::
     ├── ConfigurationError        bad settings, store URL, name, id or arguments; missing extra
     ├── StoreError                the store cannot be used (down, locked, disk full)
     │   └── StoreCorruptError     the store's bytes are damaged
-    ├── NodeIdentityError         a node id is registered with another public key
+    ├── NodeIdentityError         this node's key is not certified under the id it acts as
     ├── RecordDecodeError         a memory record cannot be decoded (fails closed)
     ├── IntegrityError            a memory chain or signature does not verify
     │   └── SealBrokenError       a sealed value or a wrapped data key does not decrypt
@@ -124,7 +124,9 @@ class StoreCorruptError(StoreError):
 
 
 class NodeIdentityError(PerdureError):
-    """A node id is already registered in the store with a different public key."""
+    """This node's key is certified by a trusted root, but not under the node id (or
+    person's name) it was told to act as: a key writes, sends and decides only under a
+    name its certificate carries."""
 
 
 class RecordDecodeError(PerdureError):

@@ -37,6 +37,7 @@ from perdure.core.bodies import (
     Dormant,
     Emitted,
     EventReceived,
+    EventRefused,
     Instantiated,
     IntentRefined,
     ModelCall,
@@ -357,6 +358,14 @@ def _resource_line(say: Callable[[Any], tuple[str, bool]]) -> Callable[[Any], Li
 
 
 _DESCRIBE.update({cls: _resource_line(say) for cls, say in RESOURCE_LINES.items()})
+
+
+def _event_refused(body: EventRefused) -> Line:
+    """A refused event, whole: the reason is what the sender needs to read."""
+    return Line(f"refused event {body.name!r} (#{body.event_id}): {body.reason}", True)
+
+
+_DESCRIBE[EventRefused] = _event_refused
 
 
 def describe(record: Record) -> Line:

@@ -27,6 +27,7 @@ from perdure.engine.commands.waits import _inbox, vouched
 if TYPE_CHECKING:
     from perdure.engine.commands.tools import _Call
     from perdure.engine.run import Run
+    from perdure.stores.base import Event
 
 __all__ = ["APPROVAL_EVENT", "take_decision"]
 
@@ -59,7 +60,7 @@ async def take_decision(run: Run, call: _Call, proposal: ToolProposed,
         digest = vouched(run, ev)
         if digest is None:
             continue  # refused (bad seal or a replayed copy), on record
-        identity, key = _sender(run, ev.seal)
+        identity, key = _sender(run, ev)
         problem = _payload_problem(payload, call.name)
         if problem is None:
             problem = approval_problem(decision, proposal.args_hash,
@@ -112,14 +113,15 @@ def _refuse(run: Run, call: _Call, event_id: int, name: str, digest: str | None,
     run.refused.append((event_id, name, problem))
 
 
-def _sender(run: Run, seal: bytes) -> tuple[str, str]:
-    """The identity that sealed a decision and its public key (hex; empty when the node
-    checks no seals)."""
+def _sender(run: Run, ev: Event) -> tuple[str, str]:
+    """The identity that sealed a decision (the name its key's certificate carries: the
+    seal was checked against it) and its public key (hex; empty when the node checks no
+    seals)."""
     try:
-        sender = EventSeal.from_bytes(seal).sender
+        sender = EventSeal.from_bytes(ev.seal).sender
     except ValueError:
         return "", ""
     verifier = getattr(run._check_event, "__self__", None)
-    key_of = getattr(verifier, "key_of", None)
-    key = key_of(sender) if key_of is not None else None
+    event_key = getattr(verifier, "event_key", None)
+    key = event_key(ev) if event_key is not None else None
     return sender, key.hex() if key else ""

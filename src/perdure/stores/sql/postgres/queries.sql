@@ -424,9 +424,11 @@ SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id =
 
 -- name: heartbeat
 -- A node counts as live until live_until (its lease length ahead) unless it beats again.
-UPDATE nodes SET serves = %(serves)s, capabilities = %(caps)s, seen_at = %(now)s,
-    live_until = %(live_until)s
-WHERE node_id = %(node_id)s;
+INSERT INTO nodes (node_id, public_key, created_at, serves, capabilities, seen_at, live_until)
+VALUES (%(node_id)s, %(public_key)s, %(now)s, %(serves)s, %(caps)s, %(now)s, %(live_until)s)
+ON CONFLICT (node_id) DO UPDATE SET public_key = excluded.public_key,
+    serves = excluded.serves, capabilities = excluded.capabilities,
+    seen_at = excluded.seen_at, live_until = excluded.live_until;
 
 -- name: node_gone
 -- A node that stopped cleanly is gone at once, not when its last heartbeat runs out.
