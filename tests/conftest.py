@@ -13,6 +13,9 @@ import perdure
 from tests import pg
 from tests.pg import BACKENDS, fresh_database
 
+# Skips accounted for (CI fails when a tier did not run); Hypothesis without deadlines.
+pytest_plugins = ["tests.skips", "tests.hypothesis_profile"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked ``slow`` (soak variants) unless asked for.
