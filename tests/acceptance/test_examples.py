@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.pg import ADMIN_URL, needs_server
+from tests.pg import ADMIN_URL, BACKENDS, NO_SERVER
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p.name for p in (REPO_ROOT / "examples").glob("*.py")
@@ -69,14 +69,11 @@ def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 180
 
 
 @pytest.mark.parametrize("name", [n for n in EXAMPLES if n not in DEDICATED])
-def test_every_example_runs(name: str, tmp_path: Path, user_env: dict[str, str],
-                            request: pytest.FixtureRequest) -> None:
+def test_every_example_runs(name: str, tmp_path: Path, user_env: dict[str, str]) -> None:
     """``python examples/NAME`` exits 0 and prints what it says it does; an example that
     says to run it again (it answers from memory) does so."""
-    if name == "migration.py":
-        request.applymarker(needs_server)
-        if "postgresql" not in os.environ.get("PERDURE_TEST_BACKENDS", "sqlite,postgresql"):
-            pytest.skip("needs a PostgreSQL server: PERDURE_TEST_BACKENDS leaves out postgresql")
+    if name == "migration.py" and "postgresql" not in BACKENDS:
+        pytest.skip(NO_SERVER)
     assert name in PRINTS, f"say in PRINTS what examples/{name} prints when it works"
     args = [sys.executable, str(REPO_ROOT / "examples" / name)]
     if name == "migration.py":
