@@ -141,12 +141,17 @@ async def brancher(run: perdure.Run, marks: str) -> Any:
 
 
 async def slow_async(marks: str, seconds: float) -> str:
-    """Sleeps ``seconds`` on its first attempt, returns at once after."""
+    """Sleeps ``seconds`` on its first attempt, returns at once after. Marks ``cancelled``
+    when the attempt is cancelled, ``late`` when its sleep ran to the end."""
     first = count_lines(marks) == 0
     mark(marks, "attempt")
     if first:
-        await asyncio.sleep(seconds)
-        mark(marks, "late")  # never reached: the attempt is cancelled
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            mark(marks, "cancelled")
+            raise
+        mark(marks, "late")  # never reached when the attempt is cancelled
     return "ok"
 
 

@@ -258,4 +258,7 @@ class Attempts:
             memory.table.forget(encoded.numbers)
             raise
         memory.learn(body.encode())
+        from perdure.engine.commands.tools import count_model_call
+
+        count_model_call(self.run, reply.usage.total_tokens, cost)  # for the tool gate
         return memory.reply_of(body.encode())
