@@ -31,8 +31,8 @@ from typing import Any
 from perdure.approvals import pending_in
 from perdure.core.records import Kind, Record
 
-__all__ = ["ASKING_MARK", "Question", "answered_from_outside", "asking_note", "forked_from", "pending_questions",
-           "question_text", "waiting_note"]
+__all__ = ["ASKING_MARK", "Question", "answered_from_outside", "asking_note", "forked_from",
+           "pending_questions", "question_text", "waiting_note"]
 
 ASKING_MARK = "(answer: event "
 """What the note of an object that asks a question holds (``asking_note``): ``App.get``,

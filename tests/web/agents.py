@@ -24,6 +24,13 @@ def asker(run: perdure.SyncRun, topic: str) -> dict[str, Any]:
 
 
 @app.agent()
+async def twice(run: perdure.Run) -> list[Any]:
+    """Asks twice, both answered by the event ``answer``."""
+    return [await run.wait_for("answer", prompt="first?"),
+            await run.wait_for("answer", prompt="second?")]
+
+
+@app.agent()
 def sleeper(run: perdure.SyncRun, seconds: float) -> str:
     """Sleeps, released, then completes: something to cancel."""
     run.sleep(seconds)

@@ -88,7 +88,7 @@ def test_logins_sent_at_once_cannot_outrun_the_throttle(served: Served) -> None:
     import threading
 
     allowed = 5
-    secrets = ["wrong-%d" % n for n in range(23)] + [served.tokens["operator"]]
+    secrets = [f"wrong-{n}" for n in range(23)] + [served.tokens["operator"]]
     clients = [served.client() for _ in secrets]
     forms = [csrf_of(c.get("/login").text) for c in clients]
     start = threading.Barrier(len(secrets))
