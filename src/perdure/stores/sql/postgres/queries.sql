@@ -211,7 +211,8 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean, consumed bigint[])
+        unless_cancelled boolean,
+        consumed bigint[])
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
@@ -316,7 +317,8 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean, cancel_children boolean, consumed bigint[])
+        unless_cancelled boolean, cancel_children boolean,
+        consumed bigint[])
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
