@@ -107,6 +107,10 @@ def test_a_decision_after_the_deadline_never_runs_the_tool(
     said = (typed.stdout + typed.stderr).strip().splitlines()
     assert len(said) == 1 and "expired" in said[0] and "counts as rejected" in said[0], said
     assert app.store.pending_events("late-1") == []
+    listed = subprocess.run([sys.executable, "-m", "perdure", *base, "approvals"],
+                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                            check=True).stdout
+    assert "late-1  proposal 1:0" in listed and "(passed: counts as rejected" in listed
 
     # A sender that could not know (another clock, a race) signs a decision anyway; and
     # one signs no time at all.
