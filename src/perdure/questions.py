@@ -14,9 +14,10 @@ What waits for a person, everywhere perdure says it (``App.questions``,
 A wait records its ``prompt`` and ``choices`` (when it asks them) in its ``dormant``
 record. ``pending_questions`` finds the pending questions in an object's memory,
 ``App.get`` puts them in ``ObjectInfo.asking`` and ``App.questions`` lists them across
-the store, newest first (the dashboard's inbox shows the same list). Answering is
-sending the event the question names: ``App.send(object_id, event, payload)``. While it
-waits, the object's note says what it asks (``waiting_note``, read from memory alone).
+the store, newest first (the dashboard's inbox shows the same list), reading the memory
+of the objects whose row says they may ask (``may_ask``). Answering is sending the event
+the question names: ``App.send(object_id, event, payload)``. While it waits, the
+object's note says what it asks with a prompt (``waiting_note``, from memory alone).
 
 Pure reads: nothing here writes to memory.
 """
@@ -32,7 +33,7 @@ from perdure.approvals import pending_in
 from perdure.core.records import Kind, Record
 
 __all__ = ["ASKING_MARK", "Question", "answered_from_outside", "asking_note", "forked_from",
-           "pending_questions", "question_text", "waiting_note"]
+           "may_ask", "pending_questions", "question_text", "waiting_note"]
 
 ASKING_MARK = "(answer: event "
 """What the note of an object that asks a question holds (``asking_note``): ``App.get``,
@@ -107,6 +108,14 @@ def answered_from_outside(event: str) -> bool:
     return not event.startswith(_OURS)
 
 
+def may_ask(note: str | None, waiting_event: str | None) -> bool:
+    """Whether an object's row says it may be asking a question, so that its memory is
+    worth reading for one: its note says it asks (``ASKING_MARK``), or it waits for an
+    event sent from outside (a wait without a prompt)."""
+    return waiting_event is not None and (
+        (note is not None and ASKING_MARK in note) or answered_from_outside(waiting_event))
+
+
 def _asks(body: dict[str, Any]) -> bool:
     """Whether a ``dormant`` body is a wait someone outside answers (see the module)."""
     event = body.get("event")
@@ -141,9 +150,11 @@ def pending_questions(records: Sequence[Record], agent: str = "") -> list[Questi
 
 def waiting_note(records: Sequence[Record]) -> str | None:
     """The note of an object that stays dormant on what its memory says it waits for:
-    the questions it asks (``asking_note``, joined) and the tool calls waiting for a
-    person; ``None`` when it waits for neither."""
-    notes = [asking_note(q.event, q.prompt, q.choices) for q in pending_questions(records)]
+    the questions it asks with a prompt or choices (``asking_note``, joined) and the tool
+    calls waiting for a person; ``None`` when it waits for neither (a wait without a
+    prompt leaves the note empty: the row's ``waiting_event`` says it)."""
+    notes = [asking_note(q.event, q.prompt, q.choices) for q in pending_questions(records)
+             if q.prompt is not None or q.choices is not None]
     notes += [f"approval needed: {p.tool} ({p.proposal_id})" for p in pending_in(records)]
     return "; ".join(notes) or None
 

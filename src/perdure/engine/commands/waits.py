@@ -31,7 +31,7 @@ from perdure.core.sealing import marked
 from perdure.engine.commands.positions import find
 from perdure.engine.signals import Suspend
 from perdure.errors import ConfigurationError
-from perdure.questions import answered_from_outside, asking_note
+from perdure.questions import asking_note
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:
@@ -126,7 +126,8 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None,
     if deadline is not None and now >= deadline:
         self._journal.defer(WaitTimedOut(pos, event).draft())
         return None
-    note = asking_note(event, prompt, offered) if answered_from_outside(event) else None
+    note = (asking_note(event, prompt, offered)
+            if prompt is not None or offered is not None else None)
     raise Suspend(drafts, ready_at=deadline, waiting_event=event,
                   reason=f"waiting for event {event!r}", note=note)
 
