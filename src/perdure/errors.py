@@ -36,6 +36,7 @@ The tree::
     ├── ForkError                 a fork point is not one the object can be forked at
     ├── NotParkedError            ``App.retry``: the object is not parked
     ├── ApprovalError             no such proposal waits for a person, or it was decided
+    │   └── ApprovalExpiredError  the proposal's deadline passed: it counts as rejected
     ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
     ├── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
     │                             whether and when to try again
@@ -69,6 +70,7 @@ __all__ = [
     "AgentFailedError",
     "AgentParkedError",
     "ApprovalError",
+    "ApprovalExpiredError",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
@@ -368,6 +370,12 @@ class NotParkedError(PerdureError):
 class ApprovalError(PerdureError):
     """A decision on a tool call cannot be sent: no such proposal waits for a person
     (see ``perdure approvals``), or it was decided already."""
+
+
+class ApprovalExpiredError(ApprovalError):
+    """A decision on a tool call came after the proposal's deadline
+    (``Policy(approval_ttl=...)``): the call counts as rejected and will not run. Nothing
+    was sent; the agent is told the call expired when it next runs."""
 
 
 class ToolCallError(PerdureError):

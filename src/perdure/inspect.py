@@ -526,7 +526,9 @@ def waiting_for(info: ObjectInfo) -> str | None:
     """What the object waits for before it goes on (an event, and the question it asks
     if it asks one: ``ObjectInfo.asking``), or ``None`` (also when its note says it)."""
     if info.asking:
-        text = "; ".join(asking_note(q.event, q.prompt, q.choices) for q in info.asking)
+        text = "; ".join(asking_note(q.event, q.prompt, q.choices)
+                         if q.prompt is not None or q.choices is not None
+                         else f"waiting for event {q.event!r}" for q in info.asking)
         return None if text == info.note else text  # the note says it already
     return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
 

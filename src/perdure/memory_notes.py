@@ -1,9 +1,10 @@
 """What an object's memory adds to what its row says: the questions it asks, and where it
 was forked from. ``App.get``, ``App.list`` and ``App.questions`` use it.
 
-Reads stay small: an object's questions are read only when its row's note says it asks
-one (``questions.ASKING_MARK``), from the last ``QUESTION_TAIL`` records (the whole
-memory only when they hold none, as when a gather branch asked long before); a fork's
+Reads stay small: an object's questions are read only when its row says it may ask one
+(``questions.may_ask``: its note says it asks, or it waits for an event from outside),
+from the last ``QUESTION_TAIL`` records (the whole memory only when they hold none, as
+when a gather branch asked long before); a fork's
 origin is its first record, read once per object (a first record never changes). What
 they say is shown only when a signature under a key this node trusts vouches for the
 records it comes from (their links checked, the last one's signature: it covers every
@@ -31,7 +32,7 @@ from perdure.errors import (
     SealBrokenError,
 )
 from perdure.handle import ObjectInfo
-from perdure.questions import ASKING_MARK, Question, forked_from, pending_questions
+from perdure.questions import Question, forked_from, may_ask, pending_questions
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -81,8 +82,8 @@ class MemoryNotes:
         return origin
 
     def asking(self, info: ObjectInfo) -> ObjectInfo:
-        """``info`` with the questions it asks, for an object whose note says it asks."""
-        if info.terminal or not info.note or ASKING_MARK not in info.note:
+        """``info`` with the questions it asks, for an object whose row says it may ask."""
+        if info.terminal or not may_ask(info.note, info.waiting_event):
             return info
         try:
             asking = self.questions_of(info.object_id, info.agent, info.records)
@@ -97,7 +98,7 @@ class MemoryNotes:
         found: list[Question] = []
         for row in self._app.store.list(status=Status.DORMANT.value, agent=agent,
                                         limit=100_000):
-            if row.waiting_event is None or not row.note or ASKING_MARK not in row.note:
+            if not may_ask(row.note, row.waiting_event):
                 continue
             try:
                 found.extend(self.questions_of(row.object_id, row.agent, row.head_seq))

@@ -503,6 +503,35 @@ def test_waiting_for_an_already_pending_event_is_ready_now(store: Store, signer:
     assert [c.object_id for c in store.claim("w2", NOW + 3, NOW + 30, 5)] == ["obj-1"]
 
 
+def test_an_event_the_append_consumes_does_not_wake_it_again(store: Store,
+                                                             signer: Signer) -> None:
+    """An append that receives the event it waited for and waits for the same event again
+    (a second question on one event) sleeps: the event it consumes is taken, not pending.
+    Another such event in the inbox still wakes it at once."""
+    chain = _created(store, signer, "obj-1")
+    claim = _claim_one(store, "obj-1")
+    store.send("obj-1", "answer", b'"first"', None, NOW)
+    (first,) = store.pending_events("obj-1")
+    op = chain.append(claim.epoch, chain.extend(2), status="dormant", phase="dormancy",
+                      ready_at=None, waiting_event="answer", release=True,
+                      consume_event_ids=(first.event_id,))
+    assert store.apply([op], NOW + 1) == [None]
+    row = store.get("obj-1")
+    assert row is not None and (row.ready_at, row.waiting_event) == (None, "answer")
+    assert store.claim("w2", NOW + 2, NOW + 30, 5) == []
+
+    store.send("obj-1", "answer", b'"second"', None, NOW + 3)
+    store.send("obj-1", "answer", b'"third"', None, NOW + 3)
+    second, _third = store.pending_events("obj-1")
+    claim = _claim_one(store, "obj-1", now=NOW + 4)
+    op = chain.append(claim.epoch, chain.extend(2), status="dormant", phase="dormancy",
+                      ready_at=None, waiting_event="answer", release=True,
+                      consume_event_ids=(second.event_id,))
+    assert store.apply([op], NOW + 5) == [None]
+    row = store.get("obj-1")
+    assert row is not None and row.ready_at == NOW + 5  # "third" still waits: ready now
+
+
 def test_waiting_without_a_pending_event_sleeps(store: Store, signer: Signer) -> None:
     """Going dormant on an event not yet sent leaves the object without a ready time."""
     chain = _created(store, signer, "obj-1")

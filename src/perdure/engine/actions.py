@@ -42,6 +42,7 @@ from perdure.errors import (
     StoreError,
 )
 from perdure.hooks import ObjectDormant, ObjectWoke
+from perdure.questions import waiting_note
 from perdure.stores.base import Claim, Event
 
 __all__ = ["ACTION_NOTE", "HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
@@ -286,10 +287,13 @@ async def dormancy(node: Node, claim: Claim, records: list[Record], decision: De
     else:
         ready_at = by_deadline(decision.wake_at, facts.intent.deadline)
     event = facts.dormancy.event if facts.dormancy is not None else None
+    # Still waiting for what it went dormant for (woken by a control event, say): the
+    # row says again what it waits for (the questions it asks, the approvals), from memory.
+    note = waiting_note(records) if status in (Status.DORMANT, Status.PAUSED) else None
     journal = node.journal(claim, records)
     await journal.commit([], status=status, phase=Phase.DORMANCY, ready_at=ready_at,
                          running=False, waiting_event=event, release=True,
-                         parked=status is Status.PARKED)
+                         parked=status is Status.PARKED, note=note)
     if node.hooks.active:
         node.hooks.emit(ObjectDormant(node.signer.node_id, claim.object_id,
                                       decision.code.value, ready_at))

@@ -1,7 +1,7 @@
 # ruff: noqa: S608 - statements are built from fixed text and placeholders only; every
 # value travels as a bound parameter.
 """The dashboard's reads that the ``Store`` protocol has no call for: a filtered, paged
-listing of objects, the open questions, what each node runs, and the last hour's figures.
+listing of objects, what each node runs, and the last hour's figures.
 
 Read-only SQL on the SQLite or PostgreSQL store, through the store's own connections.
 Paging is by key (``created_at``, ``object_id``), never by offset, so that page 1,000 of
@@ -261,15 +261,7 @@ class Queries:
         return {str(s): int(n) for s, n in
                 self._rows("SELECT status, COUNT(*) FROM objects GROUP BY status", {})}
 
-    # -- the inbox, the nodes ----------------------------------------------------------
-
-    def questions(self, limit: int = 200) -> list[ObjectRow]:
-        """Objects waiting for an event someone outside may send (not perdure's own
-        signals), most recently updated first."""
-        sql = ("SELECT * FROM objects WHERE waiting_event IS NOT NULL AND lease_owner IS NULL "
-               f"AND waiting_event NOT LIKE {self._p('ours')} AND status = 'dormant' "
-               f"ORDER BY updated_at DESC, object_id LIMIT {self._p('limit')}")
-        return self._objects(sql, {"limit": limit, "ours": "perdure:%"})
+    # -- the nodes ----------------------------------------------------------
 
     def running_on(self, now: float) -> dict[str, list[str]]:
         """Object ids by the node holding their lease now."""

@@ -5,7 +5,9 @@ object, so any decision wakes it) sealed by the deciding client. ``take_decision
 the one for a proposal, checks its seal (``waits.vouched``), what it says (a decision of
 the same tool, an edit that is a JSON object) and, through the gate's
 ``approval_problem``, that it names the arguments' hash the gate decided on and comes
-from an identity allowed at the call's risk. A decision that cannot count is refused on
+from an identity allowed at the call's risk, and through ``late_problem`` that it was
+signed by the proposal's recorded deadline (a late one is refused whenever the node
+sees it, and the call then expires). A decision that cannot count is refused on
 record (``event_refused``) and consumed, and the call keeps waiting; one naming a
 proposal that waits for nothing (decided, edited, never asked) is refused too, so a
 stale event cannot keep waking the object.
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from perdure.approvals import pending_in
 from perdure.core.bodies import EventRefused, ToolDecided, ToolProposed
 from perdure.core.codec import decode
-from perdure.core.gate import GateDecision, approval_problem, canonical_args
+from perdure.core.gate import GateDecision, approval_problem, canonical_args, late_problem
 from perdure.core.trust import EventSeal
 from perdure.engine.commands.waits import _inbox, vouched
 
@@ -65,6 +67,8 @@ async def take_decision(run: Run, call: _Call, proposal: ToolProposed,
         if problem is None:
             problem = approval_problem(decision, proposal.args_hash,
                                        str(payload.get("args_hash")), identity)
+        if problem is None:
+            problem = late_problem(decision.expires_at, payload.get("decided_at"))
         if problem is not None:
             _refuse(run, call, ev.event_id, ev.name, digest, problem)
             continue

@@ -190,7 +190,9 @@ WITH seal AS (
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
                 WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
-                  AND inbox.consumed_seq IS NULL)
+                  AND inbox.consumed_seq IS NULL
+                  -- not one this append consumes: it is taken, not pending
+                  AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))
             THEN %(now)s
             ELSE p.ready_at END,
         waiting_event = p.waiting_event,
@@ -209,7 +211,8 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean)
+        unless_cancelled boolean,
+        consumed bigint[])
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
@@ -281,7 +284,9 @@ WITH seal AS (
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
                 WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
-                  AND inbox.consumed_seq IS NULL)
+                  AND inbox.consumed_seq IS NULL
+                  -- not one this append consumes: it is taken, not pending
+                  AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))
             THEN %(now)s
             ELSE p.ready_at END,
         waiting_event = p.waiting_event,
@@ -312,7 +317,8 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean, cancel_children boolean)
+        unless_cancelled boolean, cancel_children boolean,
+        consumed bigint[])
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.

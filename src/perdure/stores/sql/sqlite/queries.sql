@@ -193,7 +193,9 @@ SET head_seq = COALESCE(:head_seq, head_seq),
         WHEN :waiting_event IS NOT NULL AND EXISTS (
             SELECT 1 FROM inbox
             WHERE inbox.object_id = :object_id AND inbox.name = :waiting_event
-              AND inbox.consumed_seq IS NULL)
+              AND inbox.consumed_seq IS NULL
+              -- not one this append consumes (a JSON list): it is taken, not pending
+              AND inbox.event_id NOT IN (SELECT value FROM json_each(:consumed)))
         THEN :now
         ELSE :ready_at END,
     waiting_event = :waiting_event,
