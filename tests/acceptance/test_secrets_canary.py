@@ -84,8 +84,8 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
     marker = f"plain-marker-{secrets.token_hex(6)}"
     app = secret_agents.build_app(cluster.store_url, str(cluster.key_dir))
     try:
-        one = app.start("canary", Secret(canary), marker, db_url, object_id="canary-1")
-        whole = app.start("canary_all", f"all-{canary}", object_id="canary-2")
+        one = app.options(object_id="canary-1").start("canary", Secret(canary), marker, db_url)
+        whole = app.options(object_id="canary-2").start("canary_all", f"all-{canary}")
         first = spawn(cluster)
         wait_status(app, "canary-1", "dormant")
         wait_status(app, "canary-2", "dormant")

@@ -56,8 +56,8 @@ def test_an_object_with_a_budget_is_shown_forked_and_queried(
     client = make_app()
     client.agent(name="budgeted")(budgeted)
     client.define_query(agent="budgeted", name="budget")(budget)
-    handle = client.start("budgeted", object_id="b-1",
-                          budget={"tokens": 100, "lineage": True})
+    handle = client.options(object_id="b-1", budget={"tokens": 100, "lineage": True}).start(
+        "budgeted")
     with client.background_worker():
         assert wait_until(lambda: client.get("b-1").status == "dormant", TIMEOUT)
         assert client.query("b-1", "budget") == {"tokens": 100, "cost": None,

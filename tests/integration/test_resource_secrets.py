@@ -77,7 +77,7 @@ def test_resource_credentials_are_sealed_and_restored(make_app: MakeApp, raw: Ra
         return {"env": env["API_KEY"] == TOKEN and env["OTHER"] == PASSWORD,
                 "status": reply.status_code, "session": row[0]}
 
-    handle = app.start("creds", object_id="creds-1")
+    handle = app.options(object_id="creds-1").start("creds")
     with app.background_worker():
         result = handle.result(timeout=20)
     assert result == {"env": True, "status": 200, "session": "sealed-session"}

@@ -153,7 +153,7 @@ class _Story:
                       f"store demo.db, node keys in keys/")
 
         self.say(f"1. Start object {OBJECT_ID} (agent {AGENT!r}) and a worker to run it")
-        self.app.start(AGENT, object_id=OBJECT_ID)
+        self.app.options(object_id=OBJECT_ID).start(AGENT)
         worker_a = self.start_worker("A")
 
         def analysed(records: list[Record]) -> int:

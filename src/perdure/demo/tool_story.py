@@ -137,8 +137,8 @@ class _AgentStory:
 
         self.say(f"1. Start {AGENT_OBJECT_ID} (agent {HOUSEKEEPER!r}) and worker A: "
                  "low-risk tools run on their own")
-        self.app.start(HOUSEKEEPER, self.model, base_url, server is not None,
-                       object_id=AGENT_OBJECT_ID)
+        self.app.options(object_id=AGENT_OBJECT_ID).start(
+            HOUSEKEEPER, self.model, base_url, server is not None)
         worker_a = self.start_worker("A")
         self.until("waiting for the first approval request", lambda: bool(self.pending()),
                    timeout=60)
