@@ -29,7 +29,8 @@ from perdure.engine.commands.agent_loop import AgentResult
 from perdure.engine.commands.tools import ToolOutcome
 from perdure.engine.context import StepInfo, current_step
 from perdure.engine.replay import ReplayReport
-from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
+from perdure.engine.run import ChildHandle, ChildStarter, Run, SyncChildHandle, SyncRun
+from perdure.engine.sync_run import SyncChildStarter
 from perdure.engine.verifier import Verifier
 from perdure.engine.worker import AgentDef, Worker
 from perdure.errors import (
@@ -77,6 +78,7 @@ from perdure.follow import StreamEvent
 from perdure.handle import Handle, ObjectInfo
 from perdure.queries import MemoryView
 from perdure.questions import Question
+from perdure.starting import Starter
 from perdure.stores.base import Store
 from perdure.tools import Tool, tool
 
@@ -99,6 +101,7 @@ __all__ = [
     "Certificate",
     "ChildFailedError",
     "ChildHandle",
+    "ChildStarter",
     "ConfigurationError",
     "Constraint",
     "Context",
@@ -154,6 +157,7 @@ __all__ = [
     "Secret",
     "SerializationError",
     "Signer",
+    "Starter",
     "Status",
     "StepFailedError",
     "StepInDoubtError",
@@ -164,6 +168,7 @@ __all__ = [
     "StoreError",
     "StreamEvent",
     "SyncChildHandle",
+    "SyncChildStarter",
     "SyncRun",
     "Tool",
     "ToolCallError",
