@@ -256,6 +256,30 @@ class Queries:
         return [record_from_row(tuple(bytes(v) if isinstance(v, memoryview) else v
                                       for v in row)) for row in rows]
 
+    def refused_while_waiting(self, object_ids: Sequence[str]) -> dict[str, list[Record]]:
+        """Per object of ``object_ids``, the events refused since it last went dormant
+        (``event_refused`` records after its newest ``dormant`` one), oldest first: what
+        was sent to its current wait and did not count."""
+        from perdure.stores._rows import record_from_row
+
+        if not object_ids:
+            return {}
+        p = self._p
+        marks = ",".join(p(f"o{n}") for n in range(len(object_ids)))
+        params: dict[str, Any] = {f"o{n}": oid for n, oid in enumerate(object_ids)}
+        params.update(refused="event_refused", dormant="dormant")
+        sql = ("SELECT r.object_id, r.seq, r.trace_id, r.ts_us, r.node_id, r.policy_ref, "
+               "r.kind, r.body, r.prev_hash, r.hash, r.signature FROM records r "
+               f"WHERE r.object_id IN ({marks}) AND r.kind = {p('refused')} AND r.seq > "
+               "(SELECT COALESCE(MAX(d.seq), 0) FROM records d WHERE d.object_id = "
+               f"r.object_id AND d.kind = {p('dormant')}) ORDER BY r.object_id, r.seq")
+        found: dict[str, list[Record]] = {}
+        for row in self._rows(sql, params):
+            rec = record_from_row(tuple(bytes(v) if isinstance(v, memoryview) else v
+                                        for v in row))
+            found.setdefault(rec.object_id, []).append(rec)
+        return found
+
     def counts(self) -> dict[str, int]:
         """How many objects the store holds per stored status."""
         return {str(s): int(n) for s, n in
