@@ -2,8 +2,8 @@
 
 A node tells its :class:`Hooks` what happens to the objects it runs, as small frozen
 events: a claim round, an object claimed, a step recorded, dormancy, a wake-up, an end,
-a commit batch, a lost lease, an integrity failure. Each carries what a listener needs (ids, durations
-in seconds) and nothing it would have to ask the store for.
+a commit batch, a lost lease, an integrity failure. Each carries what a listener needs
+(ids, durations in seconds) and nothing it would have to ask the store for.
 
 Listening costs nothing when nobody listens: the engine checks :attr:`Hooks.active`
 before it builds an event, so a node without listeners allocates nothing on its hot
