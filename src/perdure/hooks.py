@@ -1,9 +1,9 @@
 """Hooks: one typed seam where metrics, traces, logs and a live view attach to a node.
 
 A node tells its :class:`Hooks` what happens to the objects it runs, as small frozen
-events: an object claimed, a step recorded, dormancy, a wake-up, an end, a commit batch,
-a lost lease, an integrity failure. Each carries what a listener needs (ids, durations
-in seconds) and nothing it would have to ask the store for.
+events: a claim round, an object claimed, a step recorded, dormancy, a wake-up, an end,
+a commit batch, a lost lease, an integrity failure. Each carries what a listener needs
+(ids, durations in seconds) and nothing it would have to ask the store for.
 
 Listening costs nothing when nobody listens: the engine checks :attr:`Hooks.active`
 before it builds an event, so a node without listeners allocates nothing on its hot
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 __all__ = [
+    "ClaimRound",
     "CommitBatch",
     "Counters",
     "HookEvent",
@@ -53,6 +54,20 @@ class HookEvent:
     """What every event carries: the node that saw it."""
 
     node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRound(HookEvent):
+    """The node asked the store for objects to run (it does when it has a free slot and
+    is woken, or its idle wait ends): ``claimed`` the ids it was given (empty: none was
+    runnable for it), ``failed`` True when the store did not answer.
+
+    A round that began after some change saw that change: waiting for two rounds more
+    than were counted at a moment is how to know the node has looked at the store since
+    (and, say, left a paused object alone)."""
+
+    claimed: tuple[str, ...]
+    failed: bool
 
 
 @dataclass(frozen=True, slots=True)

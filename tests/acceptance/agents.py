@@ -225,6 +225,17 @@ def build_app(
     return new
 
 
+if os.environ.get("PERDURE_TEST_IDLE"):
+    # A worker on a store that pushes wake-ups sleeps this long when idle (instead of
+    # 2 s), so that only a push can explain it acting on an event within a test's timeout.
+    import functools
+
+    import perdure.app
+    from perdure.engine.settings import WorkerSettings
+
+    perdure.app.WorkerSettings = functools.partial(  # type: ignore[misc]
+        WorkerSettings, idle_seconds=float(os.environ["PERDURE_TEST_IDLE"]))
+
 app = build_app(
     os.environ.get("PERDURE_TEST_STORE", "sqlite:///perdure-acceptance.db"),
     os.environ.get("PERDURE_TEST_KEYS"),

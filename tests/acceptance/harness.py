@@ -145,15 +145,20 @@ class Cluster:
             env.pop(name, None)
         return env
 
-    def spawn(self, *, concurrency: int = 4, lease: float = 1.0, poll: float = 0.01) -> WorkerProc:
-        """Start ``perdure worker`` as a new process with its own node id and log file."""
+    def spawn(self, *, concurrency: int = 4, lease: float = 1.0, poll: float = 0.01,
+              idle: float | None = None) -> WorkerProc:
+        """Start ``perdure worker`` as a new process with its own node id and log file
+        (``idle``: how long it sleeps idle on a store that pushes wake-ups)."""
         node_id = f"w{len(self.workers):03d}"
         log_path = self.log_dir / f"{node_id}.log"
+        env = self.env(node_id)
+        if idle is not None:
+            env["PERDURE_TEST_IDLE"] = f"{idle:g}"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 [*PERDURE_CMD, "--app", APP_SPEC, "--node-id", node_id, "worker",
                  "--concurrency", str(concurrency), "--lease", str(lease), "--poll", str(poll)],
-                cwd=REPO_ROOT, env=self.env(node_id), stdout=log, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
         worker = WorkerProc(node_id, proc, log_path)

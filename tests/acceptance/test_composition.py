@@ -265,8 +265,16 @@ def test_only_the_capable_worker_runs_steps_that_need_a_capability(
     plain = spawn(cluster)
     wait_until("the plain worker to give up the browser step", lambda: any(
         r.kind == perdure.Kind.CAPABILITY_MISSING for r in app.history("route-1")), 30)
-    time.sleep(0.5)
+    wait_until("the plain worker to let go of route-1",
+               lambda: app.get("route-1").lease_owner is None, 30)
+    route_epoch = app.get("route-1").epoch
+    # Claims take the oldest runnable objects first: once an object queued after both is
+    # done, the plain worker has looked past them in a claim round that saw them runnable.
+    app.options(object_id="probe-1").start("versioned", "probe")
+    wait_until("the plain worker to finish an object queued later",
+               lambda: app.get("probe-1").terminal, 30)
     assert app.get("surf-1").epoch == 0, "a worker without a browser claimed surf-1"
+    assert app.get("route-1").epoch == route_epoch, "it took route-1 back for a browser step"
     assert app.get("route-1").requires == ("browser",)
     capable = spawn(cluster, capabilities=("browser",), app_capabilities=("gpu",))
     wait_until("both objects to finish", lambda: all(
@@ -292,7 +300,7 @@ def test_only_the_capable_worker_runs_steps_that_need_a_capability(
     assert runs_of[("surf-1", "surf", capable.pid)] == 1
     assert not any(ex.pid == plain.pid for ex in cluster.sink.executions()
                    if ex.key.endswith(("/browse", "/render", "/surf")))
-    audit_steps(cluster, app, ["route-1", "surf-1"])
+    audit_steps(cluster, app, ["route-1", "surf-1", "probe-1"])
     assert_clean_logs(cluster)
 
 
@@ -311,7 +319,10 @@ def test_version_1_object_waits_for_a_version_1_worker_process(
     newer = spawn(cluster, version="2")
     wait_until("the v2 object to finish", lambda: v2.get("ver-2").terminal, 30)
     assert v2.handle("ver-2").result(timeout=0) == {"ran": "v2:new"}
-    time.sleep(0.5)
+    v2.options(object_id="ver-probe").start(
+        "versioned", "probe")  # queued after ver-1: claimed later
+    wait_until("the v2 worker to finish an object queued after ver-1",
+               lambda: v2.get("ver-probe").terminal, 30)
     info = v1.get("ver-1")
     assert info.epoch == 0 and info.records == 1, info
     assert info.note == "waiting: no live node serves versioned@1", info
@@ -322,5 +333,5 @@ def test_version_1_object_waits_for_a_version_1_worker_process(
     assert v1.handle("ver-1").result(timeout=0) == {"ran": "v1:old"}
     assert {r.node_id for r in v1.history("ver-1")[1:]} == {older.node_id}
     assert {r.node_id for r in v2.history("ver-2")[1:]} == {newer.node_id}
-    audit_steps(cluster, v1, ["ver-1", "ver-2"])
+    audit_steps(cluster, v1, ["ver-1", "ver-2", "ver-probe"])
     assert_clean_logs(cluster)

@@ -374,7 +374,8 @@ def test_server_restart(restart_cluster: Cluster, private_pg: PrivateServer) -> 
     or doubled in the sink, memory verifies, and no lease stays stuck. Each
     worker says once that the store is unavailable (a few lines at most, no
     traceback) and that it is back. After the restart, approvals sent to idle
-    workers are acted on at once: pushed wake-ups work again.
+    workers are acted on: the workers sleep an hour when idle, so only pushed wake-ups
+    (working again) explain it.
     """
     cluster = restart_cluster
     app = cluster.app()
@@ -385,7 +386,7 @@ def test_server_restart(restart_cluster: Cluster, private_pg: PrivateServer) -> 
         if spec not in late:
             assert app.send(spec.object_id, "approval", approvals[spec.object_id],
                             dedupe_key="once")
-    workers = [cluster.spawn(concurrency=4, lease=1.0) for _ in range(2)]
+    workers = [cluster.spawn(concurrency=4, lease=1.0, idle=3600.0) for _ in range(2)]
     for w in workers:
         wait_until(f"{w.node_id} to serve", w.ready, 30)
     total_steps = sum(s.steps + 2 for s in specs)
@@ -427,17 +428,10 @@ def test_server_restart(restart_cluster: Cluster, private_pg: PrivateServer) -> 
     for w in workers:
         wait_until(f"{w.node_id}'s wake-up channel to reconnect", relistening(w), 30)
         assert w.alive(), w.log()
-    time.sleep(0.5)  # both workers idle now: only a pushed wake-up acts within a second
-
-    latencies = []
-    for s in late:
-        sent_at = time.monotonic()
+    for s in late:  # an idle worker sleeps an hour: only a pushed wake-up acts in time
         assert app.send(s.object_id, "approval", approvals[s.object_id], dedupe_key="once")
-        wait_until(f"{s.object_id} to finish", finished(s.object_id), 30)
-        latencies.append(time.monotonic() - sent_at)
-    print("approval to completion after the restart: "
-          + ", ".join(f"{lat:.2f}s" for lat in latencies))
-    assert max(latencies) < 1.2, f"wake-ups were not pushed after the restart: {latencies}"
+        wait_until(f"{s.object_id} to finish: wake-ups were not pushed after the restart",
+                   finished(s.object_id), 60)
 
     for w in workers:
         assert w.alive(), f"{w.node_id} exited:\n{w.log()}"

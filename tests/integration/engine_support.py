@@ -11,15 +11,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import perdure
+from perdure.hooks import ClaimRound
 
 __all__ = [
     "REPO_ROOT",
+    "ClaimRounds",
     "app",
     "count_lines",
     "kill_process",
@@ -44,6 +48,68 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0,
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+class ClaimRounds:
+    """The claim rounds of an App's workers, heard through ``app.hooks``: the positive
+    signal that a worker has had its chance to take an object, so a test can assert that
+    it let the object be instead of sleeping and hoping it looked.
+
+        with ClaimRounds(app) as rounds, app.background_worker():
+            app.pause("x")
+            claimed = rounds.look("the worker to look past the paused x")
+            assert "x" not in claimed
+    """
+
+    def __init__(self, app_: perdure.App) -> None:
+        self._app = app_
+        self._changed = threading.Condition()
+        self.rounds: list[ClaimRound] = []
+        self._stop = app_.hooks.subscribe(self._heard, ClaimRound)
+
+    def _heard(self, event: ClaimRound) -> None:
+        with self._changed:
+            self.rounds.append(event)
+            self._changed.notify_all()
+
+    def look(self, what: str, *, answered: bool = True, timeout: float = 30.0) -> list[str]:
+        """Wait until two more claim rounds than now have ended (so at least one began
+        after this call and saw everything written before it); with ``answered`` only
+        rounds the store answered count. Returns the ids claimed in rounds since this
+        call. Fails saying ``what`` it waited for if that takes ``timeout`` seconds."""
+        with self._changed:
+            start = len(self.rounds)
+
+        def seen() -> list[ClaimRound]:
+            return [r for r in self.rounds[start:] if not answered or not r.failed]
+
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._changed:
+                if len(seen()) >= 2:
+                    return [oid for r in self.rounds[start:] for oid in r.claimed]
+                left = deadline - time.monotonic()
+                assert left > 0, (f"waited {timeout:g}s for {what}: the worker ended "
+                                  f"{len(seen())} claim round(s) since, not 2")
+                self._changed.wait(min(left, 0.25))
+            self._nudge()
+
+    def _nudge(self) -> None:
+        """On PostgreSQL an idle worker sleeps until pushed (up to ``idle_seconds``): push
+        it, so the rounds come sooner. Only the wait's length depends on this."""
+        url = self._app.store.url
+        if url.startswith(("postgresql:", "postgres:")):
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT pg_notify('perdure_wake', '')")
+
+    def __enter__(self) -> ClaimRounds:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop()
 
 
 def kinds(app_: perdure.App, object_id: str) -> list[str]:

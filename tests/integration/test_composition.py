@@ -13,9 +13,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 import perdure
 from perdure.core.cycle import LocalPolicy
-from tests.integration.engine_support import wait_until
+from tests.integration.engine_support import ClaimRounds, wait_until
 
 AppFactory = Callable[..., perdure.App]
 
@@ -197,14 +199,15 @@ def test_cancel_children_false_lets_children_finish(make_app: AppFactory) -> Non
         return await run.join(await run.delegate(waits), await run.delegate(waits))
 
     handle = app.options(object_id="keep-1").start("holder")
-    with app.background_worker():
+    with ClaimRounds(app) as rounds, app.background_worker():
         assert wait_until(lambda: all(app.get(f"keep-1.{i}").waiting_event == "go"
                                       for i in (0, 1)) if len(app.list(parent="keep-1")) == 2
                           else False, timeout=20)
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT, timeout=10)
         app.cancel("keep-1")
         assert wait_until(lambda: handle.info().terminal, timeout=10)
-        time.sleep(0.3)
+        claimed = rounds.look("the worker to look at the store after the parent's cancel")
+        assert not {"keep-1.0", "keep-1.1"} & set(claimed), "a child was woken to be cancelled"
         assert not app.get("keep-1.0").terminal and not app.get("keep-1.1").terminal
         app.send("keep-1.0", "go", "a")
         app.send("keep-1.1", "go", "b")
@@ -258,6 +261,7 @@ def test_gather_returns_results_in_argument_order(make_app: AppFactory) -> None:
     assert app.verify("fan-1").ok
 
 
+@pytest.mark.loop_stalls_allowed
 def test_gather_replay_after_a_node_stalls_does_not_rerun_finished_branches(
     make_app: AppFactory,
 ) -> None:
@@ -427,8 +431,9 @@ def test_agent_level_requires_is_never_claimed_by_a_node_without_it(
             return await run.step(lambda u: f"read {u}", url, name="read")
 
     handle = plain.options(object_id="surf-1").start("surf", "example.org")
-    with plain.background_worker():
-        time.sleep(1.0)
+    with ClaimRounds(plain) as rounds, plain.background_worker():
+        claimed = rounds.look("the node without a browser to look at the store")
+        assert "surf-1" not in claimed
         info = plain.get("surf-1")
         assert info.epoch == 0 and info.records == 1, info
         assert info.requires == ("browser",)
@@ -460,10 +465,12 @@ def test_step_level_requires_records_capability_missing_once(make_app: AppFactor
             return [prepared, model, score]
 
     handle = plain.options(object_id="learn-1").start("learn", 2)
-    with plain.background_worker():
+    with ClaimRounds(plain) as rounds, plain.background_worker():
         assert wait_until(lambda: records_of(plain, "learn-1", perdure.Kind.CAPABILITY_MISSING),
                           timeout=20)
-        time.sleep(0.8)
+        assert wait_until(lambda: plain.get("learn-1").lease_owner is None, timeout=20)
+        claimed = rounds.look("the node without a GPU to look at the store again")
+        assert "learn-1" not in claimed, "the node lacking a GPU took the object again"
         info = plain.get("learn-1")
         assert info.requires == ("gpu",) and info.lease_owner is None, info
         assert info.note is not None and "gpu" in info.note, info
@@ -511,10 +518,12 @@ def test_cannot_do_moves_the_object_to_another_node_without_a_failure(
     register(willing, True)
 
     handle = refusing.options(object_id="render-1").start("render", 2)
-    with refusing.background_worker():
+    with ClaimRounds(refusing) as rounds, refusing.background_worker():
         assert wait_until(lambda: records_of(refusing, "render-1",
                                              perdure.Kind.CAPABILITY_MISSING), timeout=20)
-        time.sleep(0.8)
+        assert wait_until(lambda: refusing.get("render-1").lease_owner is None, timeout=20)
+        claimed = rounds.look("the refusing node to look at the store again")
+        assert "render-1" not in claimed, "the refusing node took the object again"
     assert attempts == ["refuser"], "the refusing node took the object again"
     with willing.background_worker():
         assert handle.result(timeout=20) == 42
@@ -547,9 +556,10 @@ def test_object_of_version_1_waits_for_a_version_1_node(make_app: AppFactory) ->
 
     handle = v1.options(object_id="job-1").start("job")
     v2_job = v2.options(object_id="job-2").start("job")
-    with v2.background_worker():
+    with ClaimRounds(v2) as rounds, v2.background_worker():
         assert v2_job.result(timeout=20) == "v2"
-        time.sleep(0.5)
+        claimed = rounds.look("the version-2 node to look at the store again")
+        assert "job-1" not in claimed
         info = v1.get("job-1")
         assert info.epoch == 0 and info.records == 1, info
         assert info.note == "waiting: no live node serves job@1", info

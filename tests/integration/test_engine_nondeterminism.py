@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import pytest
 
 import perdure
-from tests.integration.engine_support import kinds, wait_until
+from tests.integration.engine_support import ClaimRounds, kinds, wait_until
 
 AppFactory = Callable[..., perdure.App]
 
@@ -62,7 +61,7 @@ def test_mismatch_parks_without_looping_until_resumed(make_app: AppFactory) -> N
     """A step renamed at a recorded position parks the object with a clear record.
 
     The ``nondeterminism`` record names the position, what was recorded and what the
-    code asked for; the object is not claimed again (no new records for a second);
+    code asked for; the object is not claimed again (the worker passes it over);
     ``result()`` raises ``AgentParkedError``; with the code fixed, ``resume`` lets it finish.
     """
     _run_v1_until_waiting(make_app, "shop-1")
@@ -71,10 +70,12 @@ def test_mismatch_parks_without_looping_until_resumed(make_app: AppFactory) -> N
     broken_calls: Counter[str] = Counter()
     _shop_renamed(broken, broken_calls)
     broken.send("shop-1", "go")
-    with broken.background_worker():
-        assert wait_until(lambda: broken.get("shop-1").status is perdure.Status.PARKED)
+    with ClaimRounds(broken) as rounds, broken.background_worker():
+        assert wait_until(lambda: broken.get("shop-1").status is perdure.Status.PARKED
+                          and broken.get("shop-1").lease_owner is None, timeout=30)
         parked = broken.get("shop-1")
-        time.sleep(1.0)
+        claimed = rounds.look("the worker to look at the store with shop-1 parked")
+        assert "shop-1" not in claimed, "a parked object is not claimed again"
         later = broken.get("shop-1")
         assert later.records == parked.records, "a parked object takes no new records"
         assert later.epoch == parked.epoch, "a parked object is not claimed again"

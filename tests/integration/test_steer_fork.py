@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import perdure
 from perdure.cli import cli
-from tests.integration.engine_support import count_lines
+from tests.integration.engine_support import ClaimRounds, count_lines
 from tests.integration.steer_support import note, register
 
 
@@ -244,8 +244,9 @@ def test_a_fork_cut_short_is_finished_by_forking_again(
     at = _seq_of(app, "src", "step_done", "b")
     new, rest, _, _ = build(app, "src", at, "half")
     assert app.store.create(new, time.time())  # ... and the process dies here
-    with app.background_worker():
-        time.sleep(0.3)
+    with ClaimRounds(app) as rounds, app.background_worker():
+        claimed = rounds.look("the worker to look at the store with the fork cut short")
+        assert "half" not in claimed, "a worker claimed a fork held back from workers"
         assert app.get("half", explain=False).records == 1  # no worker touched it
         assert app.get("half").status is perdure.Status.READY
         again = app.fork("src", at=at, new_id="half")

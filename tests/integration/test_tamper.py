@@ -29,6 +29,7 @@ from perdure.errors import (
     RecordDecodeError,
     StoreCorruptError,
 )
+from tests.integration.engine_support import ClaimRounds, wait_until
 
 MakeApp = Callable[..., perdure.App]
 OID = "obj-1"
@@ -315,12 +316,14 @@ def test_tampered_dormant_object_is_parked(make_app: MakeApp,
         count_before -= 1
     app.send(OID, "go", True)
 
-    with app.background_worker():
+    with ClaimRounds(app) as rounds, app.background_worker():
         deadline = time.monotonic() + 10
         while not (row := app.store.get(OID)) or not row.parked:
             assert time.monotonic() < deadline, row
             time.sleep(0.01)
-        time.sleep(0.2)  # give a wrongly resuming worker the chance to append
+        # A wrongly resuming worker has its chance to take the object and append.
+        claimed = rounds.look("the worker to look at the store after parking the object")
+        assert OID not in claimed, "a parked object was claimed again"
     row = app.store.get(OID)
     assert row is not None and row.parked and row.lease_owner is None
     assert row.note is not None and "memory damaged" in row.note
@@ -340,7 +343,7 @@ def _pad(i: int) -> str:
 
 
 def test_corrupt_pages_fail_closed(make_sqlite_app: MakeApp, sqlite_url: str,
-                                   key_dir: Path) -> None:
+                                   key_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Garbage over pages in the middle of the file gives StoreCorruptError, never a resume.
 
     SQLite only: it is about the store's own file. The App and the CLI both report
@@ -407,9 +410,14 @@ def test_corrupt_pages_fail_closed(make_sqlite_app: MakeApp, sqlite_url: str,
     async def big_again(run: perdure.Run, n: int) -> int:
         return await big(run, n)
 
+    heard: list[object] = []
+    reopened.hooks.subscribe(heard.append)
     with reopened.background_worker():
-        time.sleep(0.5)
+        assert wait_until(lambda: any(getattr(r, "action", None) == "store_corrupt"
+                                      for r in caplog.records), timeout=30), \
+            "the worker did not say that the store is damaged"
     assert after == []
+    assert heard == [], "the worker claimed or ran something on the damaged store"
 
 
 def test_decoded_body_round_trips(finished: perdure.App) -> None:

@@ -9,7 +9,7 @@ exactly as the full update leaves it, and that anything else takes the full path
 from __future__ import annotations
 
 import sqlite3
-import time
+import threading
 
 import pytest
 
@@ -179,11 +179,19 @@ def test_apply_now_commits_only_when_it_need_not_wait(store: Store, signer: Sign
     other = sqlite3.connect(place.removeprefix("sqlite:///"), isolation_level=None)
     try:
         other.execute("BEGIN IMMEDIATE")
-        began = time.monotonic()
         held = chain.append(epoch, chain.peek(1), ready_at=NOW)
-        assert store.apply_now([held], NOW + 1) is None
-        assert time.monotonic() - began < 1.0  # the store's busy timeout is 30 s
+        answers: list[object] = []
+        caller = threading.Thread(target=lambda: answers.append(store.apply_now([held],
+                                                                                NOW + 1)))
+        caller.start()
+        # The store's busy timeout is 30 s: a call that waited for the lock could not
+        # answer before it is let go, below.
+        caller.join(timeout=20)
+        answered_while_locked = not caller.is_alive()
         other.execute("ROLLBACK")
+        caller.join(timeout=60)
+        assert answered_while_locked, "apply_now waited for another process's write lock"
+        assert answers == [None]
     finally:
         other.close()
     assert store.records("now") == chain.records

@@ -61,7 +61,7 @@ def _browser(served: Served) -> Iterator[Any]:
 
 def _waiting(served: Served, object_id: str) -> None:
     """Start an ``asker`` as ``object_id`` and wait until it waits for ``answer``."""
-    served.app.start("asker", "refusals", object_id=object_id)
+    served.app.options(object_id=object_id).start("asker", "refusals")
     wait_until(lambda: served.app.get(object_id).status is Status.DORMANT
                and served.app.get(object_id).waiting_event == "answer", timeout=30)
 

@@ -43,7 +43,7 @@ from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.stalls import LoopWatchdog
 from perdure.engine.verifier import Verifier
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
-from perdure.hooks import Hooks, IntegrityFailure, LeaseLost
+from perdure.hooks import ClaimRound, Hooks, IntegrityFailure, LeaseLost
 from perdure.stores.base import Claim, Event, Store
 
 __all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
@@ -187,10 +187,15 @@ class Worker:
                     node.store_ok()
                     backoff = idle
                     wait = min(wait, idle)
+                    failed = False
                 except StoreError as exc:
                     node.store_failed(exc)
                     backoff = min(max(backoff, self.settings.poll_interval) * 2, 5.0)
                     wait = backoff
+                    failed = True
+                if node.hooks.active:
+                    node.hooks.emit(ClaimRound(self.signer.node_id,
+                                               tuple(c.object_id for c in claims), failed))
             for claim in claims:
                 self._start(claim)
             if claims and len(node.active) < self.settings.concurrency:
