@@ -7,9 +7,6 @@ forward from exactly where it was.
 
 from __future__ import annotations
 
-from perdure._data_keys import DataKeys
-from perdure._identity import NodeIdentity
-from perdure._keys import KeyFolder
 from perdure.app import App, step
 from perdure.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
@@ -19,17 +16,16 @@ from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, Reason
 from perdure.core.gate import Allow, GateDecision, Policy, Proposal, ToolInfo
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
+from perdure.core.questions import Question
 from perdure.core.records import Kind, Record
 from perdure.core.secret import Secret
 from perdure.core.trust import Certificate, KeyRing, Revocation
 from perdure.core.usage import UsageTotals
-from perdure.engine.anchors import HeadAnchors
 from perdure.engine.commands.agent_loop import AgentResult
 from perdure.engine.commands.tools import ToolOutcome
 from perdure.engine.context import StepInfo, current_step
 from perdure.engine.replay import ReplayReport
 from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
-from perdure.engine.verifier import Verifier
 from perdure.engine.worker import AgentDef, Worker
 from perdure.errors import (
     AgentCancelledError,
@@ -72,8 +68,12 @@ from perdure.errors import (
 )
 from perdure.follow import StreamEvent
 from perdure.handle import Handle, ObjectInfo
+from perdure.keys.anchors import HeadAnchors
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.folder import KeyFolder
+from perdure.keys.identity import NodeIdentity
+from perdure.keys.verifier import Verifier
 from perdure.queries import MemoryView
-from perdure.questions import Question
 from perdure.stores.base import Store
 from perdure.tools import Tool, tool
 

@@ -16,10 +16,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from perdure._app_secrets import differences, opened_body, sealed_payload, start_arguments
-from perdure._data_keys import DataKeys
-from perdure._identity import NodeIdentity, TrustSpec, publish
-from perdure._keys import default_key_dir, public_bytes
 from perdure.approvals import PendingApproval
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
@@ -31,16 +27,15 @@ from perdure.core.cycle import LocalPolicy
 from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.names import check_labels, check_name, check_object_id
+from perdure.core.questions import Question
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import check_reserved, marked
 from perdure.core.trust import Certificate, Revocation, seal_event
 from perdure.core.usage import UsageTotals, usage_totals
-from perdure.engine.anchors import HeadAnchors, rollback_problem
+from perdure.describe import waiting_note
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
-from perdure.engine.sealer import Sealer, needs_sealing
-from perdure.engine.verifier import Verifier
 from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
@@ -56,10 +51,15 @@ from perdure.errors import (
 from perdure.fork import fork as fork_object
 from perdure.handle import Handle, ObjectInfo, info_from_row
 from perdure.hooks import Hooks
-from perdure.inspect import waiting_note
+from perdure.keys.anchors import HeadAnchors, rollback_problem
+from perdure.keys.at_rest import differences, opened_body, sealed_payload, start_arguments
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.folder import default_key_dir, public_bytes
+from perdure.keys.identity import NodeIdentity, TrustSpec, publish
+from perdure.keys.sealer import Sealer, needs_sealing
+from perdure.keys.verifier import Verifier
 from perdure.memory_notes import MemoryNotes
 from perdure.queries import QueryRegistry, run_query
-from perdure.questions import Question
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
 from perdure.tools import Tool
@@ -554,7 +554,7 @@ class App:
         """What the store says about an object; ``ObjectNotFoundError`` if unknown.
 
         A runnable object that no live node can take gets a note saying why (see
-        ``perdure.inspect.waiting_note``); ``explain=False`` leaves that out and spares
+        ``perdure.describe.waiting_note``); ``explain=False`` leaves that out and spares
         the store the query of live nodes (``Handle.result`` polls this way).
         """
         row = self.store.get(self._lookup(object_id))

@@ -162,7 +162,7 @@ def _own_data_key(app: App, object_id: str, oid: str) -> None:
     row = app.store.data_key(object_id)
     if row is None or app.store.data_key(oid) is not None:
         return
-    from perdure.engine.sealer import Sealer
+    from perdure.keys.sealer import Sealer
 
     Sealer(app.store, app.data_keys, oid, seal_all=row.seal_all).data_key(create=True)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.lifecycle import Status
+from perdure.core.questions import Question
 from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
@@ -16,7 +17,6 @@ from perdure.errors import (
     ResultTimeoutError,
 )
 from perdure.follow import StreamEvent, Until, afollow, follow
-from perdure.questions import Question
 from perdure.stores.base import ObjectRow
 
 if TYPE_CHECKING:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.chain import check_links
 from perdure.core.lifecycle import Status
+from perdure.core.questions import ASKING_MARK, Question, forked_from, pending_questions
 from perdure.core.records import Record
 from perdure.errors import ConfigurationError, IntegrityError, RecordDecodeError
 from perdure.handle import ObjectInfo
-from perdure.questions import ASKING_MARK, Question, forked_from, pending_questions
 
 if TYPE_CHECKING:
     from perdure.app import App

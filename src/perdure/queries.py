@@ -18,7 +18,7 @@ nothing, so it reads a running object (what it has recorded so far), a dormant o
 (without waking it) and an ended one alike. A query must be pure: it sees memory only
 through the view, and its answer is whatever it returns.
 
-The view's records are opened with the App's data keys (``perdure._reading``): step
+The view's records are opened with the App's data keys (``perdure.keys.opener``): step
 results, emitted values, received events and the result hold ``Secret`` objects where
 secrets were (and the whole value, for an agent that encrypts all); what the App
 cannot open stays sealed (``{"perdure:sealed": ...}``). ``perdure query`` prints a
@@ -39,6 +39,7 @@ from perdure.core.chain import sealed_by, verify_chain
 from perdure.core.codec import detached
 from perdure.core.intent import Context, Intent
 from perdure.core.names import check_name
+from perdure.core.questions import Question, pending_questions
 from perdure.core.records import Kind, Record
 from perdure.errors import (
     ConfigurationError,
@@ -49,7 +50,6 @@ from perdure.errors import (
     UnknownQueryError,
 )
 from perdure.handle import info_from_row
-from perdure.questions import Question, pending_questions
 from perdure.stores.base import ObjectRow
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ def run_query(app: App, registry: QueryRegistry, object_id: str, name: str,
     fn = registry.get(row.agent, name)
     row, records = verified_memory(app, object_id)
     status = str(info_from_row(row, time.time()).status)
-    from perdure._reading import RecordOpener
+    from perdure.keys.opener import RecordOpener
 
     view = MemoryView(object_id, row.agent, row.agent_version, status,
                       tuple(RecordOpener(app).records(records)))

@@ -17,13 +17,13 @@ import pytest
 import perdure
 from perdure import DataKeys, Secret
 from perdure.core.sealing import new_data_key
-from perdure.engine.sealer import rewrap
 from perdure.errors import (
     AgentFailedError,
     AgentParkedError,
     DataKeyError,
     SerializationError,
 )
+from perdure.keys.sealer import rewrap
 from tests.integration.test_tamper import RawSQL
 
 MakeApp = Callable[..., perdure.App]
@@ -397,7 +397,7 @@ def test_a_signed_record_with_a_broken_sealed_value_parks(make_app: MakeApp) -> 
 
     from perdure.core.sealing import SEALED
     from perdure.engine.instantiate import instantiate
-    from perdure.engine.sealer import Sealer, sealed_arguments
+    from perdure.keys.sealer import Sealer, sealed_arguments
 
     app = make_app()
     register(app)

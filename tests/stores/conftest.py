@@ -88,7 +88,7 @@ def open_again(place: str, store: Store) -> Iterator[Callable[[], Store]]:
 @pytest.fixture
 def signer(store: Store) -> Signer:
     """A node identity registered in ``store``."""
-    from perdure._keys import public_bytes
+    from perdure.keys.folder import public_bytes
 
     node = make_signer("node-a")
     store.register_node(node.node_id, public_bytes(node.private_key), 0.0)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from perdure._keys import public_bytes
 from perdure.errors import LeaseLostError
+from perdure.keys.folder import public_bytes
 from perdure.stores import Claim, Store, open_store
 from tests.pg import BACKENDS, fresh_database
 from tests.stores.builders import Chain, make_signer

@@ -37,8 +37,8 @@ from perdure.demo.tool_agent import (
     seed,
 )
 from perdure.demo.workers import WorkerProcess, report_failure
+from perdure.describe import describe
 from perdure.errors import PerdureError
-from perdure.inspect import describe
 
 __all__ = ["AGENT_OBJECT_ID", "run_agent_demo"]
 

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from perdure._gc import gc_paused
 from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
 from perdure.core.codec import decode
 from perdure.core.cycle import Action, Decision, MemoryFacts
+from perdure.core.gc import gc_paused
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record, RecordDraft
@@ -31,7 +31,6 @@ from perdure.engine.memory import event_refusal, pending_events
 from perdure.engine.node import Node
 from perdure.engine.opening import opened_memory
 from perdure.engine.run import CHILD_EVENT, DeadlineExceeded, Park, Run, Suspend
-from perdure.engine.sealer import Sealer
 from perdure.errors import (
     CancelRequestedError,
     LeaseLostError,
@@ -40,6 +39,7 @@ from perdure.errors import (
     StoreError,
 )
 from perdure.hooks import ObjectDormant, ObjectWoke
+from perdure.keys.sealer import Sealer
 from perdure.stores.base import Claim, Event
 
 __all__ = ["ACTION_NOTE", "HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]

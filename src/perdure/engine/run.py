@@ -40,13 +40,13 @@ from perdure.engine.commands.positions import branch, top
 from perdure.engine.journal import Journal
 from perdure.engine.signals import DeadlineExceeded, Park, Suspend
 from perdure.engine.sync_run import SyncChildHandle, SyncRun, is_async
-from perdure.engine.verifier import EventCheck
 from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismError
+from perdure.keys.verifier import EventCheck
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:
     from perdure.engine.commands.model_memory import ModelMemory
-    from perdure.engine.sealer import Sealer
+    from perdure.keys.sealer import Sealer
     from perdure.llm import PriceTable
 
 __all__ = [
@@ -98,7 +98,7 @@ class Run:
     ) -> None:
         # What the node hands every command.
         self._journal = journal
-        #: Seals secrets in the payloads commands write (``perdure.engine.sealer``).
+        #: Seals secrets in the payloads commands write (``perdure.keys.sealer``).
         self._sealer = sealer
         self._check_event = check_event
         self._refresh_flags = refresh_flags

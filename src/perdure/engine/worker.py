@@ -25,7 +25,6 @@ from perdure.core.chain import Signer
 from perdure.core.cycle import LocalPolicy, ObjectView, evaluate, read_memory
 from perdure.core.lifecycle import Status
 from perdure.engine.actions import HANDLERS, REFINE_EVENT
-from perdure.engine.anchors import HeadAnchors
 from perdure.engine.held import HeldRecords
 from perdure.engine.journal import StoreUnavailable
 from perdure.engine.leases import control_loop, heartbeat, recover_dead_leases, renew_loop
@@ -33,9 +32,10 @@ from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
-from perdure.engine.verifier import Verifier
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
 from perdure.hooks import Hooks, IntegrityFailure, LeaseLost
+from perdure.keys.anchors import HeadAnchors
+from perdure.keys.verifier import Verifier
 from perdure.stores.base import Claim, Event, Store
 
 __all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
-from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
+from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (

@@ -25,10 +25,10 @@ from perdure.app import App
 from perdure.approvals import APPROVAL_EVENT, PendingApproval, decide, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.names import check_name
+from perdure.core.questions import Question as AskedQuestion
 from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
 from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
 from perdure.handle import Handle, ObjectInfo
-from perdure.questions import Question as AskedQuestion
 from perdure.web._auth import Principal
 
 __all__ = ["Question", "approve", "cancel", "fork", "pause", "pending_approvals",

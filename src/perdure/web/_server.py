@@ -36,7 +36,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.app import LIVE_NODE_SECONDS, App
 from perdure.core.records import Kind
 from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError

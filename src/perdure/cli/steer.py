@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.core.secret import Secret
 
 __all__ = ["fork", "query", "questions", "retry"]

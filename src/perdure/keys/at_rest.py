@@ -13,15 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from perdure._data_keys import DataKeys
 from perdure.core.arguments import start_differences
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.records import Record
 from perdure.core.sealing import has_secrets, marked
 from perdure.core.secret import Secret
-from perdure.engine.sealer import Sealer, needs_sealing, sealed_arguments
 from perdure.engine.settings import AgentDef
 from perdure.errors import DataKeyError
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.sealer import Sealer, needs_sealing, sealed_arguments
 from perdure.stores.base import Store
 
 __all__ = ["differences", "opened_body", "sealed_payload", "start_arguments"]

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from perdure.core.records import Record
 from perdure.core.sealing import marked
-from perdure.engine.sealer import KeyCache, Sealer
 from perdure.errors import DataKeyError
+from perdure.keys.sealer import KeyCache, Sealer
 
 if TYPE_CHECKING:
     from perdure.app import App
