@@ -24,6 +24,7 @@ from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
+from perdure.core.events import REFINE_EVENT, is_reserved
 from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import TERMINAL_STATUSES, Status
 from perdure.core.names import check_labels, check_name, check_object_id
@@ -36,7 +37,7 @@ from perdure.describe import waiting_note
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
-from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
+from perdure.engine.worker import AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
     IntegrityError,
@@ -498,7 +499,7 @@ class App:
         """
         self._lookup(object_id)
         check_name(event, "event name")
-        if event.startswith("perdure:"):
+        if is_reserved(event):
             raise ConfigurationError(
                 f"event name {event!r} is reserved (the prefix perdure: is perdure's own); "
                 "use another name"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.codec import MAX_DEPTH, decode, encode
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.gate import args_digest, canonical_args
 from perdure.core.records import Kind, Record
 from perdure.errors import ApprovalError, ConfigurationError, SerializationError
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PendingApproval", "approvals", "decide", "decision_problem", "pending_in"]
 
-APPROVAL_EVENT = "perdure:approval"  # engine.commands.tools.APPROVAL_EVENT (no engine import)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
 from perdure.core.codec import decode
 from perdure.core.cycle import Action, Decision, MemoryFacts
+from perdure.core.events import ACTION_NOTE, REFINE_EVENT
 from perdure.core.gc import gc_paused
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
@@ -42,14 +43,10 @@ from perdure.hooks import ObjectDormant, ObjectWoke
 from perdure.keys.sealer import Sealer
 from perdure.stores.base import Claim, Event
 
-__all__ = ["ACTION_NOTE", "HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
+__all__ = ["HANDLERS", "Handler", "by_deadline"]
 
 log = logging.getLogger("perdure.worker")
 
-REFINE_EVENT = "perdure:refine"  # an intent refinement in an object's inbox
-#: A refinement event whose payload is ``{ACTION_NOTE: {...}}`` records who acted on the
-#: object from outside (``perdure.web``): folded as a progress record, the intent unchanged.
-ACTION_NOTE = "perdure:action"
 
 #: ``handler(node, claim, records, decision, facts, events)``: the records it appended
 #: if the object is to be evaluated again, or ``None`` once the node let it go.

@@ -23,8 +23,9 @@ from collections.abc import Callable, Mapping
 
 from perdure.core.chain import Signer
 from perdure.core.cycle import LocalPolicy, ObjectView, evaluate, read_memory
+from perdure.core.events import REFINE_EVENT
 from perdure.core.lifecycle import Status
-from perdure.engine.actions import HANDLERS, REFINE_EVENT
+from perdure.engine.actions import HANDLERS
 from perdure.engine.held import HeldRecords
 from perdure.engine.journal import StoreUnavailable
 from perdure.engine.leases import control_loop, heartbeat, recover_dead_leases, renew_loop
@@ -38,7 +39,7 @@ from perdure.keys.anchors import HeadAnchors
 from perdure.keys.verifier import Verifier
 from perdure.stores.base import Claim, Event, Store
 
-__all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
+__all__ = ["AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
 
 log = logging.getLogger("perdure.worker")
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
-from perdure.approvals import APPROVAL_EVENT, PendingApproval, decide, pending_in
+from perdure.approvals import PendingApproval, decide, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
+from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_reserved
 from perdure.core.names import check_name
 from perdure.core.questions import Question as AskedQuestion
-from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
 from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
 from perdure.handle import Handle, ObjectInfo
 from perdure.web._auth import Principal
@@ -60,7 +60,7 @@ def send(app: App, who: Principal, object_id: str, event: str, payload: Any,
     for the second."""
     app.get(object_id, explain=False)
     check_name(event, "event name")
-    if event.startswith("perdure:"):
+    if is_reserved(event):
         raise ConfigurationError(f"event name {event!r} is reserved; use another name")
     if nonce is not None and not _NONCE.fullmatch(nonce):
         raise ConfigurationError("the form's nonce is damaged; reload the page")

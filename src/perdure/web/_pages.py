@@ -16,9 +16,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from perdure import describe as view
-from perdure.approvals import APPROVAL_EVENT, PendingApproval, pending_in
+from perdure.approvals import PendingApproval, pending_in
 from perdure.core.bodies import Instantiated, IntentRefined, decode
 from perdure.core.chain import VerifyReport
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.records import Kind, Record
 from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError

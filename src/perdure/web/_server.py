@@ -38,6 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from perdure import describe as view
 from perdure.app import LIVE_NODE_SECONDS, App
+from perdure.core.events import is_reserved
 from perdure.core.records import Kind
 from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
 from perdure.follow import follow
@@ -339,7 +340,7 @@ class Dashboard:
         it waits for."""
         if info.asking:
             return [actions.Question.asked(q) for q in info.asking]
-        if not info.waiting_event or info.waiting_event.startswith("perdure:"):
+        if not info.waiting_event or is_reserved(info.waiting_event):
             return []
         return [actions.Question(info.object_id, info.agent, info.waiting_event, None,
                                  info.updated_at)]

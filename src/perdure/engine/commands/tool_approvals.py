@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from perdure.approvals import pending_in
 from perdure.core.bodies import EventRefused, ToolDecided, ToolProposed
 from perdure.core.codec import decode
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.gate import GateDecision, approval_problem, canonical_args
 from perdure.core.trust import EventSeal
 from perdure.engine.commands.waits import _inbox, vouched
@@ -28,10 +29,8 @@ if TYPE_CHECKING:
     from perdure.engine.commands.tools import _Call
     from perdure.engine.run import Run
 
-__all__ = ["APPROVAL_EVENT", "take_decision"]
+__all__ = ["take_decision"]
 
-APPROVAL_EVENT = "perdure:approval"
-"""The inbox event a person's decision on a proposal arrives as."""
 
 _WAITING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
