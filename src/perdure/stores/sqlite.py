@@ -4,7 +4,8 @@ Writes take ``BEGIN IMMEDIATE`` so that concurrent processes queue on SQLite's
 lock instead of failing. Many appends are applied in one transaction (group
 commit, ``_sqlite_commit``); a refused append (lost lease) does not undo the
 others. The file itself (connections, migrations, damaged text) is ``_sqlite_file``'s;
-every ``sqlite3`` error is translated there.
+every ``sqlite3`` error is translated there. The dashboard's reads (``Browse``) are
+``_sqlite_browse``'s.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ from perdure.stores._rows import (
     record_params,
     seal_from_row,
 )
+from perdure.stores._sqlite_browse import SQLiteBrowse
 from perdure.stores._sqlite_commit import RetryWithSavepoints, apply_batch
 from perdure.stores._sqlite_file import (
     Busy,
-    SQLiteFile,
     bad_text,
     damaged_row,
     object_of,
@@ -99,7 +100,7 @@ def _ids(conn: sqlite3.Connection, params: dict[str, Any]) -> builtins.list[str]
     return ids
 
 
-class SQLiteStore(SQLiteFile):
+class SQLiteStore(SQLiteBrowse):
     """A ``Store`` on one SQLite file.
 
     ``synchronous`` is ``"full"`` (every commit reaches the disk before it returns)
