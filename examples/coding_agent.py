@@ -43,7 +43,10 @@ def _git(*args: str, cwd: Path) -> str:
 
 
 def make_source_repo(where: Path) -> Path:
-    """A small repository to clone: a page the dev server serves, and a migration."""
+    """A small repository to clone: a page the dev server serves, and a migration (made
+    once; a later run clones the same one)."""
+    if (where / ".git").exists():
+        return where
     where.mkdir(parents=True, exist_ok=True)
     (where / "index.html").write_text("<h1>hello from the clone</h1>\n")
     (where / "migration.sql").write_text("".join(
@@ -89,8 +92,8 @@ def run_tests(port: int) -> str:
 
 @app.agent(name="coding_agent")
 async def coding_agent(run: perdure.Run, source: str, port: int) -> dict[str, Any]:
-    """Clone, hold the runtime, migrate, test."""
-    work = await run.resource("work", WorkingDirectory(FOLDER / "work"))
+    """Clone, hold the runtime, migrate, test (in a working directory of its own)."""
+    work = await run.resource("work", WorkingDirectory(FOLDER / "work" / run.object_id))
     repo = str(work / "repo")
     head = await run.step(clone, source, repo)
     await run.resource("repo", WorkingDirectory(repo, create=False, checks=[GitHead(repo)],

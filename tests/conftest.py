@@ -13,6 +13,9 @@ import perdure
 from tests import pg
 from tests.pg import BACKENDS, fresh_database
 
+# Fails any test during which a worker's event loop stalls over 100 ms (tests/watchdog.py).
+pytest_plugins = ["tests.watchdog"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked ``slow`` (soak variants) unless asked for.

@@ -7,6 +7,7 @@ forward from exactly where it was.
 
 from __future__ import annotations
 
+from perdure import _interrupt  # noqa: F401 - first: a Ctrl-C while the rest loads is one line
 from perdure.app import App, step
 from perdure.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
@@ -43,6 +44,7 @@ from perdure.errors import (
     IntegrityError,
     LeaseLostError,
     NodeIdentityError,
+    NodeLacksError,
     NonDeterminismError,
     NotParkedError,
     ObjectConflictError,
@@ -117,6 +119,7 @@ __all__ = [
     "MemoryView",
     "NodeIdentity",
     "NodeIdentityError",
+    "NodeLacksError",
     "NonDeterminismError",
     "NotParkedError",
     "ObjectConflictError",

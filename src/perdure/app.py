@@ -37,6 +37,7 @@ from perdure.describe import waiting_note
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
+from perdure.engine.settings import DRAIN_SECONDS
 from perdure.engine.worker import AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
@@ -68,9 +69,8 @@ from perdure.tools import Tool
 if TYPE_CHECKING:
     from perdure.llm import PriceTable
 
-__all__ = ["CORRUPT_RETRY_SECONDS", "LIVE_NODE_SECONDS", "App", "step"]
+__all__ = ["CORRUPT_RETRY_SECONDS", "App", "step"]
 
-LIVE_NODE_SECONDS = 60.0  # a node whose last heartbeat is older counts as gone
 CORRUPT_RETRY_SECONDS = 30.0  # a worker on a damaged store checks it again this often
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -580,12 +580,12 @@ class App:
                 for row in rows]
 
     def _live_nodes(self, now: float) -> builtins.list[NodeInfo]:
-        return self.store.live_nodes(now - LIVE_NODE_SECONDS)
+        return self.store.live_nodes(now)
 
     def _explain(self, info: ObjectInfo, live: builtins.list[NodeInfo] | None = None
                  ) -> ObjectInfo:
         """Say why a runnable object waits when no live node can take it."""
-        if info.status is not Status.READY or info.note:
+        if info.status is not Status.READY or (info.note and not info.avoid):
             return info  # nothing to explain: no need to ask for the live nodes
         note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)
@@ -806,9 +806,12 @@ class App:
 
     # -- running a node -------------------------------------------------------------
 
-    def worker(self, *, concurrency: int = 16, drain_seconds: float = 5.0,
-               held_records: int = 50_000) -> Worker:
+    def worker(self, *, concurrency: int = 16, drain_seconds: float = DRAIN_SECONDS,
+               held_records: int = 50_000, warn_stalls: float | None = None) -> Worker:
         """Build this node's worker (``run_worker`` runs one until stopped).
+
+        ``warn_stalls`` (seconds) logs a WARNING, with the stack, whenever the worker's
+        event loop is blocked longer (``perdure.engine.stalls``).
 
         ``held_records`` bounds the records the node keeps of objects it ran, so that
         claiming one again reads only what was appended since (0: always read all).
@@ -820,6 +823,7 @@ class App:
             poll_interval=self.poll_interval,
             drain_seconds=drain_seconds,
             held_records=held_records,
+            warn_stalls=warn_stalls,
             model_prices=self.prices,
         )
         signer = self._ensure_node()
@@ -829,8 +833,16 @@ class App:
                       anchors=self.anchors, hooks=self.hooks)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
-                    corrupt_retry: float = CORRUPT_RETRY_SECONDS) -> None:
+                    corrupt_retry: float = CORRUPT_RETRY_SECONDS,
+                    drain_seconds: float = DRAIN_SECONDS,
+                    abandon: asyncio.Event | None = None,
+                    warn_stalls: float | None = None) -> int:
         """Run a worker on the current event loop until ``stop`` is set.
+
+        Then the node claims nothing more and drains: steps already running may finish,
+        and are recorded, for up to ``drain_seconds`` (or until ``abandon`` is set); the
+        objects are let go. Returns how many steps it abandoned still running on code
+        threads (0 when every object was let go at a command boundary).
 
         If the store cannot be reached when the node starts, it says so once and
         keeps trying (backing off up to 5 s) instead of exiting. A damaged store
@@ -842,7 +854,9 @@ class App:
         delay, said, damaged = 0.25, False, ""
         while not stop.is_set():
             try:
-                worker = await asyncio.to_thread(self.worker, concurrency=concurrency)
+                worker = await asyncio.to_thread(self.worker, concurrency=concurrency,
+                                                 drain_seconds=drain_seconds,
+                                                 warn_stalls=warn_stalls)
             except StoreCorruptError as exc:
                 if str(exc) != damaged:
                     log.error("%s; this node waits, checking the store again every %.0f s",
@@ -863,24 +877,34 @@ class App:
                 continue
             if said or damaged:
                 log.warning("store reachable; node starting", extra={"action": "store_up"})
-            await worker.run(stop)
-            return
+            return await worker.run(stop, abandon)
+        return 0
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
-                   install_signals: bool = True) -> None:
+                   install_signals: bool = True, drain_seconds: float = DRAIN_SECONDS,
+                   warn_stalls: float | None = None) -> int:
         """Run this node until SIGINT/SIGTERM (or ``until()`` turns true). Blocks.
 
-        On stop the node finishes the command each object is in, lets the
-        objects go, and returns.
+        On the first signal the node claims nothing more, says what it waits for, and
+        lets the steps already running finish and be recorded, for up to
+        ``drain_seconds``; then it lets the objects go and returns. A second signal lets
+        them go at once. Returns how many steps were abandoned still running on code
+        threads: the interpreter waits for those threads at exit unless the caller
+        exits at once (``os._exit``), as ``perdure worker`` does.
         """
 
-        async def main() -> None:
+        async def main() -> int:
             stop = asyncio.Event()
+            abandon = asyncio.Event()
             loop = asyncio.get_running_loop()
+
+            def signalled() -> None:
+                (abandon if stop.is_set() else stop).set()
+
             if install_signals and threading.current_thread() is threading.main_thread():
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     with contextlib.suppress(NotImplementedError, RuntimeError):
-                        loop.add_signal_handler(sig, stop.set)
+                        loop.add_signal_handler(sig, signalled)
             watcher = None
             if until is not None:
 
@@ -891,12 +915,14 @@ class App:
 
                 watcher = asyncio.create_task(watch())
             try:
-                await self.serve(stop, concurrency=concurrency)
+                return await self.serve(stop, concurrency=concurrency,
+                                        drain_seconds=drain_seconds, abandon=abandon,
+                                        warn_stalls=warn_stalls)
             finally:
                 if watcher is not None:
                     watcher.cancel()
 
-        asyncio.run(main())
+        return asyncio.run(main())
 
     @contextlib.contextmanager
     def background_worker(self, *, concurrency: int = 16) -> Iterator[None]:

@@ -58,12 +58,13 @@ from perdure.core.bodies import (
     Woke,
     decode,
 )
+from perdure.core.bodies.tools import DECIDED
 from perdure.core.lifecycle import Status
 from perdure.core.questions import asking_note
 from perdure.core.questions import question_text as question
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import sealed_shown
-from perdure.core.usage import UsageTotals
+from perdure.core.usage import UsageTotals, decimal_text
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
 from perdure.resources.lines import RESOURCE_LINES
@@ -79,6 +80,7 @@ __all__ = [
     "Segment",
     "TimelineRow",
     "TreeLine",
+    "clip",
     "describe",
     "failure",
     "headline",
@@ -92,6 +94,7 @@ __all__ = [
     "short_type",
     "timeline",
     "tool_trail",
+    "troubled",
     "usage",
     "waiting_for",
     "waiting_note",
@@ -138,6 +141,25 @@ def _json_text(value: JSON, cap: int) -> str:
 # -- one record in words: the "what" of ``perdure show`` ------------------------------------
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, the cut marked with an ellipsis."""
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+_TROUBLE = frozenset({Kind.STEP_FAILED, Kind.STEP_IN_DOUBT, Kind.MODEL_FAILED,
+                      Kind.NONDETERMINISM})
+
+
+def troubled(record: Record) -> bool:
+    """Whether ``record`` tells of something that went wrong (a failure, a step in doubt,
+    divergence, an object that ended failed): what displays draw in the error colour."""
+    if record.kind in _TROUBLE:
+        return True
+    if record.kind == Kind.TERMINATED:
+        return record.body.get("outcome") == "failed"
+    return False
+
+
 class Line(NamedTuple):
     """A record in words; ``whole`` when it is shown whole (wrapped) rather than cut to
     one line: the intent and anything that says why something failed."""
@@ -157,7 +179,7 @@ def _step(body: StepStarted | StepDone | StepFailed | StepInDoubt) -> Line:
     attempt = "-" if isinstance(body, StepInDoubt) else body.attempt
     text = f"#{body.pos} {body.name} attempt {attempt}"
     if isinstance(body, StepDone):
-        text += f" -> {_json(body.result)[:80]} ({body.latency:.4f}s)"
+        text += f" -> {clip(_json(body.result), 80)} ({body.latency:.4f}s)"
     if isinstance(body, StepFailed):
         text += (f" {body.error.get('type')}: {body.error.get('message')} "
                  f"[{body.error_class}]")
@@ -184,12 +206,12 @@ def _woke(body: Woke) -> Line:
 
 
 def _event(body: EventReceived) -> Line:
-    return Line(f"#{body.pos} {body.name} = {_json(body.payload)[:80]}", False)
+    return Line(f"#{body.pos} {body.name} = {clip(_json(body.payload), 80)}", False)
 
 
 def _terminated(body: Terminated) -> Line:
     if body.outcome == "completed":
-        return Line(f"completed: {_json(body.result)[:100]}", False)
+        return Line(f"completed: {clip(_json(body.result), 100)}", False)
     why = _why(body)
     return Line(f"{body.outcome}: {why}" if why else body.outcome, True)
 
@@ -215,7 +237,7 @@ def _progress(body: Progress) -> Line:
 
 def _dollars(cost: Decimal) -> str:
     """An exact cost without trailing zeros: ``0.0025``, ``0``."""
-    return f"{cost.normalize():f}" if cost else "0"
+    return decimal_text(cost.normalize())
 
 
 def _tokens(usage: Mapping[str, Any]) -> str:
@@ -271,8 +293,9 @@ def _model_started(body: ModelStarted) -> Line:
 
 def _tool_proposed(body: ToolProposed) -> Line:
     edit = f" (edit of {body.edited_from})" if body.edited_from else ""
-    return Line(f"#{body.pos} proposal {body.proposal} {body.name}({body.args[:ARGS_SHOWN]})"
-                f" args {body.args_hash[:12]} from model call #{body.model_call}{edit}", False)
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name}("
+                f"{clip(body.args, ARGS_SHOWN)}) args {body.args_hash[:12]} from model call "
+                f"#{body.model_call}{edit}", False)
 
 
 def _tool_gated(body: ToolGated) -> Line:
@@ -289,9 +312,9 @@ def _tool_decided(body: ToolDecided) -> Line:
     if body.decision == "expire":
         return Line(f"#{body.pos} proposal {body.proposal} {body.name} expired: "
                     f"{body.reason}", True)
-    edit = f" -> {body.edit[:ARGS_SHOWN]}" if body.edit else ""
+    edit = f" -> {clip(body.edit, ARGS_SHOWN)}" if body.edit else ""
     reason = f": {body.reason}" if body.reason else ""
-    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {body.decision}d by "
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {DECIDED[body.decision]} by "
                 f"{body.identity} (key {body.key[:16]}){edit}{reason}", True)
 
 
@@ -303,7 +326,7 @@ def _tool_started(body: ToolStarted) -> Line:
 def _tool_result(body: ToolResult) -> Line:
     took = f" ({body.latency:.4f}s)" if body.latency is not None else ""
     if body.outcome == "done":
-        return Line(f"#{body.pos} {body.name} -> {_json(body.result)[:80]}{took}", False)
+        return Line(f"#{body.pos} {body.name} -> {clip(_json(body.result), 80)}{took}", False)
     return Line(f"#{body.pos} {body.name} {body.outcome}: {body.error}{took}", True)
 
 
@@ -344,7 +367,7 @@ def describe(record: Record) -> Line:
         return Line(f"cannot be decoded: {exc.reason}", True)
     handler = _DESCRIBE.get(type(body))
     if handler is None:
-        return Line(_json(body.encode())[:100], False)
+        return Line(clip(_json(body.encode()), 100), False)
     return handler(body)
 
 
@@ -465,19 +488,28 @@ def failure(records: Sequence[Record]) -> str | None:
 
 
 def waiting_note(info: ObjectInfo, nodes: Sequence[NodeInfo]) -> str | None:
-    """Why a runnable object (status ready, no note of its own) waits when none of the
-    live ``nodes`` can take it: none serves its agent version, or none that does has the
-    capabilities it requires. ``None`` when one can, or the object is not waiting so."""
-    if info.status is not Status.READY or info.note:
+    """Why a runnable object (status ready) waits when none of the live ``nodes`` can
+    take it: none serves its agent version, none that does has the capabilities it
+    requires, or every one that could said it cannot do its next step (it cannot
+    restore a resource, lacks a key or a package: the object's own note says which).
+    ``None`` when one can, or the object is not waiting so."""
+    if info.status is not Status.READY or (info.note and not info.avoid):
         return None
     wanted = f"{info.agent}@{info.agent_version}"
     serving = [n for n in nodes if wanted in n.serves]
     if not serving:
-        return f"waiting: no live node serves {wanted}"
+        return f"waiting: no live node serves {wanted}" if not info.note else None
     needs = set(info.requires)
-    if any(needs <= set(n.capabilities) for n in serving):
+    able = [n for n in serving if needs <= set(n.capabilities)]
+    if not able:
+        return (f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
+                if not info.note else None)
+    refused = {owner.rpartition("/")[0] or owner for owner in info.avoid}
+    if any(n.node_id not in refused for n in able):
         return None
-    return f"waiting: no live node serving {wanted} has {', '.join(sorted(needs))}"
+    why = info.note or f"{', '.join(sorted(refused))} cannot do its next step"
+    return (f"waiting: no live node can take it: {why}; fix that node and restart it, "
+            f"or start another")
 
 
 def waiting_for(info: ObjectInfo) -> str | None:
@@ -567,11 +599,11 @@ class Narrator:
 
     def result(self, value: JSON) -> str:
         """A step's result, in a few words."""
-        return _json(value)[:60]
+        return clip(_json(value), 60)
 
     def progress(self, fields: Mapping[str, JSON]) -> str:
         """A progress note, in a few words."""
-        return _json(fields)[:60]
+        return clip(_json(fields), 60)
 
     def outcome(self, result: JSON) -> str | None:
         """A completed object's result, shown after its outcome; ``None``: not shown."""
@@ -601,7 +633,7 @@ class Narrator:
         if isinstance(body, Terminated):
             shown = self.outcome(body.result) if body.outcome == "completed" else None
             return f"terminated {body.outcome}" + (f": {shown}" if shown is not None else "")
-        return f"{record.kind} {_json(body.encode())[:70]}"
+        return f"{record.kind} {clip(_json(body.encode()), 70)}"
 
     @staticmethod
     def _dormant(body: Dormant) -> str:

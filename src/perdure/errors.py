@@ -21,6 +21,7 @@ The tree::
     ├── StepFailedError           a step failed for good and its exception cannot be rebuilt
     ├── ChildFailedError          a delegated child object failed or was cancelled
     ├── CannotDo                  raised by a step: this node cannot do it; another node may
+    │   └── NodeLacksError        this node lacks a credential or a package the work needs
     ├── ResourceError             (``perdure.resources``) a resource cannot be declared or restored
     │   ├── CannotRestoreError    this node cannot restore it (no binary, no route); another may
     │   ├── DescriptorVersionError  a descriptor's version is one this code does not know
@@ -79,6 +80,7 @@ __all__ = [
     "IntegrityError",
     "LeaseLostError",
     "NodeIdentityError",
+    "NodeLacksError",
     "NonDeterminismError",
     "NotParkedError",
     "ObjectConflictError",
@@ -268,6 +270,16 @@ class CannotDo(PerdureError):  # noqa: N818 - the name the API promises
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
+
+
+class NodeLacksError(CannotDo):
+    """This node lacks something the work needs that another node may have: a credential
+    (an API key's environment variable), an installed package or extra.
+
+    Raised anywhere in an object's run (a step, a model call, the agent's own code), it
+    is the node's problem, not the object's: the node records a negative capability and
+    lets the object go to a node that has what it needs (a restarted node, its setting
+    fixed, tries again). The object is never failed for it."""
 
 
 class ResourceError(PerdureError):

@@ -52,6 +52,10 @@ class ObjectInfo:
     #: from (``App.fork``), as its first record says; filled by ``App.get`` (``App.list``
     #: and ``explain=False`` leave it ``None``).
     forked_from: dict[str, Any] | None = None
+    #: The node processes (``node_id/pid``) that said they cannot do its next step (a
+    #: missing key, package or local resource); ``App.get`` notes when no other live
+    #: node could take it.
+    avoid: tuple[str, ...] = ()
 
     @property
     def prompt(self) -> Any:
@@ -93,6 +97,7 @@ def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
         created_at=row.created_at,
         updated_at=row.updated_at,
         requires=row.requires,
+        avoid=row.avoid,
     )
 
 

@@ -9,15 +9,24 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_coding_agent_example_comes_back_after_a_kill(tmp_path: Path) -> None:
-    """The example's second worker restores the directory, environment and dev server,
-    resumes the migration at statement 13 and serves the clone's page; the restore
-    report is printed, and the secret token is not."""
+def _run_example(tmp_path: Path) -> str:
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "examples" / "coding_agent.py"), str(tmp_path / "demo")],
         capture_output=True, text=True, timeout=150, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_coding_agent_example_comes_back_after_a_kill(tmp_path: Path) -> None:
+    """The example's second worker restores the directory, environment and dev server,
+    resumes the migration at statement 13 and serves the clone's page; the restore
+    report is printed, and the secret token is not. Run again in the same folder, it
+    does it all again (a new object, in a working directory of its own)."""
+    for _ in range(2):
+        _check(_run_example(tmp_path))
+
+
+def _check(out: str) -> None:
     assert "worker killed after migration statement 12" in out
     assert "'resumed_at': 13" in out and "'applied': 20" in out
     assert "hello from the clone" in out

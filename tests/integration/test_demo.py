@@ -14,7 +14,7 @@ from rich.console import Console
 
 import perdure
 from perdure.core.records import Kind
-from perdure.demo import run_demo
+from perdure.demo import build_app, run_demo
 
 
 def _clean_env() -> dict[str, str]:
@@ -67,3 +67,33 @@ def test_demo_refuses_a_folder_it_did_not_make(tmp_path: Path) -> None:
     assert code == 1
     assert "was not made by `perdure demo`" in shown.getvalue()
     assert precious.read_text(encoding="utf-8") == "keep me"
+
+
+def test_a_second_run_touches_only_its_own_object(tmp_path: Path) -> None:
+    """Run again without --fresh, the demo keeps the store: an object made by hand (the
+    README walk-through's ``walk-1``), a file beside the reports and the first run's
+    ``demo-1`` stay as they were; the second run starts ``demo-2`` and passes."""
+    folder = tmp_path / "demo"
+    shown = io.StringIO()
+    assert run_demo(folder, console=Console(file=shown, width=200)) == 0, shown.getvalue()
+    app = build_app(folder, node_id="walker")
+    try:
+        with app.background_worker():  # the walk-through, done by hand
+            walk = app.start("review", object_id="walk-1", pace=0)
+            app.send("walk-1", "approval", {"by": "you"})
+            walk.result(timeout=60)
+        mine = folder / "reports" / "my-notes.md"
+        mine.write_text("mine", encoding="utf-8")
+        before = {oid: app.history(oid) for oid in ("demo-1", "walk-1")}
+
+        again = io.StringIO()
+        code = run_demo(folder, console=Console(file=again, width=200))
+        assert code == 0, again.getvalue()
+        assert "demo-2 completed" in again.getvalue()
+        for oid, records in before.items():
+            assert app.history(oid) == records, oid
+        assert (folder / walk.result()["report"]).exists()
+        assert mine.read_text(encoding="utf-8") == "mine"
+        assert app.verify("demo-2").ok
+    finally:
+        app.close()

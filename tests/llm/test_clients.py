@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from perdure.errors import ConfigurationError
+from perdure.errors import ConfigurationError, NodeLacksError
 from perdure.llm import (
     AnthropicClient,
     FailureKind,
@@ -217,11 +217,12 @@ def test_the_key_never_appears_in_what_comes_back(kind: str, server: ScriptedSer
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_no_key_is_a_configuration_error(kind: str, server: ScriptedServer,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without a key the call is not sent; the error names the variable to set."""
+def test_no_key_is_the_nodes_problem(kind: str, server: ScriptedServer,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a key the call is not sent; the error (``NodeLacksError``: a worker leaves
+    the object to a node that has the key) names the variable to set."""
     monkeypatch.delenv("PERDURE_NO_SUCH_KEY", raising=False)
-    with pytest.raises(ConfigurationError, match="PERDURE_NO_SUCH_KEY"):
+    with pytest.raises(NodeLacksError, match="PERDURE_NO_SUCH_KEY"):
         run(complete(make_client(kind, server, api_key=None,
                                  api_key_env="PERDURE_NO_SUCH_KEY"), ASK))
     with pytest.raises(ConfigurationError, match="callable"):

@@ -88,6 +88,27 @@ def test_register_node_refuses_a_different_key(store: Store) -> None:
     assert store.public_keys() == {"node-a": public_bytes(a.private_key)}
 
 
+def test_a_node_is_live_until_its_heartbeat_runs_out(store: Store) -> None:
+    """A heartbeat makes a node live until the time it names; after that, or once the node
+    says it stopped, it is not live; a node that never beat is not live."""
+    for name in ("node-a", "node-b", "node-c"):
+        store.register_node(name, public_bytes(make_signer(name).private_key), NOW)
+    store.heartbeat("node-a", ["agent@1"], ["gpu"], NOW, NOW + 30)
+    store.heartbeat("node-b", [], [], NOW, NOW + 10)
+    live = store.live_nodes(NOW + 5)
+    assert [(n.node_id, n.serves, n.capabilities, n.seen_at, n.live_until) for n in live] == [
+        ("node-a", ("agent@1",), ("gpu",), NOW, NOW + 30),
+        ("node-b", (), (), NOW, NOW + 10),
+    ]
+    assert [n.node_id for n in store.live_nodes(NOW + 10)] == ["node-a"]
+    store.node_gone("node-a", NOW + 11)
+    assert store.live_nodes(NOW + 11) == []
+    store.heartbeat("node-a", [], [], NOW + 12, NOW + 42)  # back again
+    assert [n.node_id for n in store.live_nodes(NOW + 12)] == ["node-a"]
+    store.node_gone("node-a", NOW + 50)  # stopping after it aged out changes nothing
+    assert store.live_nodes(NOW + 13)[0].live_until == NOW + 42
+
+
 # -- objects and records ----------------------------------------------------------------
 
 

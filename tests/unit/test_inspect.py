@@ -89,8 +89,8 @@ def test_waiting_note_names_what_no_live_node_has() -> None:
     has the capabilities it requires; otherwise there is nothing to explain."""
     ready = _info(requires=("gpu",))
     assert view.waiting_note(ready, []) == "waiting: no live node serves review@1"
-    cpu = NodeInfo("n1", ("review@1",), (), 0.0)
-    gpu = NodeInfo("n2", ("review@1",), ("gpu",), 0.0)
+    cpu = NodeInfo("n1", ("review@1",), (), 0.0, 60.0)
+    gpu = NodeInfo("n2", ("review@1",), ("gpu",), 0.0, 60.0)
     assert view.waiting_note(ready, [cpu]) == (
         "waiting: no live node serving review@1 has gpu")
     assert view.waiting_note(ready, [cpu, gpu]) is None

@@ -36,6 +36,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.records import Record
 from perdure.core.secret import Secret
 from perdure.core.usage import usage_totals
+from perdure.engine.settings import DRAIN_SECONDS
 from perdure.errors import (
     AgentFailedError,
     ConfigurationError,
@@ -71,9 +72,13 @@ def _load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         _fail(f"cannot import {module_name!r} for --app: {exc}")
-    app = getattr(module, attr, None)
+    apps = sorted(name for name, value in vars(module).items() if isinstance(value, App))
+    hint = f"; its Apps: {', '.join(f'{module_name}:{name}' for name in apps)}" if apps else ""
+    if not hasattr(module, attr):
+        _fail(f"--app {spec}: module {module_name!r} has no attribute {attr!r}{hint}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
-        _fail(f"{spec!r} is not a perdure.App (found {type(app).__name__})")
+        _fail(f"--app {spec}: {attr!r} is a {type(app).__name__}, not a perdure.App{hint}")
     return app
 
 
@@ -311,6 +316,16 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
               help="Lease length in seconds (default: the App's, 30).")
 @click.option("--poll", "poll_interval", type=float, envvar="PERDURE_POLL", show_envvar=True,
               help="Idle poll interval in seconds (default: the App's, 0.1).")
+@click.option("--drain", "drain_seconds", type=click.FloatRange(min=0), default=DRAIN_SECONDS,
+              show_default=True, envvar="PERDURE_DRAIN", show_envvar=True, metavar="SECONDS",
+              help="On Ctrl-C/SIGTERM: stop claiming, and let the steps already running "
+                   "finish and be recorded for up to SECONDS before the node lets their "
+                   "objects go (a second Ctrl-C lets go at once; an abandoned step runs "
+                   "again on the next node). Keep it under your supervisor's kill timeout.")
+@click.option("--warn-stalls", "warn_stalls", type=click.FloatRange(min=1), default=None,
+              envvar="PERDURE_WARN_STALLS", show_envvar=True, metavar="MS",
+              help="Log a WARNING, with the stack, whenever the node's event loop is "
+                   "blocked longer than MS milliseconds (finding slow code in agents).")
 @click.option("--capability", "capabilities", multiple=True, metavar="NAME",
               help="A capability this node has (repeatable), added to the App's own; objects "
                    "and steps that require one go only to nodes that have it.")
@@ -324,8 +339,13 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 @click.pass_obj
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
            poll_interval: float | None, capabilities: tuple[str, ...], with_ui: bool = False,
-           ui_host: str = "127.0.0.1", ui_port: int = 8377) -> None:
-    """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM."""
+           ui_host: str = "127.0.0.1", ui_port: int = 8377,
+           drain_seconds: float = DRAIN_SECONDS, warn_stalls: float | None = None) -> None:
+    """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM.
+
+    The first Ctrl-C (or SIGTERM) stops claiming, says which objects and steps it waits
+    for, and lets running steps finish and be recorded (up to --drain seconds); a second
+    one lets the objects go at once."""
     app = obj.app(need_agents=True).with_settings(
         lease_seconds=lease_seconds, poll_interval=poll_interval, capabilities=set(capabilities))
     logging.getLogger("perdure").setLevel(min(logging.getLogger().level, logging.INFO))
@@ -335,7 +355,15 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
               f"(concurrency {concurrency}{caps})")
     if with_ui:
         start_ui(app, host=ui_host, port=ui_port, background=True)
-    app.run_worker(concurrency=concurrency)
+    abandoned = app.run_worker(concurrency=concurrency, drain_seconds=drain_seconds,
+                               warn_stalls=None if warn_stalls is None else warn_stalls / 1000)
+    if abandoned:
+        # Steps left running on code threads would hold the process until they end:
+        # their objects were let go, so exit now.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _json_arg(text: str | None, what: str) -> Any:
@@ -739,3 +767,28 @@ def main() -> None:
         _fail(str(exc))
     except KeyboardInterrupt:
         sys.exit(130)
+    except ImportError as exc:  # a package of an extra that is not installed
+        _fail(_import_hint(exc))
+    except OSError as exc:  # a file or folder the command was given or needs
+        _fail(_os_error_text(exc))
+
+
+_EXTRAS = {"openai": "llm", "anthropic": "llm", "bpe_openai": "llm", "psycopg": "postgres",
+           "psycopg_pool": "postgres", "starlette": "ui", "uvicorn": "ui", "mcp": "mcp",
+           "keyring": "keyring", "httpx": "resources", "pydantic_ai": "pydantic-ai"}
+
+
+def _import_hint(exc: ImportError) -> str:
+    """What is missing, and the install that brings it, for an import that failed."""
+    top = (exc.name or "").partition(".")[0]
+    if top in _EXTRAS:
+        return (f"this needs the {top!r} package, which is not installed: "
+                f"pip install 'perdure[{_EXTRAS[top]}]'")
+    return f"cannot import {exc.name or 'a module'}: {exc}"
+
+
+def _os_error_text(exc: OSError) -> str:
+    """An operating-system error as one line: what failed, on which file."""
+    what = exc.strerror or type(exc).__name__
+    files = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+    return f"{what}: {' -> '.join(files)}" if files else f"{what}: {exc}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -14,7 +14,7 @@ from perdure.errors import ConfigurationError
 __all__ = ["start_ui", "ui", "ui_options"]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
 
@@ -40,11 +40,19 @@ def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] =
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together")
     try:
+        web.check_bind(host, password=bool(_passwords()))
+        # Bound before anything is announced or a token issued: a port in use is one
+        # line now, not a dashboard announced and gone, nor tokens never shown.
+        sock = web.listen(host, port)
+    except ConfigurationError as exc:
+        _fail(str(exc))
+    try:
         asgi, tokens = web.dashboard(app, passwords=_passwords(), host=host, port=port,
                                      allowed_hosts=allowed_hosts,
                                      https=https or tls_cert is not None,
                                      new_tokens=new_tokens)
     except ConfigurationError as exc:
+        sock.close()
         _fail(str(exc))
     scheme = "https" if tls_cert or https else "http"
     where = f"[{host}]" if ":" in host else host
@@ -56,8 +64,9 @@ def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] =
             click.echo(f"  {role}: {token}", err=True)
     if background:
         return web.serve_in_thread(asgi, host=host, port=port, ssl_certfile=tls_cert,
-                                   ssl_keyfile=tls_key)
-    web.serve(asgi, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key)
+                                   ssl_keyfile=tls_key, sock=sock)
+    web.serve(asgi, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+              sock=sock)
     return None
 
 

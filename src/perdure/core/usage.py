@@ -19,11 +19,17 @@ from typing import Any
 
 from perdure.core.records import Kind, Record
 
-__all__ = ["UsageTotals", "usage_totals"]
+__all__ = ["UsageTotals", "decimal_text", "usage_totals"]
 
 _MODEL_CALL = Kind.MODEL_CALL.value
 _MODEL_FAILED = Kind.MODEL_FAILED.value
 _MODEL_RECOVERED = Kind.MODEL_RECOVERED.value
+
+
+def decimal_text(value: Decimal) -> str:
+    """An exact amount as people and JSON readers write it: positional, never in exponent
+    form (``0``, not ``0E-8``; ``0.0000001``, not ``1E-7``)."""
+    return "0" if not value else f"{value:f}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +68,7 @@ class UsageTotals:
         return {"calls": self.calls, "failed_attempts": self.failed_attempts,
                 "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
                 "cached_input_tokens": self.cached_input_tokens,
-                "cost": str(self.cost),
+                "cost": decimal_text(self.cost),
                 "unpriced": self.unpriced, "in_doubt_tokens": self.in_doubt_tokens,
                 "objects": self.objects}
 

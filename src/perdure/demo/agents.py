@@ -34,8 +34,9 @@ EFFECTS = "effects.jsonl"
 def _effect(folder: str, event: str, **fields: Any) -> None:
     """Append one line to the effects file: what a step really did, and where."""
     info = current_step()
-    line = {"event": event, "step": info.name, "attempt": info.attempt, "epoch": info.epoch,
-            "pid": os.getpid(), "ts": round(time.time(), 3), **fields}
+    line = {"event": event, "object": info.object_id, "step": info.name,
+            "attempt": info.attempt, "epoch": info.epoch, "pid": os.getpid(),
+            "ts": round(time.time(), 3), **fields}
     with open(Path(folder) / EFFECTS, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(line) + "\n")
 

@@ -31,7 +31,7 @@ from perdure.demo.llm_agent import (
     conversation,
     prompts,
 )
-from perdure.demo.story import DemoError, _prepare
+from perdure.demo.story import DemoError, _prepare, unused_id
 from perdure.demo.workers import WorkerProcess, report_failure
 from perdure.describe import Narrator, describe, usage
 from perdure.errors import PerdureError
@@ -92,13 +92,14 @@ class _LlmStory:
         self.app = build_llm_app(root, node_id="demo-launcher")
         self.workers: list[WorkerProcess] = []
         self.shown = 0
+        self.object_id = LLM_OBJECT_ID
         self.problems: list[str] = []
 
     def say(self, text: str) -> None:
         self.console.print(f"\n[bold]{text}[/]")
 
     def follow(self) -> list[Record]:
-        records = self.app.history(LLM_OBJECT_ID)
+        records = self.app.history(self.object_id)
         for rec in records[self.shown:]:
             if rec.kind != Kind.MODEL_CHUNKS or rec.body.get("start") == 0:
                 self.console.print(_line(rec))
@@ -128,6 +129,7 @@ class _LlmStory:
         console = self.console
         console.rule("[bold]perdure demo --llm: a model stream that survives SIGKILL")
         _prepare(self.root, fresh, console)
+        self.object_id = unused_id(self.app, LLM_OBJECT_ID)
         base_url = os.environ.get("OPENAI_BASE_URL")
         server = None
         if base_url:
@@ -144,10 +146,10 @@ class _LlmStory:
             console.print(f"endpoint: the scripted local model server at {base_url} "
                           "(offline; set OPENAI_BASE_URL to use a real one)")
 
-        self.say(f"1. Start object {LLM_OBJECT_ID} (agent {LLM_AGENT!r}: outline, draft, "
+        self.say(f"1. Start object {self.object_id} (agent {LLM_AGENT!r}: outline, draft, "
                  "summary, each a streamed run.model call)")
         self.app.start(LLM_AGENT, self.model, base_url, server is not None,
-                       object_id=LLM_OBJECT_ID)
+                       object_id=self.object_id)
         worker_a = self.start_worker("A")
         self.until("waiting for the draft to stream",
                    lambda recs: len({r.seq for r in recs if r.kind == Kind.MODEL_CHUNKS
@@ -165,21 +167,21 @@ class _LlmStory:
         else:
             console.print(f"  memory holds {len(salvaged)} chars of the draft, journaled in "
                           f"batches: [green]{escape(_short(salvaged))}[/]")
-        epoch_a = self.app.get(LLM_OBJECT_ID).epoch
+        epoch_a = self.app.get(self.object_id).epoch
         console.print(f"  its lease lapses within {LEASE_SECONDS:g}s")
 
         self.say("3. Start worker B: it replays memory and continues the draft")
         self.start_worker("B")
         self.until("waiting for worker B to claim the object",
-                   lambda _: self.app.get(LLM_OBJECT_ID).epoch > epoch_a, timeout=30)
-        result = self.app.handle(LLM_OBJECT_ID).result(timeout=90)
+                   lambda _: self.app.get(self.object_id).epoch > epoch_a, timeout=30)
+        result = self.app.handle(self.object_id).result(timeout=90)
         self.follow()
         self.workers[-1].stop()
         return self.check(result, salvaged, server)
 
     def check(self, result: Any, salvaged: str, server: Any) -> int:
         console = self.console
-        records = self.app.history(LLM_OBJECT_ID)
+        records = self.app.history(self.object_id)
         calls = _calls(records)
         self.say("4. What happened to the draft")
         if set(calls) != {"outline", "draft", "summary"} or len(
@@ -201,8 +203,8 @@ class _LlmStory:
             console.print(f"  {body['name']:<8} attempt {body.get('attempt')}: "
                           f"{use.get('input_tokens', 0)} in + {use.get('output_tokens', 0)} "
                           f"out, ${body.get('cost')}")
-        console.print(f"  {usage(self.app.usage(LLM_OBJECT_ID, lineage=True))}")
-        report = self.app.verify(LLM_OBJECT_ID)
+        console.print(f"  {usage(self.app.usage(self.object_id, lineage=True))}")
+        report = self.app.verify(self.object_id)
         console.print(("[green]verify ok[/] " if report.ok else "[red]verify FAILED[/] ")
                       + str(report))
         if not report.ok:
@@ -213,7 +215,7 @@ class _LlmStory:
             return 1
         console.rule("[bold green]llm demo passed")
         console.print(f"Look closer: perdure --store sqlite:///{self.root / 'demo.db'} "
-                      f"show {LLM_OBJECT_ID}")
+                      f"show {self.object_id}")
         return 0
 
     def _check_recovery(self, recovered: list[dict[str, Any]], prefix: str,

@@ -19,16 +19,16 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from perdure import Kind, Record
+from perdure import App, Kind, Record
 from perdure.demo.agents import AGENT, DEFAULT_DIR, EFFECTS, LEASE_SECONDS, build_app
 from perdure.demo.samples import MARKER, write_samples
 from perdure.demo.workers import WorkerProcess, report_failure
 from perdure.describe import Narrator
-from perdure.errors import PerdureError
+from perdure.errors import ObjectNotFoundError, PerdureError
 
-__all__ = ["KILL_AFTER", "OBJECT_ID", "DemoError", "ReviewNarrator", "run_demo"]
+__all__ = ["KILL_AFTER", "OBJECT_ID", "DemoError", "ReviewNarrator", "run_demo", "unused_id"]
 
-OBJECT_ID = "demo-1"
+OBJECT_ID = "demo-1"  # the first run's object; a later run takes the next free demo-N
 KILL_AFTER = 2  # documents analysed before worker A is killed
 
 
@@ -37,7 +37,9 @@ class DemoError(Exception):
 
 
 def _prepare(root: Path, fresh: bool, console: Console) -> None:
-    """Make ``root`` ready for a new run, deleting only what an earlier demo made."""
+    """Make ``root`` ready for a run: with ``fresh`` delete the whole folder (only one an
+    earlier demo made); without, keep the store and every object and file in it (one
+    made by hand included), so a run touches only the objects it starts itself."""
     ours = (root / MARKER).exists() or (root / "demo.db").exists()
     if root.exists() and any(root.iterdir()) and not ours:
         raise DemoError(
@@ -49,16 +51,20 @@ def _prepare(root: Path, fresh: bool, console: Console) -> None:
         console.print(f"deleted the old demo folder {root}")
     root.mkdir(parents=True, exist_ok=True)
     (root / MARKER).write_text("made by `perdure demo`; safe to delete\n", encoding="utf-8")
-    leftovers = [root / name for name in ("demo.db", "demo.db-wal", "demo.db-shm", EFFECTS,
-                                          "worker-a.log", "worker-b.log")]
-    cleared = [p for p in leftovers if p.exists()]
-    for path in cleared:
-        path.unlink()
-    if (root / "reports").exists():
-        shutil.rmtree(root / "reports")
-        cleared.append(root / "reports")
-    if cleared:
-        console.print(f"cleared the previous demo run in {root} (keys and docs kept)")
+
+
+def unused_id(app: App, first: str) -> str:
+    """``first`` (such as ``demo-1``) if the store has no such object, else the first
+    free ``<prefix>-N`` after it: a run never reuses an object it did not start."""
+    prefix, _, number = first.rpartition("-")
+    n = int(number)
+    while True:
+        candidate = f"{prefix}-{n}"
+        try:
+            app.get(candidate)
+        except ObjectNotFoundError:
+            return candidate
+        n += 1
 
 
 class ReviewNarrator(Narrator):
@@ -105,12 +111,13 @@ class _Story:
         self.app = build_app(root, node_id="demo-launcher")
         self.shown = 0
         self.workers: list[WorkerProcess] = []
+        self.object_id = OBJECT_ID
 
     def say(self, text: str) -> None:
         self.console.print(f"\n[bold]{text}[/]")
 
     def records(self) -> list[Record]:
-        return self.app.history(OBJECT_ID)
+        return self.app.history(self.object_id)
 
     def follow(self) -> list[Record]:
         """Print the records written since the last call; return all records."""
@@ -148,12 +155,14 @@ class _Story:
         started = time.monotonic()
         console.rule("[bold]perdure demo: an agent that survives SIGKILL")
         _prepare(self.root, fresh, console)
+        self.object_id = unused_id(self.app, OBJECT_ID)
         names = write_samples(self.root)
         console.print(f"folder {self.root}: {len(names)} documents in docs/, "
                       f"store demo.db, node keys in keys/")
 
-        self.say(f"1. Start object {OBJECT_ID} (agent {AGENT!r}) and a worker to run it")
-        self.app.start(AGENT, object_id=OBJECT_ID)
+        self.say(f"1. Start object {self.object_id} (agent {AGENT!r}) and a worker to run "
+                 "it")
+        self.app.start(AGENT, object_id=self.object_id)
         worker_a = self.start_worker("A")
 
         def analysed(records: list[Record]) -> int:
@@ -169,9 +178,9 @@ class _Story:
             raise DemoError(f"worker A was not killed by SIGKILL (exit code {code})")
         before_kill = self.records()
         done_before = [str(r.body["name"]) for r in before_kill if r.kind == Kind.STEP_DONE]
-        epoch_a = self.app.get(OBJECT_ID).epoch
-        console.print(f"  worker A (pid {worker_a.pid}) is gone; it held {OBJECT_ID} with "
-                      f"epoch {epoch_a}. Memory holds {len(before_kill)} records; the "
+        epoch_a = self.app.get(self.object_id).epoch
+        console.print(f"  worker A (pid {worker_a.pid}) is gone; it held {self.object_id} "
+                      f"with epoch {epoch_a}. Memory holds {len(before_kill)} records; the "
                       "document it was reading is lost work.")
         console.print(f"  its lease lapses within {LEASE_SECONDS:g}s; until then nobody "
                       "else may touch the object.")
@@ -179,23 +188,24 @@ class _Story:
         self.say("3. Start worker B: it claims the object and replays memory")
         self.start_worker("B")
         self.until("waiting for worker B to claim the object",
-                   lambda recs: self.app.get(OBJECT_ID).epoch > epoch_a, timeout=30)
-        console.print(f"  worker B claimed {OBJECT_ID} with epoch "
-                      f"{self.app.get(OBJECT_ID).epoch}: a late write from A would be refused.")
+                   lambda recs: self.app.get(self.object_id).epoch > epoch_a, timeout=30)
+        console.print(f"  worker B claimed {self.object_id} with epoch "
+                      f"{self.app.get(self.object_id).epoch}: a late write from A would be "
+                      "refused.")
         console.print("  replaying, the steps in memory return their recorded results "
                       "without running:")
         console.print(f"  {', '.join(done_before)}")
 
         def waiting(_: list[Record]) -> bool:
-            info = self.app.get(OBJECT_ID)
+            info = self.app.get(self.object_id)
             return info.waiting_event == "approval" and info.status == "dormant"
 
         self.until("waiting for the agent to ask for approval", waiting, timeout=60)
 
         self.say("4. The agent waits for approval (a dormant object costs a row, no process)")
-        self.app.send(OBJECT_ID, "approval", {"by": "perdure demo"})
+        self.app.send(self.object_id, "approval", {"by": "perdure demo"})
         console.print("  sent event 'approval' {\"by\": \"perdure demo\"}")
-        result = self.app.handle(OBJECT_ID).result(timeout=60)
+        result = self.app.handle(self.object_id).result(timeout=60)
         self.follow()
         self.workers[-1].stop()
 
@@ -211,8 +221,13 @@ class _Story:
         finished: Counter[str] = Counter()
         pids: dict[str, list[int]] = {}
         effects = self.root / EFFECTS
+        reports: set[str] = set()
         for raw in effects.read_text(encoding="utf-8").splitlines():
             line = json.loads(raw)
+            if line.get("object") != self.object_id:
+                continue  # another object's step (an earlier run, or one started by hand)
+            if line.get("report"):
+                reports.add(str(line["report"]))
             step = str(line["step"])
             if line["event"] == "began":
                 began[step] += 1
@@ -241,10 +256,10 @@ class _Story:
             table.add_row(step, str(began[step]), str(finished[step]), str(recorded[step]),
                           by, note)
         console.print(table)
-        reports = sorted((self.root / "reports").glob("report-*.md"))
-        if len(reports) != 1:
-            problems.append(f"expected one report file, found {len(reports)}")
-        report = self.app.verify(OBJECT_ID)
+        if len(reports) != 1 or not all((self.root / "reports" / name).exists()
+                                        for name in reports):
+            problems.append(f"expected one report file, found {sorted(reports)}")
+        report = self.app.verify(self.object_id)
         console.print(("[green]verify ok[/] " if report.ok else "[red]verify FAILED[/] ")
                       + str(report))
         if not report.ok:
@@ -259,12 +274,13 @@ class _Story:
         analysed_before = sum(1 for step in done_before if step.startswith("analyse "))
         console.rule("[bold green]demo passed")
         console.print(
-            f"{OBJECT_ID} completed in {elapsed:.1f}s: {result['documents']} documents, "
+            f"{self.object_id} completed in {elapsed:.1f}s: {result['documents']} documents, "
             f"{result['words']} words, report {result['report']}.\n"
             f"Worker A was killed with SIGKILL after {analysed_before} documents; "
             f"worker B resumed from memory. Steps run twice after completing: {twice}. "
             f"Memory: {report.records} signed, hash-chained records; verify ok.\n"
-            f"Look closer: perdure --store sqlite:///{self.root / 'demo.db'} show {OBJECT_ID}"
+            f"Look closer: perdure --store sqlite:///{self.root / 'demo.db'} show "
+            f"{self.object_id}"
         )
         return 0
 

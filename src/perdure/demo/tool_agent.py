@@ -15,18 +15,19 @@ no lease) until someone runs ``perdure approve``. Paths are confined to the sand
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-import openai  # noqa: F401 - imported now, not on a worker's loop at its first model call
-
 from perdure import Allow, App, PathPrefix, Policy, Run
 from perdure.demo.agents import DEMO_DIR_ENV, LEASE_SECONDS
-from perdure.llm import ChatCompletionsClient, Message
+from perdure.llm import ChatCompletionsClient, Message  # without perdure[llm]: says so
 from perdure.llm.scripted import RecordedRequest, ScriptedReply, ScriptedToolCall, Step
+
+importlib.import_module("openai")  # now, not on a worker's loop at its first model call
 
 __all__ = ["AGENT_DEFAULT_DIR", "HOUSEKEEPER", "OFFLINE_KEY", "POLICY", "TASK", "app",
            "build_agent_app", "outbox", "planner", "sandbox"]

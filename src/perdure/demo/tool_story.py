@@ -26,7 +26,8 @@ from rich.markup import escape
 
 from perdure import App, Kind, PendingApproval, Record
 from perdure.approvals import shown
-from perdure.demo.story import DemoError, _prepare
+from perdure.core.bodies.tools import DECIDED
+from perdure.demo.story import DemoError, _prepare, unused_id
 from perdure.demo.tool_agent import (
     AGENT_DEFAULT_DIR,
     HOUSEKEEPER,
@@ -57,6 +58,7 @@ class _AgentStory:
         self.app: App = build_agent_app(root, node_id="demo-operator")
         self.workers: list[WorkerProcess] = []
         self.shown = 0
+        self.object_id = AGENT_OBJECT_ID
         self.problems: list[str] = []
         self.decided: set[str] = set()
 
@@ -64,7 +66,7 @@ class _AgentStory:
         self.console.print(f"\n[bold]{text}[/]")
 
     def follow(self) -> list[Record]:
-        records = self.app.history(AGENT_OBJECT_ID)
+        records = self.app.history(self.object_id)
         for rec in records[self.shown:]:
             who = rec.node_id.removeprefix("demo-node-").upper()
             text = escape(describe(rec).text)[:120]
@@ -94,7 +96,7 @@ class _AgentStory:
         return worker
 
     def pending(self) -> list[PendingApproval]:
-        return [p for p in self.app.approvals() if p.object_id == AGENT_OBJECT_ID
+        return [p for p in self.app.approvals() if p.object_id == self.object_id
                 and p.proposal_id not in self.decided]
 
     def approve_next(self, store: str) -> PendingApproval:
@@ -106,18 +108,19 @@ class _AgentStory:
         self.console.print(f"    {item.object_id}  proposal {item.proposal_id}  {item.tool}  "
                            f"risk {item.risk}  ({escape(item.reason)})")
         self.console.print("    " + escape(shown(item.arguments)).replace("\n", "\n    "))
-        info = self.app.get(AGENT_OBJECT_ID)
+        info = self.app.get(self.object_id)
         self.console.print(f"  object status: {info.status}, lease held by: "
                            f"{info.lease_owner or 'nobody'}")
-        self.console.print(f"  [yellow]$ perdure --store {store} approve {AGENT_OBJECT_ID} "
+        self.console.print(f"  [yellow]$ perdure --store {store} approve {self.object_id} "
                            f"{item.proposal_id}[/]")
-        self.app.approve(AGENT_OBJECT_ID, item.proposal_id)
+        self.app.approve(self.object_id, item.proposal_id)
         return item
 
     def run(self, fresh: bool, stack: ExitStack) -> int:
         console = self.console
         console.rule("[bold]perdure demo --agent: tools, a policy gate and a person")
         _prepare(self.root, fresh, console)
+        self.object_id = unused_id(self.app, AGENT_OBJECT_ID)
         names = seed(self.root)
         console.print(f"sandbox {sandbox(self.root) / 'tmp'}: {', '.join(names)}")
         base_url = os.environ.get("OPENAI_BASE_URL")
@@ -135,10 +138,10 @@ class _AgentStory:
                           "(offline; set OPENAI_BASE_URL to use a real one)")
         store = f"sqlite:///{self.root / 'demo.db'}"
 
-        self.say(f"1. Start {AGENT_OBJECT_ID} (agent {HOUSEKEEPER!r}) and worker A: "
+        self.say(f"1. Start {self.object_id} (agent {HOUSEKEEPER!r}) and worker A: "
                  "low-risk tools run on their own")
         self.app.start(HOUSEKEEPER, self.model, base_url, server is not None,
-                       object_id=AGENT_OBJECT_ID)
+                       object_id=self.object_id)
         worker_a = self.start_worker("A")
         self.until("waiting for the first approval request", lambda: bool(self.pending()),
                    timeout=60)
@@ -155,11 +158,11 @@ class _AgentStory:
         for _ in range(6):  # a real model may ask for more (or fewer) risky calls
             self.until("waiting for the next approval or the end",
                        lambda: bool(self.pending())
-                       or self.app.get(AGENT_OBJECT_ID).terminal, timeout=90)
-            if self.app.get(AGENT_OBJECT_ID).terminal:
+                       or self.app.get(self.object_id).terminal, timeout=90)
+            if self.app.get(self.object_id).terminal:
                 break
             self.approve_next(store)
-        result = self.app.handle(AGENT_OBJECT_ID).result(timeout=90)
+        result = self.app.handle(self.object_id).result(timeout=90)
         self.follow()
         self.workers[-1].stop()
         return self.check(result, server)
@@ -167,10 +170,11 @@ class _AgentStory:
     def check(self, result: Any, server: Any) -> int:
         console = self.console
         self.say("5. What memory proves")
-        records = self.app.history(AGENT_OBJECT_ID)
+        records = self.app.history(self.object_id)
         decided = [r.body for r in records if r.kind == Kind.TOOL_DECIDED]
         for body in decided:
-            console.print(f"  {body['name']} {body['decision']}d by {body['identity']} "
+            console.print(f"  {body['name']} {DECIDED[body['decision']]} by "
+                          f"{body['identity']} "
                           f"(key {body['key'][:16]}...) for arguments "
                           f"{body['args_hash'][:16]}...")
         gated = {r.body["verdict"] for r in records if r.kind == Kind.TOOL_GATED}
@@ -179,7 +183,9 @@ class _AgentStory:
         console.print(f"  answer: {escape(str(result.get('answer')))}")
         left = sorted(p.name for p in (sandbox(self.root) / "tmp").iterdir())
         console.print(f"  left in tmp: {left}")
-        sent = outbox(self.root).read_text().splitlines() if outbox(self.root).exists() else []
+        posted = outbox(self.root).read_text().splitlines() if outbox(self.root).exists() else []
+        sent = [line for line in posted  # this object's messages (keys are object_id/...)
+                if str(json.loads(line)["key"]).startswith(f"{self.object_id}/")]
         console.print(f"  messages posted: {len(sent)}")
         calls = sum(1 for r in records if r.kind == Kind.MODEL_CALL)
         if server is not None:
@@ -194,7 +200,7 @@ class _AgentStory:
                 self.problems.append(f"expected one message to #ops, found {sent}")
             if len(decided) != 2:
                 self.problems.append(f"expected two decisions, found {len(decided)}")
-        report = self.app.verify(AGENT_OBJECT_ID)
+        report = self.app.verify(self.object_id)
         console.print(("[green]verify ok[/] " if report.ok else "[red]verify FAILED[/] ")
                       + str(report))
         if not report.ok:
@@ -205,7 +211,7 @@ class _AgentStory:
             return 1
         console.rule("[bold green]agent demo passed")
         console.print(f"Look closer: perdure --store sqlite:///{self.root / 'demo.db'} "
-                      f"show {AGENT_OBJECT_ID}")
+                      f"show {self.object_id}")
         return 0
 
 

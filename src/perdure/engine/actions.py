@@ -23,6 +23,7 @@ from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.budget_wake import wake_stopped
+from perdure.engine.commands.step_failures import cannot_do, node_problem
 from perdure.engine.ending import finish, finish_failed, park
 from perdure.engine.invoke import invoke, served
 from perdure.engine.journal import Journal, StoreUnavailable
@@ -34,6 +35,7 @@ from perdure.engine.opening import opened_memory
 from perdure.engine.run import CHILD_EVENT, DeadlineExceeded, Park, Run, Suspend
 from perdure.errors import (
     CancelRequestedError,
+    CannotDo,
     LeaseLostError,
     NonDeterminismError,
     SerializationError,
@@ -97,7 +99,10 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
     if active is not None:
         active.run = run
     try:
-        result = await invoke(agent, run, node.code_pool)
+        try:
+            result = await invoke(agent, run, node.code_pool)
+        except (CannotDo, ModuleNotFoundError) as exc:  # this node's problem, not the object's
+            cannot_do(run, f"agent {intent.agent}", run._pos, node_problem(exc) or str(exc))
         try:
             _, result_bytes = run._stored(result, what=f"result of agent {intent.agent!r}")
         except SerializationError as exc:
@@ -110,7 +115,9 @@ async def execute(node: Node, claim: Claim, records: list[Record], decision: Dec
                              ready_at=by_deadline(sus.ready_at, run.intent.deadline),
                              running=False, waiting_event=sus.waiting_event, release=True,
                              consume_event_ids=sus.consume_event_ids,
-                             requires=sus.requires, avoid_node=sus.avoid_node,
+                             requires=sus.requires,
+                             # This process: restarted (its setting fixed), it tries again.
+                             avoid_node=node.owner if sus.avoid_node else None,
                              note=sus.note)
         if node.hooks.active:
             node.hooks.emit(ObjectDormant(node.signer.node_id, oid, _suspended_for(sus),

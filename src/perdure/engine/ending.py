@@ -76,6 +76,9 @@ async def finish(node: Node, journal: Journal, records: list[Record], ended_as: 
                              running=False, release=True,
                              signal=parent_signal(node, records, cancelled),
                              cancel_children=children)
+    if ended is Status.FAILED:  # every terminal failure is said where the node logs
+        log.warning("%s failed: %s", journal.object_id, note or ended_as.reason,
+                    extra={"action": "object_failed", "object_id": journal.object_id})
     node.held.drop(journal.object_id)
     try:  # an ended object has no superseding state left to keep (engine.slots)
         await node.slots.drop_all(journal.object_id)

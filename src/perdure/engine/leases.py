@@ -24,6 +24,7 @@ __all__ = [
     "cancel_pending",
     "control_loop",
     "heartbeat",
+    "node_gone",
     "recover_dead_leases",
     "refresh_flags",
     "renew_loop",
@@ -34,8 +35,14 @@ log = logging.getLogger("perdure.worker")
 
 def heartbeat(node: Node) -> None:
     """Tell the store this node is alive, which agent versions and capabilities it has."""
-    node.store.heartbeat(node.signer.node_id, node.serves, sorted(node.capabilities),
-                         node.clock())
+    now = node.clock()
+    node.store.heartbeat(node.signer.node_id, node.serves, sorted(node.capabilities), now,
+                         now + node.settings.lease_seconds)
+
+
+def node_gone(node: Node) -> None:
+    """Tell the store this node stopped, so it stops counting as live at once."""
+    node.store.node_gone(node.signer.node_id, node.clock())
 
 
 def recover_dead_leases(node: Node) -> int:

@@ -86,7 +86,9 @@ class Node:
         self.owner = f"{signer.node_id}/{os.getpid()}"
         self.capabilities = frozenset(capabilities)
         self.serves = tuple(sorted(f"{a.name}@{a.version}" for a in agents.values()))
-        self.route = Route(node_id=signer.node_id, serves=self.serves,
+        # An object this process said it cannot do is skipped by it (``avoid_node`` is
+        # the owner): a restarted node, its setting fixed, may try again.
+        self.route = Route(node_id=self.owner, serves=self.serves,
                            capabilities=tuple(sorted(self.capabilities)))
         self.write_pool = concurrent.futures.ThreadPoolExecutor(1, "perdure-write")
         self.read_pool = concurrent.futures.ThreadPoolExecutor(2, "perdure-read")

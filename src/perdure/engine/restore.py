@@ -286,7 +286,8 @@ async def _failed(run: Run, records: Sequence[Record], node: str, began: float,
         raise Suspend([report.draft(), CapabilityMissing.cannot(
             node, f"resource {name}", exc.reason, pos, now).draft()],
             ready_at=now, status=Status.READY, avoid_node=node,
-            reason=f"node {node} cannot restore resource {name}: {exc.reason}") from None
+            reason=f"node {node} cannot restore resource {name}: {exc.reason}",
+            note=f"node {node} cannot restore resource {name}: {exc.reason}"[:500]) from None
     if isinstance(exc, _StaleStopError) and exc.policy == "fail":
         await run._journal.commit([RestoreReport("failed", node, seconds, entries).draft()])
         raise ResourceStaleError(exc.name, exc.reason) from None

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
     from perdure.keys.data_keys import DataKeys
     from perdure.llm import PriceTable
 
-__all__ = ["AgentDef", "WorkerSettings"]
+__all__ = ["DRAIN_SECONDS", "AgentDef", "WorkerSettings"]
+
+DRAIN_SECONDS = 20.0
+"""How long a stopping node lets running steps finish and be recorded (``--drain``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,7 @@ class WorkerSettings:
     concurrency: int = 16
     lease_seconds: float = 30.0
     poll_interval: float = 0.1
-    drain_seconds: float = 5.0
+    drain_seconds: float = DRAIN_SECONDS
     control_interval: float = 0.25
     idle_seconds: float = 2.0  # longest idle sleep when the store pushes wake-ups
     unknown_agent_retry: float = 5.0
@@ -51,6 +54,8 @@ class WorkerSettings:
     model_prices: PriceTable | None = None
     # The key-encryption keys that open and make objects' data keys (secrets at rest).
     data_keys: DataKeys | None = None
+    # Log a WARNING when the event loop stalls longer than this (seconds; None: off).
+    warn_stalls: float | None = None
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -59,5 +64,7 @@ class WorkerSettings:
             raise ConfigurationError("held_records must be 0 or more")
         if self.lease_seconds <= 0.2:
             raise ConfigurationError("lease_seconds must be more than 0.2")
+        if not self.drain_seconds >= 0:
+            raise ConfigurationError("drain_seconds must be 0 or more")
         if self.poll_interval <= 0:
             raise ConfigurationError("poll_interval must be positive")

@@ -26,13 +26,21 @@ from perdure.core.cycle import LocalPolicy, ObjectView, evaluate, read_memory
 from perdure.core.events import REFINE_EVENT
 from perdure.core.lifecycle import Status
 from perdure.engine.actions import HANDLERS
+from perdure.engine.draining import drain
 from perdure.engine.held import HeldRecords
 from perdure.engine.journal import StoreUnavailable
-from perdure.engine.leases import control_loop, heartbeat, recover_dead_leases, renew_loop
+from perdure.engine.leases import (
+    control_loop,
+    heartbeat,
+    node_gone,
+    recover_dead_leases,
+    renew_loop,
+)
 from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
+from perdure.engine.stalls import LoopWatchdog
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
 from perdure.hooks import Hooks, IntegrityFailure, LeaseLost
 from perdure.keys.anchors import HeadAnchors
@@ -88,8 +96,12 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, abandon: asyncio.Event | None = None) -> int:
         """Claim and run objects until ``stop`` is set, then drain and let go.
+
+        Draining (``engine/draining.py``) lets running steps finish and be recorded for up
+        to ``drain_seconds``, or until ``abandon`` is set; returns how many steps it
+        abandoned still running on code threads.
 
         Idle, the node sleeps until the next object is due (found through the
         store's ready-time index) or a wake-up arrives: pushed by the store where it
@@ -109,13 +121,20 @@ class Worker:
         idle = self.settings.idle_seconds if unsubscribe is not None else (
             self.settings.poll_interval
         )
+        watchdog = None
+        if self.settings.warn_stalls is not None:
+            watchdog = LoopWatchdog(self.settings.warn_stalls)
+            watchdog.start()
         await self._start_up()
+        abandoned = 0
         try:
             await self._claim_loop(stop, idle)
         finally:
             if unsubscribe is not None:
                 await loop.run_in_executor(None, unsubscribe)
-            await self._drain()
+            abandoned = await drain(node, abandon)
+            with contextlib.suppress(Exception):  # the store may be down: it ages out then
+                await node.write(node_gone, node)
             with contextlib.suppress(Exception):
                 await self.store.close_async()
             for task in (renewer, watcher):
@@ -125,6 +144,9 @@ class Worker:
             with contextlib.suppress(Exception):
                 await node.read(self.anchors.close)
             node.shutdown()
+            if watchdog is not None:
+                watchdog.stop()
+        return abandoned
 
     async def _start_up(self) -> None:
         """Register the node and warm what the first claim would otherwise wait for."""
@@ -218,20 +240,6 @@ class Worker:
             self._wake.set()
 
         task.add_done_callback(finished)
-
-    async def _drain(self) -> None:
-        active_map = self.node.active
-        if not active_map:
-            return
-        for active in active_map.values():
-            if active.run is not None:
-                active.run.release_requested = True
-        tasks = [a.task for a in active_map.values()]
-        _done, pending = await asyncio.wait(tasks, timeout=self.settings.drain_seconds)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=1.0)
 
     # -- one object ---------------------------------------------------------------
 

@@ -13,7 +13,8 @@ The pieces, each usable on its own and none touching a store:
   ``ModelCallError``): rate limited with the provider's delay, transient, permanent, or in
   doubt;
 - prices and cost (``PriceTable``, ``Price``: exact ``Decimal`` dollars, unknown is
-  ``None``), offline token counting (``counter_for_model``), and a ledger with budgets
+  ``None``), offline token counting (``counter_for_model``; ``load_counter`` reads the
+  encoding on a thread, for async code), and a ledger with budgets
   (``Ledger``, ``Budget``: reserve, settle by call id);
 - the context window (``prompt_view``, ``plan_compaction``, ``Summary``), pure, and
   ``ContextPolicy``, which makes ``run.model`` send a view and compact by a recorded
@@ -91,6 +92,7 @@ from perdure.llm._tokens import (
     ScaledTokenCounter,
     TokenCounter,
     counter_for_model,
+    load_counter,
 )
 from perdure.llm._types import (
     ImagePart,
@@ -174,6 +176,7 @@ __all__ = [
     "genai_attributes",
     "join_reply",
     "join_request",
+    "load_counter",
     "lost_usage",
     "message_hash",
     "micro_dollars",

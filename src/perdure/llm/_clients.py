@@ -1,17 +1,18 @@
 """Model clients over the official SDKs: Chat Completions, Responses, Anthropic Messages.
 
-Each client sends a ``ModelRequest`` through the provider's own SDK (imported when the
-client is made, off any worker's event loop, while ``import perdure.llm`` stays light),
-with the SDK's retries off (``max_retries=0``: perdure decides about retrying, from
-memory), and hands back a ``ModelReply``, or a stream of ``StreamChunk`` ending in the
+Each client sends a ``ModelRequest`` through the provider's own SDK (imported on a thread
+at the first call, so never on a worker's event loop, and ``import perdure.llm`` stays
+light), with the SDK's retries off (``max_retries=0``: perdure decides about retrying,
+from memory), and hands back a ``ModelReply``, or a stream of ``StreamChunk`` ending in the
 ``ModelReply``. Any failure comes out as one ``ModelCallError`` whose ``failure`` classifies it; SDK
 exceptions never escape (they are chained as the cause).
 
 A client reaches any compatible server through ``base_url``. The API key comes from the
 environment variable ``api_key_env`` or from ``api_key``, a callable (plain or async)
-that returns it, called for each request so a rotated secret is picked up. The key is
-never kept on the client, never part of a reply, a chunk or an error (a provider message
-that quotes it has it replaced by ``***``).
+that returns it, called for each request so a rotated secret is picked up. A node
+without the key (or the SDK) raises ``NodeLacksError``: a worker leaves the object to a
+node that has it. The key is never kept on the client, never part of a reply, a chunk
+or an error (a provider message that quotes it has it replaced by ``***``).
 
     client = ChatCompletionsClient(base_url="http://127.0.0.1:8000/v1")
     reply = await client.complete(request)
@@ -21,6 +22,7 @@ that quotes it has it replaced by ``***``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import inspect
@@ -31,7 +33,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol, Self
 
-from perdure.errors import ConfigurationError
+from perdure.errors import ConfigurationError, NodeLacksError
 from perdure.llm._failures import ModelCallError, broken_stream, classify_exception
 from perdure.llm._reply import ModelReply, StreamChunk
 from perdure.llm._stream import Continuation, StreamAssembler, joined_prefix
@@ -124,10 +126,9 @@ class _SdkClient:
         self._headers = dict(headers or {})
         self._sdk: Any = None
         self._key_digest: str | None = None
-        # The SDK is imported here, where the client is made (module level, usually),
-        # not at its first call: importing ``openai`` takes a second or more, and on a
-        # worker's event loop that would hold up lease renewals.
-        importlib.import_module(self._provider.partition(".")[0])
+        # The SDK is imported, and its client made, at the first call, on a thread:
+        # importing ``openai`` takes a second or more, and a client is often made inside
+        # an agent, on a worker's event loop, where that would hold up lease renewals.
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(base_url={self._base_url!r})"
@@ -154,14 +155,26 @@ class _SdkClient:
         else:
             key = os.environ.get(self._api_key_env, "")
         if not isinstance(key, str) or not key:
-            raise ConfigurationError(
-                f"no API key for {self._provider}: set the environment variable "
-                f"{self._api_key_env} or pass api_key= (a callable); a local server that "
-                "needs none takes any non-empty string")
+            # This node's setting, not the call's: a worker leaves the object to a node
+            # that has the key (``NodeLacksError`` is a ``CannotDo``).
+            raise NodeLacksError(
+                f"no API key for {self._provider} on this node: set the environment "
+                f"variable {self._api_key_env} or pass api_key= (a callable); a local "
+                "server that needs none takes any non-empty string")
         return key
 
     def _make_sdk(self, key: str) -> Any:
         raise NotImplementedError
+
+    def _imported_sdk(self, key: str) -> Any:
+        """The SDK imported and its client made (on a thread: see ``__init__``)."""
+        package = self._provider.partition(".")[0]
+        try:
+            importlib.import_module(package)
+        except ModuleNotFoundError:
+            raise NodeLacksError(f"the {package!r} package is not installed on this node: "
+                                 f"pip install 'perdure[llm]'") from None
+        return self._make_sdk(key)
 
     async def _client(self) -> tuple[Any, str]:
         """The SDK client for the current key (made once, re-keyed when the key changes,
@@ -169,7 +182,7 @@ class _SdkClient:
         key = await self._key()
         digest = hashlib.sha256(key.encode()).hexdigest()
         if self._sdk is None:
-            self._sdk = self._make_sdk(key)
+            self._sdk = await asyncio.to_thread(self._imported_sdk, key)
         elif digest != self._key_digest:
             self._sdk = self._sdk.with_options(api_key=key)
         self._key_digest = digest

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from perdure.core.usage import decimal_text
 from perdure.errors import ConfigurationError
 from perdure.llm._prices import PriceTable
 from perdure.llm._reply import Usage
@@ -57,7 +58,8 @@ class Charge:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form (cost as a decimal string)."""
-        return {"tokens": self.tokens, "cost": None if self.cost is None else str(self.cost),
+        cost = None if self.cost is None else decimal_text(self.cost)
+        return {"tokens": self.tokens, "cost": cost,
                 "settled": self.settled, "in_doubt": self.in_doubt}
 
     @classmethod

@@ -23,6 +23,7 @@ approximation for the others.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import math
@@ -43,6 +44,7 @@ __all__ = [
     "TokenCounter",
     "counter_for_model",
     "encoding_for_model",
+    "load_counter",
 ]
 
 APPROXIMATION_FACTOR = 1.3
@@ -168,3 +170,17 @@ def counter_for_model(model: str) -> TokenCounter:
     if encoding is not None:
         return BpeTokenCounter(encoding)
     return ScaledTokenCounter(BpeTokenCounter("o200k_base"))
+
+
+_LOADED: set[str] = set()  # encodings read already (``load_counter``)
+
+
+async def load_counter(model: str) -> TokenCounter:
+    """``counter_for_model(model)``, its encoding read on a thread the first time: reading
+    one takes most of a second, which must never hold up an event loop (a worker's lease
+    renewals, its other objects)."""
+    name = encoding_for_model(model) or "o200k_base"
+    if name not in _LOADED:
+        await asyncio.to_thread(_encoding, name)
+        _LOADED.add(name)
+    return counter_for_model(model)

@@ -264,7 +264,7 @@ class Subprocess(Resource[Process]):
     @classmethod
     async def restore(cls, descriptor: dict[str, Any]) -> Process:
         argv = [str(a) for a in descriptor["argv"]]
-        _stop_leftover(descriptor, argv)
+        await asyncio.to_thread(_stop_leftover, descriptor, argv)  # waits: off the loop
         return await _start(argv, descriptor.get("cwd"), dict(descriptor.get("env") or {}),
                             descriptor.get("ready"), float(descriptor["ready_timeout"]))
 
@@ -276,7 +276,7 @@ class Subprocess(Resource[Process]):
 
     @classmethod
     async def close(cls, live: Process) -> None:
-        _stop(live.popen)
+        await asyncio.to_thread(_stop, live.popen)  # waits up to seconds: off the loop
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child
@@ -299,34 +299,102 @@ async def _start(argv: list[str], cwd: str | None, env: dict[str, Any],
     try:
         await _wait_ready(live, ready, timeout)
     except BaseException:
-        _stop(popen)
+        await asyncio.to_thread(_stop, popen)
         raise
     return live
 
 
 async def _wait_ready(live: Process, ready: dict[str, Any] | None, timeout: float) -> None:
+    """Wait until the process itself is ready: alive, and (on a local address) the one
+    listening on the port that answers. Another program answering on the port (a server
+    left over, a second copy) is not this process being ready: if it holds the port
+    when the process exits, this node cannot restore the resource."""
     if ready is None:
         return
     deadline = time.monotonic() + timeout
+    foreign = False  # the port answered for another process
     while True:
         if not live.alive():
-            raise RuntimeError(f"{live.argv[0]} exited with status {live.popen.returncode} "
-                               f"before it was ready")
+            status = live.popen.returncode
+            if foreign:
+                raise CannotRestoreError(
+                    f"{live.argv[0]} exited with status {status}: port {_port(ready)} on "
+                    f"this node is held by another process")
+            raise RuntimeError(f"{live.argv[0]} exited with status {status} before it was "
+                               f"ready")
         if await _probe(ready):
-            return
+            owned = await asyncio.to_thread(_listens, live.pid, ready)  # reads /proc
+            if owned is not False and live.alive():
+                return
+            foreign = True
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{live.argv[0]} was not ready ({ready}) within {timeout}s")
+            held = f" (port {_port(ready)} answers for another process)" if foreign else ""
+            raise TimeoutError(f"{live.argv[0]} was not ready ({ready}) within {timeout}s"
+                               f"{held}")
         await asyncio.sleep(0.05)
 
 
-async def _probe(ready: dict[str, Any]) -> bool:
+def _address(ready: dict[str, Any]) -> tuple[str, int]:
     if "tcp" in ready:
         host, port = ready["tcp"]
-    else:
-        from urllib.parse import urlsplit
+        return str(host), int(port)
+    from urllib.parse import urlsplit
 
-        parts = urlsplit(str(ready["http"]))
-        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    parts = urlsplit(str(ready["http"]))
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def _port(ready: dict[str, Any]) -> int:
+    return _address(ready)[1]
+
+
+_LOCAL = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"}  # noqa: S104 - names, no bind
+
+
+def _listens(pid: int, ready: dict[str, Any]) -> bool | None:
+    """Whether a process of ``pid``'s session (the subprocess or a child it started)
+    holds the listening socket on the readiness port; ``None`` when that cannot be
+    told here (no ``/proc``, or a remote address)."""
+    host, port = _address(ready)
+    if host not in _LOCAL and not host.startswith("127.") and host != socket.gethostname():
+        return None
+    inodes = set()
+    try:
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(FileNotFoundError), open(table) as f:
+                next(f, None)
+                for line in f:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")
+        if not inodes:
+            return False
+        for member in _session(pid):
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{member}/fd"):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f"/proc/{member}/fd/{fd}") in inodes:
+                            return True
+    except OSError:
+        return None
+    return False
+
+
+def _session(pid: int) -> list[int]:
+    """``pid`` and the processes of its session (it was started as a session leader)."""
+    members = [pid]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == pid:
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[3]) == pid:  # field 6: session id
+                members.append(int(entry))
+    return members
+
+
+async def _probe(ready: dict[str, Any]) -> bool:
+    host, port = _address(ready)
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 1.0)
     except (OSError, TimeoutError):

@@ -11,6 +11,7 @@ transaction committed records a progress marker with the transaction id
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -190,7 +191,7 @@ class HttpSession(Resource[Any]):
         self.check = check
 
     async def open(self) -> Any:
-        return _client(self.base_url, self.headers, self.timeout)
+        return await _client(self.base_url, self.headers, self.timeout)
 
     def describe(self, live: Any) -> dict[str, Any]:
         hidden = set(self.secret)
@@ -203,7 +204,7 @@ class HttpSession(Resource[Any]):
     async def restore(cls, descriptor: dict[str, Any]) -> Any:
         headers = {str(k): str(_revealed(v))
                    for k, v in dict(descriptor.get("headers") or {}).items()}
-        return _client(str(descriptor["base_url"]), headers,
+        return await _client(str(descriptor["base_url"]), headers,
                        float(descriptor.get("timeout") or 30.0))
 
     @classmethod
@@ -220,10 +221,15 @@ class HttpSession(Resource[Any]):
         await live.aclose()
 
 
-def _client(base_url: str, headers: dict[str, str], timeout: float) -> Any:
-    try:
-        import httpx
-    except ImportError:
-        raise CannotRestoreError("httpx is not installed on this node: pip install "
-                                 "'perdure[resources]'") from None
-    return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+async def _client(base_url: str, headers: dict[str, str], timeout: float) -> Any:
+    """An ``httpx.AsyncClient``, imported and made on a thread (importing httpx and
+    loading its certificates would block a worker's event loop)."""
+    def made() -> Any:
+        try:
+            import httpx
+        except ImportError:
+            raise CannotRestoreError("httpx is not installed on this node: pip install "
+                                     "'perdure[resources]'") from None
+        return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout)
+
+    return await asyncio.to_thread(made)

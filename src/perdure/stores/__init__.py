@@ -74,6 +74,12 @@ def open_store(url: str) -> Store:
         from perdure.stores.memory import MemoryStore
 
         return MemoryStore(url)
+    if not scheme:  # a bare file name or path, such as agents.db
+        bare = url if url.startswith("/") else url.removeprefix("./")
+        raise ConfigurationError(
+            f"store URL {shown!r} has no scheme; for a SQLite file write "
+            f"sqlite:///{bare} (or postgresql://USER@HOST:PORT/DB, memory:)"
+        )
     raise ConfigurationError(
         f"store URL {shown!r}: unknown scheme {parts.scheme!r}; use sqlite:///FILE, "
         "postgresql://USER@HOST:PORT/DB or memory:"

@@ -75,7 +75,7 @@ class Row:
             self.epoch, self.lease_owner, self.lease_expires, self.ready_at,
             self.waiting_event, self.paused, self.cancel_requested, self.parked, self.note,
             self.head_seq, self.head_hash, self.result, self.parent_id, self.created_at,
-            self.updated_at, self.requires)
+            self.updated_at, self.requires, tuple(self.avoid))
 
     def claim(self) -> Claim:
         """The lease the row holds now, as ``claim`` and ``renew`` return it."""
@@ -124,6 +124,7 @@ class NodeRow:
     serves: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
     seen_at: float | None = None
+    live_until: float | None = None
 
 
 @dataclass(slots=True)

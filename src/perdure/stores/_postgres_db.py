@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,6 +54,9 @@ def where(conninfo: str) -> str:
     return f"PostgreSQL at {host}:{port}/{db}"
 
 
+_MISSING_DATABASE = re.compile(r'database "([^"]+)" does not exist')
+
+
 def translate(exc: BaseException, where: str) -> StoreError:
     """Turn a driver error into a perdure error that says what to do."""
     if isinstance(exc, PoolTimeout):
@@ -63,6 +67,11 @@ def translate(exc: BaseException, where: str) -> StoreError:
     if isinstance(exc, pg_errors.DiskFull):
         return StoreError(f"{where}: the disk is full ({exc}); nothing was written")
     if isinstance(exc, psycopg.OperationalError):
+        missing = _MISSING_DATABASE.search(str(exc))
+        if missing:  # retrying will not help: someone has to create it
+            return StoreError(
+                f"{where}: the database {missing.group(1)!r} does not exist; create it "
+                f"(createdb {missing.group(1)}, or CREATE DATABASE in psql) and run again")
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return StoreError(
             f"{where} is unavailable ({first}); check the server and the URL; "

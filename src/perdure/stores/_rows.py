@@ -67,6 +67,7 @@ def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[s
         created_at=data["created_at"],
         updated_at=data["updated_at"],
         requires=tuple(decode_names(data["requires"])) if data.get("requires") else (),
+        avoid=tuple(decode_names(data["avoid"])) if data.get("avoid") else (),
     )
 
 

@@ -82,6 +82,9 @@ class ObjectRow:
     created_at: float
     updated_at: float
     requires: tuple[str, ...] = ()
+    #: The node processes (``node_id/pid``) that said they cannot do the object's next
+    #: step; none of them claims it until that step is done elsewhere.
+    avoid: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +188,7 @@ class NodeInfo:
     serves: tuple[str, ...]
     capabilities: tuple[str, ...]
     seen_at: float
+    live_until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,11 +299,16 @@ class Nodes(Protocol):
         """Every trust item as ``(kind, body)``, oldest first."""
 
     def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float) -> None:
-        """Note that ``node_id`` is alive and what it serves (for humans and routing notes)."""
+                  now: float, live_until: float) -> None:
+        """Note that ``node_id`` is alive at ``now`` and counts as live until ``live_until``
+        unless it beats again, and what it serves (for humans and routing notes)."""
 
-    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
-        """Nodes whose last heartbeat is at or after ``since``."""
+    def node_gone(self, node_id: str, now: float) -> None:
+        """Note that ``node_id`` stopped at ``now``: it no longer counts as live."""
+
+    def live_nodes(self, now: float) -> builtins.list[NodeInfo]:
+        """Nodes live at ``now``: their last heartbeat holds until then and they did not
+        stop since."""
 
 
 class Objects(Protocol):

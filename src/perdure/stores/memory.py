@@ -207,20 +207,29 @@ class MemoryStore:
         return dict(sorted(counts.items()))
 
     def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float) -> None:
-        """Record that ``node_id`` is alive, what it serves and what it can do."""
+                  now: float, live_until: float) -> None:
+        """Record that ``node_id`` is alive until ``live_until``, what it serves and can do."""
         with self._held() as t:
             node = t.nodes.get(node_id)
             if node is not None:
                 node.serves, node.capabilities = tuple(sorted(serves)), tuple(sorted(capabilities))
-                node.seen_at = float(now)
+                node.seen_at, node.live_until = float(now), float(live_until)
 
-    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
-        """Nodes seen since ``since``."""
+    def node_gone(self, node_id: str, now: float) -> None:
+        """Record that ``node_id`` stopped: it no longer counts as live."""
         with self._held() as t:
-            return [NodeInfo(node_id, node.serves, node.capabilities, node.seen_at)
+            node = t.nodes.get(node_id)
+            if node is not None and node.live_until is not None and node.live_until > now:
+                node.live_until = float(now)
+
+    def live_nodes(self, now: float) -> builtins.list[NodeInfo]:
+        """Nodes live at ``now``."""
+        with self._held() as t:
+            return [NodeInfo(node_id, node.serves, node.capabilities, node.seen_at,
+                             node.live_until)
                     for node_id, node in sorted(t.nodes.items())
-                    if node.seen_at is not None and node.seen_at >= since]
+                    if node.seen_at is not None and node.live_until is not None
+                    and node.live_until > now]
 
     # -- objects and records -------------------------------------------------------
 

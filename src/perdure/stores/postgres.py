@@ -563,14 +563,21 @@ class PostgresStore(PostgresBrowse):
         return stop
 
     def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float) -> None:
-        """Record that ``node_id`` is alive, what it serves and what it can do."""
+                  now: float, live_until: float) -> None:
+        """Record that ``node_id`` is alive until ``live_until``, what it serves and can do."""
         with self._single() as conn:
             conn.execute(_Q["heartbeat"], {"serves": sorted(serves), "caps": sorted(capabilities),
-                                           "now": now, "node_id": node_id})
+                                           "now": now, "live_until": live_until,
+                                           "node_id": node_id})
 
-    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
-        """Nodes seen since ``since``."""
+    def node_gone(self, node_id: str, now: float) -> None:
+        """Record that ``node_id`` stopped: it no longer counts as live."""
         with self._single() as conn:
-            rows = conn.execute(_Q["live_nodes"], {"since": since}).fetchall()
-        return [NodeInfo(r[0], tuple(r[1]), tuple(r[2]), float(r[3])) for r in rows]
+            conn.execute(_Q["node_gone"], {"now": now, "node_id": node_id})
+
+    def live_nodes(self, now: float) -> builtins.list[NodeInfo]:
+        """Nodes live at ``now``."""
+        with self._single() as conn:
+            rows = conn.execute(_Q["live_nodes"], {"now": now}).fetchall()
+        return [NodeInfo(r[0], tuple(r[1]), tuple(r[2]), float(r[3]), float(r[4]))
+                for r in rows]

@@ -503,21 +503,27 @@ class SQLiteStore(SQLiteBrowse):
         return None
 
     def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float) -> None:
-        """Record that ``node_id`` is alive, what it serves and what it can do."""
+                  now: float, live_until: float) -> None:
+        """Record that ``node_id`` is alive until ``live_until``, what it serves and can do."""
         with self._write() as conn:
             conn.execute(_Q["heartbeat"], {"serves": json.dumps(sorted(serves)),
                                            "caps": json.dumps(sorted(capabilities)),
-                                           "now": now, "node_id": node_id})
+                                           "now": now, "live_until": live_until,
+                                           "node_id": node_id})
 
-    def live_nodes(self, since: float) -> builtins.list[NodeInfo]:
-        """Nodes seen since ``since``."""
-        rows = self._rows(_Q["live_nodes"], {"since": since}, text_at=(0, 1, 2))
+    def node_gone(self, node_id: str, now: float) -> None:
+        """Record that ``node_id`` stopped: it no longer counts as live."""
+        with self._write() as conn:
+            conn.execute(_Q["node_gone"], {"now": now, "node_id": node_id})
+
+    def live_nodes(self, now: float) -> builtins.list[NodeInfo]:
+        """Nodes live at ``now``."""
+        rows = self._rows(_Q["live_nodes"], {"now": now}, text_at=(0, 1, 2))
         found = []
         for r in rows:
             try:
                 serves, caps = tuple(json.loads(r[1])), tuple(json.loads(r[2]))
             except ValueError:
                 serves, caps = (), ()  # damaged: the node is shown serving nothing
-            found.append(NodeInfo(r[0], serves, caps, float(r[3])))
+            found.append(NodeInfo(r[0], serves, caps, float(r[3]), float(r[4])))
         return found

@@ -1,7 +1,9 @@
 """The dashboard (``perdure ui``, the ``perdure[ui]`` extra): see, steer and answer running
 agents in a browser, safely.
 
-``dashboard(app)`` builds it over ``app``'s store; ``serve(...)`` runs it with uvicorn.
+``dashboard(app)`` builds it over ``app``'s store; ``serve(...)`` runs it with uvicorn on a
+socket bound before it returns or announces anything (``listen``), so a port in use is
+one ``ConfigurationError`` at once, never a dashboard announced and then gone.
 It listens on 127.0.0.1 unless told otherwise and refuses a non-loopback address
 without a configured password; every request needs a session opened with a token
 (issued on first start, printed once, stored hashed in the key folder) or a password;
@@ -10,14 +12,16 @@ viewers read, operators act. See docs/concepts/dashboard-security.md.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
+import socket
 import threading
 from collections.abc import Mapping
 
 from perdure.app import App
 from perdure.errors import ConfigurationError
 
-__all__ = ["check_bind", "dashboard", "is_loopback", "serve", "serve_in_thread"]
+__all__ = ["check_bind", "dashboard", "is_loopback", "listen", "serve", "serve_in_thread"]
 
 
 def _need_extra() -> None:
@@ -69,26 +73,73 @@ def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
     return Dashboard(app, credentials, settings).asgi(), tokens
 
 
-def serve(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
-          ssl_keyfile: str | None = None) -> None:
-    """Run ``asgi`` with uvicorn until interrupted. Blocks."""
-    import uvicorn
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` and listening; ``ConfigurationError`` (saying what
+    to do) when the address is taken or cannot be used."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigurationError(f"cannot serve the dashboard on {where}: {exc.strerror}; "
+                                 "check --host") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigurationError(
+                f"cannot serve the dashboard on {where}: the port is in use (another "
+                "dashboard?); stop that program or pick another port") from None
+        raise ConfigurationError(f"cannot serve the dashboard on {where}: "
+                                 f"{exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
-    uvicorn.run(asgi, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
-                ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile, server_header=False,
-                proxy_headers=False)
 
-
-def serve_in_thread(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
-                    ssl_keyfile: str | None = None) -> tuple[threading.Thread, object]:
-    """Run ``asgi`` with uvicorn in a daemon thread (``perdure worker --ui``, tests);
-    returns the thread and the uvicorn server (set its ``should_exit`` to stop it)."""
+def _uvicorn_server(asgi: object, *, host: str, port: int, ssl_certfile: str | None,
+            ssl_keyfile: str | None) -> object:
     import uvicorn
 
     config = uvicorn.Config(asgi, host=host, port=port, log_level="warning",  # type: ignore[arg-type]
                             ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
                             server_header=False, proxy_headers=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True, name="perdure-ui")
+    return uvicorn.Server(config)
+
+
+def serve(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
+          ssl_keyfile: str | None = None, sock: socket.socket | None = None) -> None:
+    """Run ``asgi`` with uvicorn on ``sock`` (bound now with ``listen`` when not given)
+    until interrupted. Blocks."""
+    sock = sock or listen(host, port)
+    server = _uvicorn_server(asgi, host=host, port=port, ssl_certfile=ssl_certfile,
+                     ssl_keyfile=ssl_keyfile)
+    try:
+        server.run(sockets=[sock])  # type: ignore[attr-defined]
+    finally:
+        sock.close()
+
+
+def serve_in_thread(asgi: object, *, host: str, port: int, ssl_certfile: str | None = None,
+                    ssl_keyfile: str | None = None, sock: socket.socket | None = None,
+                    ) -> tuple[threading.Thread, object]:
+    """Run ``asgi`` with uvicorn in a daemon thread (``perdure worker --ui``, tests), on
+    ``sock`` (bound now, in the caller, when not given: a port in use raises here);
+    returns the thread and the uvicorn server (set its ``should_exit`` to stop it)."""
+    sock = sock or listen(host, port)
+    server = _uvicorn_server(asgi, host=host, port=port, ssl_certfile=ssl_certfile,
+                     ssl_keyfile=ssl_keyfile)
+    listening = sock
+
+    def run() -> None:
+        try:
+            server.run(sockets=[listening])  # type: ignore[attr-defined]
+        finally:
+            listening.close()
+
+    thread = threading.Thread(target=run, daemon=True, name="perdure-ui")
     thread.start()
     return thread, server

@@ -21,6 +21,7 @@ from perdure.core.bodies import Instantiated, IntentRefined, decode
 from perdure.core.chain import VerifyReport
 from perdure.core.events import APPROVAL_EVENT
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import sealed_shown
 from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError
 from perdure.handle import ObjectInfo
@@ -224,7 +225,7 @@ def _intent_section(records: Sequence[Record]) -> str:
                ("root", ctx.root_id or "-"), ("depth", str(ctx.depth)),
                ("trust scope", ctx.trust_scope),
                ("labels", ", ".join(f"{k}={v}" for k, v in sorted(ctx.labels.items())) or "-")]
-    table = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(v[:2000])}</code></td></tr>"
+    table = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(view.clip(v, 2000))}</code></td></tr>"
                     for k, v in rows)
     ctable = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in context)
     refined_html = (f'<h3>Refinements</h3><ol class="refinements">{"".join(refinements)}</ol>'
@@ -237,14 +238,19 @@ def _intent_section(records: Sequence[Record]) -> str:
 def _timeline(records: Sequence[Record], total: int) -> str:
     shown = records[-_TIMELINE_SHOWN:]
     skipped = max(0, total - len(shown))
-    rows = "".join(
-        f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
-        f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
-        f"<td>{_e(row.what)}</td></tr>" for row in view.timeline(shown))
+    rows = "".join(_row(row, view.troubled(rec))
+                   for row, rec in zip(view.timeline(shown), shown, strict=True))
     note = f'<p class="hint">{skipped} older record(s) not shown.</p>' if skipped else ""
     return (f'<h2>Memory ({total} records)</h2>{note}<table class="timeline"><thead><tr>'
             "<th>seq</th><th>time</th><th>node</th><th>kind</th><th>what</th></tr></thead>"
             f"<tbody>{rows}</tbody></table>")
+
+
+def _row(row: view.TimelineRow, trouble: bool = False) -> str:
+    """One record as a table row; ``trouble`` draws it in the error colour."""
+    css = f"k-{row.kind}" + (" whole" if row.whole else "") + (" trouble" if trouble else "")
+    return (f'<tr class="{_e(css)}"><td>{_e(row.seq)}</td><td>{_e(row.time)}</td>'
+            f"<td>{_e(row.node)}</td><td>{_e(row.kind)}</td><td>{_e(row.what)}</td></tr>")
 
 
 def _tree(lines: Iterable[view.TreeLine], current: str) -> str:
@@ -263,10 +269,7 @@ def _rows_section(title: str, css: str, rows: Sequence[view.TimelineRow]) -> str
     """Some of memory's records, as the timeline draws them, under ``title``."""
     if not rows:
         return ""
-    body = "".join(
-        f'<tr class="k-{_e(row.kind)}{" whole" if row.whole else ""}"><td>{_e(row.seq)}</td>'
-        f"<td>{_e(row.time)}</td><td>{_e(row.node)}</td><td>{_e(row.kind)}</td>"
-        f"<td>{_e(row.what)}</td></tr>" for row in rows)
+    body = "".join(_row(row) for row in rows)
     return (f'<h2>{_e(title)}</h2><table class="timeline {css}"><thead><tr><th>seq</th>'
             "<th>time</th><th>node</th><th>kind</th><th>what</th></tr></thead>"
             f"<tbody>{body}</tbody></table>")
@@ -295,6 +298,24 @@ def _ledger_section(records: Sequence[Record]) -> str:
             f"</thead><tbody>{rows}</tbody></table>")
 
 
+def _answerable(event: str | None) -> str:
+    """The event a person may send to an object waiting for ``event``: itself, unless it
+    is reserved to perdure (``perdure:approval`` is decided in its own forms)."""
+    return "" if event is None or event.startswith("perdure:") else event
+
+
+def _result_section(info: ObjectInfo, records: Sequence[Record]) -> str:
+    """A completed object's result, whole (as JSON; a sealed value stays sealed)."""
+    if info.status != "completed":
+        return ""
+    last = next((r for r in reversed(records) if r.kind == Kind.TERMINATED), None)
+    if last is None or last.body.get("outcome") != "completed":
+        return ""
+    value = sealed_shown(last.body.get("result"))
+    text = json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True, default=str)
+    return f'<h2>Result</h2><pre class="result" id="result">{_e(text)}</pre>'
+
+
 def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int) -> str:
     if not who.can_act:
         return '<p class="hint">Viewers read; an operator can act on this object.</p>'
@@ -308,7 +329,7 @@ def _controls(info: ObjectInfo, who: Principal, csrf: str, records: int) -> str:
                  if info.status == "parked" else "")
         base = (f'<form method="post" action="/act/send" class="send">{_csrf(csrf)}{oid}{_nonce()}'
                 f'<label>event <input name="event" required maxlength="200" '
-                f'value="{_e(info.waiting_event or "")}"></label>'
+                f'value="{_e(_answerable(info.waiting_event))}"></label>'
                 '<label>payload (JSON, or text) <input name="payload"></label>'
                 '<button id="send">Send event</button></form>'
                 f'<form method="post" action="/act/{hold[0]}">{_csrf(csrf)}{oid}'
@@ -368,7 +389,7 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
     body = (f'<h1 class="oid">{_e(info.object_id)}</h1>{_flash(flash, error)}'
             f'<section data-live id="state"><p class="headline">{head}</p>'
             + "".join(f'<p class="why">{_e(w)}</p>' for w in why) + asks + spend
-            + "</section>" + deciding
+            + "</section>" + deciding + _result_section(info, records)
             + f'<p><a href="{_e(url)}?verify=1" id="verify">Verify memory</a></p>{verify}'
             + _controls(info, who, csrf, info.records)
             + '<h2>Live stream</h2><pre id="stream" class="stream" '
@@ -416,6 +437,20 @@ def approval_card(item: PendingApproval, who: Principal, csrf: str, *,
             f"decide: {_e(who_may)}]</p><pre>{_e(args)}</pre>{acts}</div>")
 
 
+def _answer_inputs(choices: Sequence[Any] | None) -> str:
+    """A question's answer: a button per choice when it offers choices (each sends that
+    choice as JSON), else a free-text box."""
+    if not choices:
+        return ('<label>answer (JSON, or text) <input name="payload"></label>'
+                '<button class="answer-btn">Answer</button>')
+    buttons = "".join(
+        f'<button class="choice" name="payload" '
+        f'value="{_e(json.dumps(choice, ensure_ascii=False))}">'
+        f"{_e(choice if isinstance(choice, str) else json.dumps(choice))}</button>"
+        for choice in choices)
+    return f'<span class="choices">{buttons}</span>'
+
+
 def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApproval],
                *, who: Principal, csrf: str, flash: str | None = None,
                error: str | None = None, parked: Sequence[ObjectInfo] = (),
@@ -441,8 +476,7 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApprova
                       '<input type="hidden" name="object_id" '
                       f'value="{_e(q.object_id)}"><input type="hidden" name="event" '
                       f'value="{_e(q.event)}"><input type="hidden" name="back" value="inbox">'
-                      '<label>answer (JSON, or text) <input name="payload"></label>'
-                      '<button class="answer-btn">Answer</button></form>')
+                      f"{_answer_inputs(q.choices)}</form>")
         parts.append(
             f'<div class="card question" data-object="{_e(q.object_id)}">'
             f'<p><a href="{_oid_url(q.object_id)}">{_e(q.object_id)}</a> ({_e(q.agent)}) '

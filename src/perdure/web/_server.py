@@ -37,7 +37,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from perdure import describe as view
-from perdure.app import LIVE_NODE_SECONDS, App
+from perdure.app import App
 from perdure.core.events import is_reserved
 from perdure.core.records import Kind
 from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
@@ -314,7 +314,7 @@ class Dashboard:
             if now - at > 5:
                 hour = self.queries.hour(now)
                 self._hour = (now, hour)
-            live = len(self.app.store.live_nodes(now - LIVE_NODE_SECONDS))
+            live = len(self.app.store.live_nodes(now))
             return pages.overview_page(self.queries.counts(), hour, live,
                                        who=session.principal, csrf=session.csrf)
         return self._html(await run_in_threadpool(build))
@@ -412,7 +412,7 @@ class Dashboard:
         """GET /nodes."""
         def build() -> str:
             now = time.time()
-            return pages.nodes_page(self.app.store.live_nodes(now - LIVE_NODE_SECONDS),
+            return pages.nodes_page(self.app.store.live_nodes(now),
                                     self.queries.running_on(now), now,
                                     who=session.principal, csrf=session.csrf)
         return self._html(await run_in_threadpool(build))

@@ -20,11 +20,14 @@ from typing import Any, ClassVar
 from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
 from perdure.core.records import Kind
 
-__all__ = ["DECISIONS", "TOOL_OUTCOMES", "VERDICTS", "ToolDecided", "ToolGated",
+__all__ = ["DECIDED", "DECISIONS", "TOOL_OUTCOMES", "VERDICTS", "ToolDecided", "ToolGated",
            "ToolProposed", "ToolResult", "ToolStarted"]
 
 VERDICTS = ("allow", "deny", "approval")
-DECISIONS = ("approve", "reject", "edit", "expire")
+DECIDED = {"approve": "approved", "reject": "rejected", "edit": "edited",
+           "expire": "expired"}
+"""Each decision a person (or the deadline) makes, and the word that says it was made."""
+DECISIONS = tuple(DECIDED)
 TOOL_OUTCOMES = ("done", "failed", "denied", "rejected", "expired", "in_doubt")
 
 

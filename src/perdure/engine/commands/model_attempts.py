@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from perdure.core.backoff import ErrorClass, Failure, next_delay
 from perdure.core.bodies import Dormant, ModelCall, ModelFailed, ModelStarted
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.usage import decimal_text
 from perdure.engine.commands.model_budget import (
     call_key,
     exhausted,
@@ -30,8 +31,9 @@ from perdure.engine.commands.model_budget import (
 )
 from perdure.engine.commands.model_calls import CallOptions, Route, error_of
 from perdure.engine.commands.model_memory import ModelMemory
+from perdure.engine.commands.step_failures import cannot_do
 from perdure.engine.signals import Suspend
-from perdure.errors import PerdureError
+from perdure.errors import CannotDo, PerdureError
 from perdure.llm import (
     Budget,
     CallFailure,
@@ -41,6 +43,7 @@ from perdure.llm import (
     ModelReply,
     ModelRequest,
     classify_exception,
+    load_counter,
     reply_failure,
 )
 
@@ -138,6 +141,9 @@ class Attempts:
         """Try clients until one answers (recorded), the call rests (dormant) or fails."""
         await self.in_doubt()
         self.lineage = await lineage_of(self.run)
+        if self.run.intent.budget is not None or self.lineage:
+            for route in self.routes:  # a budget counts tokens: read encodings off the loop
+                await load_counter(route.request(self.request).model)
         while True:
             route, skipped = self.choose()
             with held(self.run, call_key({"pos": self.pos, "name": self.name}),
@@ -184,6 +190,8 @@ class Attempts:
             refusal = reply_failure(reply)
             if refusal is not None:
                 raise ModelCallError(refusal, model=sent.model, provider=route.client.provider)
+        except CannotDo as exc:  # no key or SDK here (``NodeLacksError``): another node
+            cannot_do(self.run, self.name, self.pos, exc.reason)
         except Exception as exc:  # noqa: BLE001 - recorded, then acted on as memory says
             failure, partial, chunks = failure_of(exc, sent)
             await self.failed(route, sent, failure, time.perf_counter() - began, chunks,
@@ -240,7 +248,7 @@ class Attempts:
                 cost = prices.cost(reply.model, reply.usage)
         body = ModelCall(self.pos, self.name, self.attempt, route.index,
                          route.client.provider, self.asked, encoded.request, encoded.blobs,
-                         encoded.reply, None if cost is None else str(cost),
+                         encoded.reply, None if cost is None else decimal_text(cost),
                          tuple(skipped), recovery)
         try:
             await self.run._journal.commit([*before, body.draft()])

@@ -27,7 +27,7 @@ from perdure.llm import (
     ModelCallError,
     ModelClient,
     ModelRequest,
-    counter_for_model,
+    load_counter,
     plan_compaction,
     prompt_view,
 )
@@ -50,7 +50,7 @@ async def fit(run: Run, clients: ModelClient | Sequence[ModelClient | tuple[Mode
 
     memory = ModelMemory.of(run)
     messages = request.messages
-    counter = policy.counter or counter_for_model(request.model)
+    counter = policy.counter or await load_counter(request.model)  # (read off the loop)
     summary = memory.summaries.get(policy.name)
     if summary is not None and summary.through > len(messages):
         summary = None  # a shorter conversation than the one summarised: start afresh

@@ -38,6 +38,8 @@ from perdure.core.bodies import ModelChunks, ModelFailed, ModelRecovered
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.model_attempts import Attempts, failure_of
 from perdure.engine.commands.model_calls import Route
+from perdure.engine.commands.step_failures import cannot_do
+from perdure.errors import CannotDo
 from perdure.llm import (
     CallFailure,
     ChunkBatcher,
@@ -53,6 +55,7 @@ from perdure.llm import (
     choose_recovery,
     continuation_of,
     counter_for_model,
+    load_counter,
     lost_usage,
 )
 
@@ -125,6 +128,8 @@ class StreamAttempts(Attempts):
                          ) -> ModelReply | None:
         """One attempt on ``route``: recover, stream, record (``None``: it failed)."""
         sent = route.request(self.request)
+        if self.failures:  # a salvage's lost tokens are counted: the encoding off the loop
+            await load_counter(sent.model)
         recovery = self._recovery(sent)
         marker = None
         prefix_from = None  # the attempt whose salvage the request goes on from
@@ -141,6 +146,8 @@ class StreamAttempts(Attempts):
         batches = _Batches(self, route)
         try:
             reply = await batches.stream(sent)
+        except CannotDo as exc:  # no key or SDK here (``NodeLacksError``): another node
+            cannot_do(self.run, self.name, self.pos, exc.reason)
         except Exception as exc:  # noqa: BLE001 - recorded, then acted on as memory says
             tail = batches.tail()
             if tail is not None:

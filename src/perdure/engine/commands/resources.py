@@ -121,7 +121,8 @@ async def resource(self: Run, name: str, recipe: Resource[T]) -> T:
         raise Suspend([CapabilityMissing.cannot(node, f"resource {name}", exc.reason, pos,
                                                 self._clock()).draft()],
                       ready_at=self._clock(), status=Status.READY, avoid_node=node,
-                      reason=f"node {node} cannot open resource {name}: {exc.reason}"
+                      reason=f"node {node} cannot open resource {name}: {exc.reason}",
+                      note=f"node {node} cannot open resource {name}: {exc.reason}"[:500]
                       ) from None
     try:
         described = recipe.describe(live)

@@ -31,7 +31,7 @@ from perdure.core.records import Kind, Record
 from perdure.engine.commands.positions import find
 from perdure.engine.failures import error_body, rebuild_error
 from perdure.engine.signals import Park, Suspend
-from perdure.errors import SerializationError, StepInDoubtError
+from perdure.errors import CannotDo, SerializationError, StepInDoubtError
 
 if TYPE_CHECKING:
     from perdure.engine.run import Run
@@ -41,6 +41,7 @@ __all__ = [
     "check_capabilities",
     "check_started",
     "lacking",
+    "node_problem",
     "poisoned",
     "record_failure",
     "recorded_failures",
@@ -124,17 +125,30 @@ def lacking(run: Run, step_name: str, pos: int | str, needs: frozenset[str]) -> 
                   reason=f"node {node_id} lacks {', '.join(missing)} for {step_name}")
 
 
+def node_problem(exc: BaseException) -> str | None:
+    """Why ``exc`` is this node's problem rather than the object's, or ``None``: a
+    ``CannotDo`` (``NodeLacksError``: a missing credential or package), or a module
+    that is not installed here (another node may have it)."""
+    if isinstance(exc, CannotDo):
+        return exc.reason
+    if isinstance(exc, ModuleNotFoundError):
+        return f"module {exc.name or str(exc)!r} is not installed on this node"
+    return None
+
+
 def cannot_do(run: Run, step_name: str, pos: int | str, reason: str) -> NoReturn:
-    """The step said this node cannot do it: a negative capability in memory, and the
-    object goes to another node."""
+    """The step (or model call, or the agent's code: ``step_name``) said this node cannot
+    do it: a negative capability in memory, and the object goes to another node (the
+    object's note says why until one takes it)."""
     node_id = _node_id(run)
     refusal = f"{node_id}:cannot:{step_name}"
     drafts = []
     if refusal not in run._refusals:
         drafts.append(CapabilityMissing.cannot(node_id, step_name, reason, pos,
                                                run._clock()).draft())
+    said = f"node {node_id} cannot do {step_name}: {reason}"
     raise Suspend(drafts, ready_at=run._clock(), status=Status.READY, avoid_node=node_id,
-                  reason=f"node {node_id} cannot do {step_name}: {reason}")
+                  reason=said, note=said[:500])
 
 
 async def record_failure(

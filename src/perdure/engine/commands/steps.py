@@ -35,6 +35,7 @@ from perdure.engine.commands.step_failures import (
     cannot_do,
     check_capabilities,
     check_started,
+    node_problem,
     poisoned,
     record_failure,
     recorded_failures,
@@ -172,8 +173,8 @@ async def step(
             result = await run_with_timeout(
                 lambda: self._step_executor(info, fn, args, kwargs), limit, step_name)
         stored, result_bytes = self._stored(result, what=f"result of step {step_name!r}")
-    except CannotDo as exc:
-        cannot_do(self, step_name, pos, exc.reason)
+    except (CannotDo, ModuleNotFoundError) as exc:  # this node's problem: another may
+        cannot_do(self, step_name, pos, node_problem(exc) or str(exc))
     except Exception as exc:  # noqa: BLE001 - recorded, then raised as memory rebuilds it
         policy = retry or opts.get("retry") or DEFAULT_RETRY
         error = await _failed(self, pos, step_name, attempt, failures, policy, exc,

@@ -423,12 +423,18 @@ WHERE object_id = %(object_id)s AND epoch = %(epoch)s AND lease_owner = %(owner)
 SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id = ANY(%s);
 
 -- name: heartbeat
-UPDATE nodes SET serves = %(serves)s, capabilities = %(caps)s, seen_at = %(now)s
+-- A node counts as live until live_until (its lease length ahead) unless it beats again.
+UPDATE nodes SET serves = %(serves)s, capabilities = %(caps)s, seen_at = %(now)s,
+    live_until = %(live_until)s
 WHERE node_id = %(node_id)s;
 
+-- name: node_gone
+-- A node that stopped cleanly is gone at once, not when its last heartbeat runs out.
+UPDATE nodes SET live_until = %(now)s WHERE node_id = %(node_id)s AND live_until > %(now)s;
+
 -- name: live_nodes
-SELECT node_id, serves, capabilities, seen_at FROM nodes
-WHERE seen_at IS NOT NULL AND seen_at >= %(since)s ORDER BY node_id;
+SELECT node_id, serves, capabilities, seen_at, live_until FROM nodes
+WHERE live_until IS NOT NULL AND live_until > %(now)s ORDER BY node_id;
 
 -- name: data_key
 SELECT object_id, key_id, wrapped, seal_all FROM data_keys WHERE object_id = %s;

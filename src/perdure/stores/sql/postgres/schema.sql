@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 7
+-- version: 8
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -15,7 +15,8 @@ CREATE TABLE nodes (
     created_at  DOUBLE PRECISION NOT NULL,
     serves       TEXT[] NOT NULL DEFAULT '{}',
     capabilities TEXT[] NOT NULL DEFAULT '{}',
-    seen_at      DOUBLE PRECISION
+    seen_at      DOUBLE PRECISION,
+    live_until   DOUBLE PRECISION
 );
 
 CREATE TABLE objects (

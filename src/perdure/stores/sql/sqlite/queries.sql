@@ -319,12 +319,18 @@ WHERE object_id = :object_id AND epoch = :epoch AND lease_owner = :owner;
 SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id IN ({marks});
 
 -- name: heartbeat
-UPDATE nodes SET serves = :serves, capabilities = :caps, seen_at = :now
+-- A node counts as live until live_until (its lease length ahead) unless it beats again.
+UPDATE nodes SET serves = :serves, capabilities = :caps, seen_at = :now,
+    live_until = :live_until
 WHERE node_id = :node_id;
 
+-- name: node_gone
+-- A node that stopped cleanly is gone at once, not when its last heartbeat runs out.
+UPDATE nodes SET live_until = :now WHERE node_id = :node_id AND live_until > :now;
+
 -- name: live_nodes
-SELECT node_id, serves, capabilities, seen_at FROM nodes
-WHERE seen_at IS NOT NULL AND seen_at >= :since ORDER BY node_id;
+SELECT node_id, serves, capabilities, seen_at, live_until FROM nodes
+WHERE live_until IS NOT NULL AND live_until > :now ORDER BY node_id;
 
 -- name: data_key
 SELECT object_id, key_id, wrapped, seal_all FROM data_keys WHERE object_id = ?;

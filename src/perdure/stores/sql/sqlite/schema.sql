@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 8
+-- version: 9
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -8,7 +8,8 @@ CREATE TABLE nodes (
     created_at  REAL NOT NULL,
     serves TEXT NOT NULL DEFAULT '[]',
     capabilities TEXT NOT NULL DEFAULT '[]',
-    seen_at REAL
+    seen_at REAL,
+    live_until REAL
 );
 
 CREATE TABLE objects (

@@ -1,0 +1,99 @@
+"""Noticing a blocked event loop: a watchdog thread that says when the loop stalls.
+
+Nothing slow may run on a worker's event loop: while it is blocked, leases are not
+renewed, other objects do not move and streams are not read. ``LoopWatchdog`` finds out
+when something does. A task on the loop beats every ``interval``; a thread checks the
+beat and, when it is older than ``threshold``, takes the loop thread's stack (what was
+blocking it) and reports the stall, with its length, once the loop beats again.
+
+A whole process left without a CPU (a loaded machine) is not a stall of the loop: when
+the watchdog thread itself woke late and the process used little CPU meanwhile, that
+time is excused. Off by default; ``perdure worker --warn-stalls MS`` turns it on (the
+test suite does, and fails a test during which a worker's loop stalled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["LoopWatchdog", "Stall"]
+
+log = logging.getLogger("perdure.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """The loop did not run for ``seconds``; ``stack`` is where it was when noticed."""
+
+    seconds: float
+    stack: str
+
+
+def _logged(stall: Stall) -> None:
+    log.warning("event loop stalled for %.0f ms at:\n%s", stall.seconds * 1000, stall.stack,
+                extra={"action": "loop_stalled"})
+
+
+class LoopWatchdog:
+    """Watch the running event loop (see the module); ``start`` on the loop, ``stop``."""
+
+    def __init__(self, threshold: float, on_stall: Callable[[Stall], None] = _logged,
+                 interval: float = 0.01) -> None:
+        self.threshold = threshold
+        self.on_stall = on_stall
+        self.interval = interval
+        self._beat = time.monotonic()
+        self._stack: str | None = None
+        self._excused = 0.0
+        self._done = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._loop_thread = 0
+
+    async def _beats(self) -> None:
+        while True:
+            now = time.monotonic()
+            gap = now - self._beat - self._excused
+            stack, self._stack = self._stack, None
+            if stack is not None and gap > self.threshold:
+                self.on_stall(Stall(gap, stack))
+            self._beat, self._excused = now, 0.0
+            await asyncio.sleep(self.interval)
+
+    def _watch(self) -> None:
+        last, cpu = time.monotonic(), time.process_time()
+        while not self._done.wait(self.interval):
+            now, used = time.monotonic(), time.process_time()
+            slept = now - last
+            if slept > 5 * self.interval and used - cpu < slept / 2:
+                self._excused += slept  # the process had no CPU: not the loop's doing
+            last, cpu = now, used
+            if self._stack is None and now - self._beat - self._excused > self.threshold:
+                frame = sys._current_frames().get(self._loop_thread)
+                self._stack = "".join(traceback.format_stack(frame)) if frame else "?"
+
+    def start(self) -> None:
+        """Begin watching the running loop (call on it)."""
+        self._loop_thread = threading.get_ident()
+        self._beat = time.monotonic()
+        self._task = asyncio.get_running_loop().create_task(self._beats())
+        self._thread = threading.Thread(target=self._watch, name="perdure-stall-watch",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching."""
+        self._done.set()
+        if self._task is not None:
+            self._task.cancel()
+        if self._thread is not None:
+            with contextlib.suppress(RuntimeError):
+                self._thread.join(timeout=1.0)
