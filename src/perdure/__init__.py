@@ -69,7 +69,8 @@ from perdure.errors import (
     UnknownQueryError,
 )
 from perdure.follow import StreamEvent
-from perdure.handle import Handle, ObjectInfo
+from perdure.handle import Handle
+from perdure.info import ObjectInfo
 from perdure.keys.anchors import HeadAnchors
 from perdure.keys.data_keys import DataKeys
 from perdure.keys.folder import KeyFolder

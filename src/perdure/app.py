@@ -51,8 +51,9 @@ from perdure.errors import (
     UnknownAgentError,
 )
 from perdure.fork import fork as fork_object
-from perdure.handle import Handle, ObjectInfo, info_from_row
+from perdure.handle import Handle
 from perdure.hooks import Hooks
+from perdure.info import ObjectInfo, info_from_row
 from perdure.keys.anchors import HeadAnchors, rollback_problem
 from perdure.keys.at_rest import differences, opened_body, sealed_payload, start_arguments
 from perdure.keys.data_keys import DataKeys

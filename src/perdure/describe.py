@@ -66,7 +66,7 @@ from perdure.core.records import Kind, Record
 from perdure.core.sealing import sealed_shown
 from perdure.core.usage import UsageTotals, decimal_text
 from perdure.errors import RecordDecodeError
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
 from perdure.resources.lines import RESOURCE_LINES
 from perdure.stores.base import NodeInfo
 

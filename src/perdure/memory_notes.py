@@ -23,7 +23,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.questions import ASKING_MARK, Question, forked_from, pending_questions
 from perdure.core.records import Record
 from perdure.errors import ConfigurationError, IntegrityError, RecordDecodeError
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
 
 if TYPE_CHECKING:
     from perdure.app import App

@@ -49,7 +49,7 @@ from perdure.errors import (
     RecordDecodeError,
     UnknownQueryError,
 )
-from perdure.handle import info_from_row
+from perdure.info import info_from_row
 from perdure.stores.base import ObjectRow
 
 if TYPE_CHECKING:

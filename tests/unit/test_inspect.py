@@ -13,7 +13,7 @@ from perdure.core.bodies import RecordBody, StepDone, Terminated
 from perdure.core.codec import decode, encode
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
 from perdure.stores.base import NodeInfo
 from tests.unit.test_bodies import CASES
 

@@ -44,7 +44,7 @@ from perdure.errors import (
     RecordDecodeError,
     StoreError,
 )
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
 from perdure.keys.folder import KeyFolder, default_key_dir
 from perdure.keys.identity import NodeIdentity
 from perdure.resources.lines import shown_body, slot_lines

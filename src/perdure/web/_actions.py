@@ -28,7 +28,8 @@ from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_re
 from perdure.core.names import check_name
 from perdure.core.questions import Question as AskedQuestion
 from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
-from perdure.handle import Handle, ObjectInfo
+from perdure.handle import Handle
+from perdure.info import ObjectInfo
 from perdure.web._auth import Principal
 
 __all__ = ["Question", "approve", "cancel", "fork", "pause", "pending_approvals",

@@ -24,7 +24,7 @@ from perdure.core.records import Kind, Record
 from perdure.core.sealing import sealed_shown
 from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
 from perdure.stores.base import NodeInfo
 from perdure.web._actions import Question
 from perdure.web._auth import Principal

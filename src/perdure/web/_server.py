@@ -42,7 +42,7 @@ from perdure.core.events import is_reserved
 from perdure.core.records import Kind
 from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
 from perdure.follow import follow
-from perdure.handle import ObjectInfo, info_from_row
+from perdure.info import ObjectInfo, info_from_row
 from perdure.web import _actions as actions
 from perdure.web import _pages as pages
 from perdure.web._auth import Credentials, Principal, Session, Sessions, Throttle
