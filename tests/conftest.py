@@ -13,8 +13,9 @@ import perdure
 from tests import pg
 from tests.pg import BACKENDS, fresh_database
 
-# Fails any test during which a worker's event loop stalls over 100 ms (tests/watchdog.py).
-pytest_plugins = ["tests.watchdog"]
+# Fails any test during which a worker's event loop stalls over 100 ms (tests/watchdog.py);
+# skips accounted for (CI fails when a tier did not run); Hypothesis without deadlines.
+pytest_plugins = ["tests.watchdog", "tests.skips", "tests.hypothesis_profile"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

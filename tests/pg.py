@@ -25,12 +25,17 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
+import subprocess
 import threading
 import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+
+import pytest
 
 ADMIN_URL = os.environ.get("PERDURE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 BACKENDS = [
@@ -38,6 +43,40 @@ BACKENDS = [
     for name in os.environ.get("PERDURE_TEST_BACKENDS", "sqlite,postgresql").split(",")
     if name.strip()
 ]
+
+#: The one reason a test that needs a PostgreSQL server gives when the run leaves the
+#: backend out (``tests/skips.py`` expects it then, and only then).
+NO_SERVER = "needs a PostgreSQL server: PERDURE_TEST_BACKENDS leaves out postgresql"
+
+#: Mark a test that needs the server at ``ADMIN_URL`` whatever its own backend is (a
+#: ``PostgresSession`` resource, a migration target): skipped, saying so, without it.
+needs_server = pytest.mark.skipif("postgresql" not in BACKENDS, reason=NO_SERVER)
+
+
+def pg_bin() -> Path | None:
+    """The folder holding PostgreSQL's server programs (``initdb``, ``pg_ctl``), or ``None``.
+
+    ``PERDURE_TEST_PG_BIN`` when set; else what ``pg_config --bindir`` names, if it holds
+    ``initdb`` (on Debian it names the client's folder, which does not); else the newest
+    ``/usr/lib/postgresql/*/bin`` holding ``initdb`` (Debian's layout, any version).
+    """
+    chosen = os.environ.get("PERDURE_TEST_PG_BIN")
+    if chosen:
+        return Path(chosen)
+    config = shutil.which("pg_config")
+    if config is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            found = subprocess.run([config, "--bindir"], capture_output=True, text=True,
+                                   timeout=10, check=True).stdout.strip()
+            if found and (Path(found) / "initdb").exists():
+                return Path(found)
+    versions = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb")]
+    versions.sort(key=lambda folder: _version_key(folder.parent.name))
+    return versions[-1] if versions else None
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.split(".") if part.isdigit())
 
 _lock = threading.Lock()
 _template: str | None = None

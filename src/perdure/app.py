@@ -55,9 +55,15 @@ from perdure.handle import Handle
 from perdure.hooks import Hooks
 from perdure.info import ObjectInfo, info_from_row
 from perdure.keys.anchors import HeadAnchors, rollback_problem
-from perdure.keys.at_rest import differences, opened_body, sealed_payload, start_arguments
+from perdure.keys.at_rest import (
+    differences,
+    opened_body,
+    sealed_goal,
+    sealed_payload,
+    start_arguments,
+)
 from perdure.keys.data_keys import DataKeys
-from perdure.keys.folder import default_key_dir, public_bytes
+from perdure.keys.folder import default_key_dir
 from perdure.keys.identity import NodeIdentity, TrustSpec, publish
 from perdure.keys.sealer import Sealer, needs_sealing
 from perdure.keys.verifier import Verifier
@@ -100,9 +106,12 @@ def step(
 class App:
     """A perdure application: a store, this node's identity, and registered agents.
 
-    ``store`` is a URL (``sqlite:///agents.db``) or an open ``Store``. ``node_id``
-    defaults to ``hostname-keyfingerprint``; ``key_dir`` holds the node's Ed25519
-    key pair (created on first use, default ``~/.perdure/keys``).
+    ``store`` is a URL (``sqlite:///agents.db``) or an open ``Store``. ``key_dir``
+    holds the node's Ed25519 key pair (created on first use); by default ``keys``
+    beside a SQLite store's database file, else ``~/.perdure/keys``. ``node_id`` is
+    the name this node acts under; it must be one a trusted root certified its key
+    under (by default the name in the folder's ``node.cert``, else
+    ``hostname-keyfingerprint``, which a root kept in the folder certifies).
 
     ``trust`` names the root public keys whose certificates this node believes (keys,
     roots files or key folders; see ``docs/howto/keys-and-trust.md``); by default, the
@@ -116,6 +125,11 @@ class App:
     holds the key-encryption keys that keep ``perdure.Secret`` values encrypted at
     rest; by default the ``data-keys`` folder in the key folder, whose first key is
     made on first use (see ``docs/howto/secrets.md``).
+
+    ``open_sealed`` (an attribute, default ``True``): whether what this App reads back
+    for its caller (results, queries, questions, followers) comes opened with its data
+    keys. The command line sets it ``False`` (the CLI never opens, it prints
+    ``<sealed>``); its dashboard (``perdure ui``) leaves it ``True``.
     """
 
     def __init__(
@@ -140,7 +154,9 @@ class App:
                             else key_passphrase)
         self._store_arg = store
         self._store: Store | None = None if isinstance(store, str) else store
-        self._key_dir = Path(key_dir) if key_dir is not None else default_key_dir()
+        self._key_dir_arg = key_dir  # None: the default, which follows the store
+        self._key_dir = (Path(key_dir) if key_dir is not None
+                         else default_key_dir(store if isinstance(store, str) else store.url))
         self._data_keys_arg = data_keys
         #: The key-encryption keys of this node (secrets at rest; ``perdure.DataKeys``).
         if data_keys is not None and not isinstance(data_keys, str | DataKeys):
@@ -168,6 +184,8 @@ class App:
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
         self.hooks = Hooks()
+        #: Whether readers open sealed values for the caller (see the class docstring).
+        self.open_sealed = True
         self._lock = threading.RLock()
         self._registered = False
 
@@ -227,20 +245,51 @@ class App:
         return self.signer.node_id
 
     def _ensure_node(self) -> Signer:
-        """This node, certified by a trusted root and registered in the store."""
+        """This node, certified under its node id by a trusted root (the certificate
+        published in the store): ``NodeIdentityError`` when its key is certified only
+        under other names. Nothing else ties the id to the key: no store row."""
         signer = self.signer
         if not self._registered:
             self._identity.certified(self.store)
-            self.store.register_node(signer.node_id, public_bytes(signer.private_key), time.time())
             self._registered = True
         return signer
 
     def _seal(self, object_id: str, name: str, data: bytes, dedupe_key: str | None) -> bytes:
-        """This node's seal over an event it puts into an inbox."""
+        """This node's seal over an event it puts into an inbox; ``ConfigurationError``
+        when the object's writers are certified by roots this node does not trust (its
+        workers would refuse the event: say so here, at the sender)."""
         signer = self._ensure_node()
+        self._check_audience(object_id)
         seal, _ = seal_event(signer.sign, signer.node_id, object_id, name, data, dedupe_key,
                              os.urandom(12).hex())
         return seal
+
+    def _check_audience(self, object_id: str) -> None:
+        """Refuse to send to an object whose newest record is written under a name no
+        root this node trusts certifies: trust goes both ways in a cluster, so its
+        workers would refuse what this node signs (``event_refused``) while the sender
+        thought it sent."""
+        row = self.store.get(object_id)
+        if row is None or not row.head_seq:
+            return
+        tail = self.store.records(object_id, after_seq=row.head_seq - 1)
+        if not tail:
+            return
+        writer = tail[-1].node_id
+        problem = self.verifier.record_problem(tail[-1])
+        if problem is None or self.verifier.ring.keys_named(writer):
+            return
+        raise ConfigurationError(
+            f"object {object_id!r} is written by node {writer!r}, which no root trusted in "
+            f"{self._identity.folder.path} certifies, so its workers would refuse what this "
+            f"key signs; use the key folder its workers use (--key-dir / PERDURE_KEY_DIR / "
+            f"App(key_dir=...)), or have their root certify this key ({problem})")
+
+    @property
+    def key_dir_setting(self) -> Path | None:
+        """The ``key_dir`` this App was given (``None``: the default, following the
+        store)."""
+        return None if self._key_dir_arg is None else Path(self._key_dir_arg)
 
     def with_settings(self, *, store: str | None = None, key_dir: str | Path | None = None,
                       node_id: str | None = None, trust: TrustSpec | None = None,
@@ -253,7 +302,7 @@ class App:
         capabilities (``None`` keeps this App's; ``capabilities`` adds to them)."""
         clone = App(
             store=store or self._store_arg,
-            key_dir=key_dir or self._key_dir,
+            key_dir=key_dir or self._key_dir_arg,  # a default follows the new store
             node_id=node_id or self._node_id,
             trust=trust if trust is not None else self._trust,
             key_passphrase=key_passphrase if key_passphrase is not None else self._passphrase,
@@ -269,6 +318,7 @@ class App:
         clone._queries = self._queries.copy()
         clone._tools = dict(self._tools)
         clone.hooks = self.hooks  # its listeners hear the clone's workers too
+        clone.open_sealed = self.open_sealed
         return clone
 
     def publish(self, item: Certificate | Revocation) -> None:
@@ -517,7 +567,8 @@ class App:
         ``cost``, or ``None`` for none) wakes an object dormant on an exhausted one.
 
         Appended as an intent-refinement record with a new intent version on the
-        object's next cycle.
+        object's next cycle. A ``goal`` is sealed under the object's data key when its
+        agent encrypts all (its ``perdure.Secret`` values are, for any agent).
         """
         check_object_id(object_id)
         try:
@@ -532,6 +583,9 @@ class App:
             check_name(need, "required capability")
         if "budget" in changes:
             changes["budget"] = budget_body(changes["budget"])
+        if "goal" in changes:  # sealed for an agent that encrypts all, or with secrets
+            changes["goal"] = sealed_goal(self.store, self.data_keys, object_id,
+                                          changes["goal"])
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
         self.store.send(object_id, REFINE_EVENT, data, None, time.time(),
                         self._seal(object_id, REFINE_EVENT, data, None))
@@ -681,11 +735,20 @@ class App:
         """
         return fork_object(self, object_id, at, new_id)
 
-    def history(self, object_id: str, *, after: int = 0) -> builtins.list[Record]:
+    def history(self, object_id: str, *, after: int = 0, opened: bool = False
+                ) -> builtins.list[Record]:
         """The object's memory, in order (only its records after seq ``after``, if
-        given); ``RecordDecodeError`` if a record is damaged."""
+        given); ``RecordDecodeError`` if a record is damaged. Bodies are as stored,
+        sealed values sealed; ``opened=True`` opens them with this App's data keys where
+        it may (``perdure.llm.recorded_calls`` then rebuilds an encrypt-all agent's
+        conversation)."""
         self.get(object_id, explain=False)
-        return self.store.records(object_id, after_seq=after)
+        records = self.store.records(object_id, after_seq=after)
+        if not opened:
+            return records
+        from perdure.keys.opener import RecordOpener
+
+        return RecordOpener(self).records(records)
 
     def usage(self, object_id: str, *, lineage: bool = False) -> UsageTotals:
         """What the object's model calls (``run.model``) used and cost, from its memory;
@@ -717,7 +780,7 @@ class App:
         verifier = self.verifier
         verifier.refresh()
         digests = [d for d in map(sealed_by, records) if d is not None]
-        report = verify_chain(object_id, records, verifier.keys(),
+        report = verify_chain(object_id, records, {},
                               head_seq=row.head_seq, head_hash=row.head_hash,
                               seals=self.store.seals(digests), trust=verifier.ring)
         if not report.ok or not records:
@@ -803,6 +866,8 @@ class App:
         problem = self.verifier.record_problem(rec) or _row_against_memory(row, rec)
         if problem is not None:
             raise IntegrityError(object_id, rec.seq, problem)
+        if not self.open_sealed:
+            return dict(rec.body)
         return opened_body(self.store, self.data_keys, rec)
 
     # -- running a node -------------------------------------------------------------

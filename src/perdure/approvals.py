@@ -8,6 +8,12 @@ names the proposal's argument hash. The object wakes, checks the seal, the hash 
 identity against its recorded gate decision, and records the decision as
 ``tool_decided``; a decision that cannot count is refused on record and the call keeps
 waiting. One decision per proposal: a second is refused here (``ApprovalError``).
+
+A decision carries the time it was made, signed with it (``decided_at``). A proposal
+with a deadline (``Policy(approval_ttl=...)``) takes only a decision signed by then:
+``decide`` refuses to send a later one (``ApprovalExpiredError``), and the object refuses
+one that comes anyway, whenever it sees it, and records the call as expired (which counts
+as rejected): a late decision never runs the tool.
 """
 
 from __future__ import annotations
@@ -20,14 +26,20 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.codec import MAX_DEPTH, decode, encode
 from perdure.core.events import APPROVAL_EVENT
-from perdure.core.gate import args_digest, canonical_args
+from perdure.core.gate import args_digest, canonical_args, late_problem
 from perdure.core.records import Kind, Record
-from perdure.errors import ApprovalError, ConfigurationError, SerializationError
+from perdure.errors import (
+    ApprovalError,
+    ApprovalExpiredError,
+    ConfigurationError,
+    SerializationError,
+)
 
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["PendingApproval", "approvals", "decide", "decision_problem", "pending_in"]
+__all__ = ["PendingApproval", "approvals", "check_deadline", "decide", "decision_problem",
+           "pending_in"]
 
 
 
@@ -126,15 +138,18 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
         raise ApprovalError(
             f"object {object_id!r} has no proposal {proposal_id!r} waiting for approval "
             f"(waiting: {waiting}); see `perdure approvals`")
+    now = time.time()
+    check_deadline(target, now)
     payload: dict[str, Any] = {"proposal": proposal_id, "args_hash": target.args_hash,
-                               "tool": target.tool, "decision": decision, "reason": reason}
+                               "tool": target.tool, "decision": decision, "reason": reason,
+                               "decided_at": now}
     if edit is not None:
         payload["edit"] = dict(edit)
     data = encode(payload, what="approval decision", max_depth=MAX_DEPTH)
     # One decision per proposal and deciding client: another client (one allowed where
     # this one was refused) can still decide.
     dedupe = f"approval:{proposal_id}:{target.args_hash[:16]}:{app.node_id}"
-    sent = app.store.send(object_id, APPROVAL_EVENT, data, dedupe, time.time(),
+    sent = app.store.send(object_id, APPROVAL_EVENT, data, dedupe, now,
                           app._seal(object_id, APPROVAL_EVENT, data, dedupe))
     if not sent:
         raise ApprovalError(f"proposal {proposal_id!r} of object {object_id!r} was already "
@@ -143,11 +158,23 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
     return target
 
 
-def decision_problem(record: Record) -> str | None:
+def check_deadline(target: PendingApproval, now: float) -> None:
+    """``ApprovalExpiredError`` when a decision made at ``now`` on ``target`` would come
+    after its deadline (the object would refuse it: the call counts as rejected)."""
+    if target.expires_at is not None and late_problem(target.expires_at, now) is not None:
+        raise ApprovalExpiredError(
+            f"proposal {target.proposal_id!r} of object {target.object_id!r} expired "
+            f"{now - target.expires_at:.0f} s ago: nobody decided by its deadline, so it "
+            "counts as rejected and the tool will not run; nothing was sent")
+
+
+def decision_problem(record: Record, expires_at: float | None = None) -> str | None:
     """Check a ``tool_decided`` record's evidence again, from memory alone: the sealed
     event it kept must verify under the recorded key, come from the recorded identity and
-    say what the record says (proposal, argument hash, decision, reason, edit). ``None``
-    when it holds; else what does not (an ``expire`` has no signature to check)."""
+    say what the record says (proposal, argument hash, decision, reason, edit), and, for
+    a proposal whose ``tool_gated`` record gave it a deadline (``expires_at``), have been
+    signed by then. ``None`` when it holds; else what does not (an ``expire`` has no
+    signature to check)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -180,6 +207,9 @@ def decision_problem(record: Record) -> str | None:
         return "the record's event hash is not the sealed event's"
     if not isinstance(said, dict):
         return "the signed payload is not a decision"
+    late = late_problem(expires_at, said.get("decided_at"))
+    if late is not None:
+        return late
     if said.get("decision") == "edit":
         try:
             edited = canonical_args(said.get("edit") or {})

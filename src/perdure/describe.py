@@ -36,6 +36,7 @@ from perdure.core.bodies import (
     Dormant,
     Emitted,
     EventReceived,
+    EventRefused,
     Instantiated,
     IntentRefined,
     ModelCall,
@@ -63,7 +64,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.questions import asking_note
 from perdure.core.questions import question_text as question
 from perdure.core.records import Kind, Record
-from perdure.core.sealing import sealed_shown
+from perdure.core.sealing import SEALED, sealed_shown
 from perdure.core.usage import UsageTotals, decimal_text
 from perdure.errors import RecordDecodeError
 from perdure.info import ObjectInfo
@@ -276,8 +277,9 @@ def _model_failed(body: ModelFailed) -> Line:
 def _model_chunks(body: ModelChunks) -> Line:
     chars = sum(len(str(c.get("text", ""))) for c in body.chunks)
     last = body.start + len(body.chunks) - 1
+    size = "sealed" if any(SEALED in c for c in body.chunks) else f"{chars} chars"
     return Line(f"#{body.pos} {body.name} attempt {body.attempt} stream chunks "
-                f"{body.start}-{last} ({chars} chars)", False)
+                f"{body.start}-{last} ({size})", False)
 
 
 def _model_recovered(body: ModelRecovered) -> Line:
@@ -356,6 +358,14 @@ def _resource_line(say: Callable[[Any], tuple[str, bool]]) -> Callable[[Any], Li
 
 
 _DESCRIBE.update({cls: _resource_line(say) for cls, say in RESOURCE_LINES.items()})
+
+
+def _event_refused(body: EventRefused) -> Line:
+    """A refused event, whole: the reason is what the sender needs to read."""
+    return Line(f"refused event {body.name!r} (#{body.event_id}): {body.reason}", True)
+
+
+_DESCRIBE[EventRefused] = _event_refused
 
 
 def describe(record: Record) -> Line:
@@ -516,7 +526,9 @@ def waiting_for(info: ObjectInfo) -> str | None:
     """What the object waits for before it goes on (an event, and the question it asks
     if it asks one: ``ObjectInfo.asking``), or ``None`` (also when its note says it)."""
     if info.asking:
-        text = "; ".join(asking_note(q.event, q.prompt, q.choices) for q in info.asking)
+        text = "; ".join(asking_note(q.event, q.prompt, q.choices)
+                         if q.prompt is not None or q.choices is not None
+                         else f"waiting for event {q.event!r}" for q in info.asking)
         return None if text == info.note else text  # the note says it already
     return f"waiting for event {info.waiting_event!r}" if info.waiting_event else None
 

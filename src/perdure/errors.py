@@ -6,7 +6,7 @@ The tree::
     ├── ConfigurationError        bad settings, store URL, name, id or arguments; missing extra
     ├── StoreError                the store cannot be used (down, locked, disk full)
     │   └── StoreCorruptError     the store's bytes are damaged
-    ├── NodeIdentityError         a node id is registered with another public key
+    ├── NodeIdentityError         this node's key is not certified under the id it acts as
     ├── RecordDecodeError         a memory record cannot be decoded (fails closed)
     ├── IntegrityError            a memory chain or signature does not verify
     │   └── SealBrokenError       a sealed value or a wrapped data key does not decrypt
@@ -36,6 +36,7 @@ The tree::
     ├── ForkError                 a fork point is not one the object can be forked at
     ├── NotParkedError            ``App.retry``: the object is not parked
     ├── ApprovalError             no such proposal waits for a person, or it was decided
+    │   └── ApprovalExpiredError  the proposal's deadline passed: it counts as rejected
     ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
     ├── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
     │                             whether and when to try again
@@ -69,6 +70,7 @@ __all__ = [
     "AgentFailedError",
     "AgentParkedError",
     "ApprovalError",
+    "ApprovalExpiredError",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
@@ -124,7 +126,9 @@ class StoreCorruptError(StoreError):
 
 
 class NodeIdentityError(PerdureError):
-    """A node id is already registered in the store with a different public key."""
+    """This node's key is certified by a trusted root, but not under the node id (or
+    person's name) it was told to act as: a key writes, sends and decides only under a
+    name its certificate carries."""
 
 
 class RecordDecodeError(PerdureError):
@@ -366,6 +370,12 @@ class NotParkedError(PerdureError):
 class ApprovalError(PerdureError):
     """A decision on a tool call cannot be sent: no such proposal waits for a person
     (see ``perdure approvals``), or it was decided already."""
+
+
+class ApprovalExpiredError(ApprovalError):
+    """A decision on a tool call came after the proposal's deadline
+    (``Policy(approval_ttl=...)``): the call counts as rejected and will not run. Nothing
+    was sent; the agent is told the call expired when it next runs."""
 
 
 class ToolCallError(PerdureError):

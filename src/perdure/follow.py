@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import SEALED
 from perdure.errors import ResultTimeoutError
 
 if TYPE_CHECKING:
@@ -109,7 +110,8 @@ def event_of(record: Record) -> StreamEvent:
                         body.get("name"), int(attempt) if attempt is not None else None)
     if record.kind == Kind.MODEL_CHUNKS.value:
         chunks = tuple(dict(c) for c in body.get("chunks", ()))
-        text = "".join(str(c.get("text") or "") for c in chunks)
+        text = "".join("<sealed>" if SEALED in c else str(c.get("text") or "")
+                       for c in chunks)
         return StreamEvent(event.seq, event.kind, record, event.pos, event.name,
                            event.attempt, text, chunks)
     if record.kind == Kind.MODEL_RECOVERED.value:

@@ -1,13 +1,16 @@
 """What an object's memory adds to what its row says: the questions it asks, and where it
 was forked from. ``App.get``, ``App.list`` and ``App.questions`` use it.
 
-Reads stay small: an object's questions are read only when its row's note says it asks
-one (``questions.ASKING_MARK``), from the last ``QUESTION_TAIL`` records (the whole
-memory only when they hold none, as when a gather branch asked long before); a fork's
+Reads stay small: an object's questions are read only when its row says it may ask one
+(``questions.may_ask``: its note says it asks, or it waits for an event from outside),
+from the last ``QUESTION_TAIL`` records (the whole memory only when they hold none, as
+when a gather branch asked long before); a fork's
 origin is its first record, read once per object (a first record never changes). What
 they say is shown only when a signature under a key this node trusts vouches for the
 records it comes from (their links checked, the last one's signature: it covers every
 record before it); a forged or damaged record is left out, with a warning naming it.
+A question sealed by an agent that encrypts all is opened with the App's data keys when
+the App opens what it reads (``App.open_sealed``), else it stays sealed.
 """
 
 from __future__ import annotations
@@ -20,10 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.chain import check_links
 from perdure.core.lifecycle import Status
-from perdure.core.questions import ASKING_MARK, Question, forked_from, pending_questions
+from perdure.core.questions import Question, forked_from, may_ask, pending_questions
 from perdure.core.records import Record
-from perdure.errors import ConfigurationError, IntegrityError, RecordDecodeError
+from perdure.errors import (
+    ConfigurationError,
+    IntegrityError,
+    RecordDecodeError,
+    SealBrokenError,
+)
 from perdure.info import ObjectInfo
+from perdure.keys.opener import RecordOpener
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -73,8 +82,8 @@ class MemoryNotes:
         return origin
 
     def asking(self, info: ObjectInfo) -> ObjectInfo:
-        """``info`` with the questions it asks, for an object whose note says it asks."""
-        if info.terminal or not info.note or ASKING_MARK not in info.note:
+        """``info`` with the questions it asks, for an object whose row says it may ask."""
+        if info.terminal or not may_ask(info.note, info.waiting_event):
             return info
         try:
             asking = self.questions_of(info.object_id, info.agent, info.records)
@@ -89,7 +98,7 @@ class MemoryNotes:
         found: list[Question] = []
         for row in self._app.store.list(status=Status.DORMANT.value, agent=agent,
                                         limit=100_000):
-            if row.waiting_event is None or not row.note or ASKING_MARK not in row.note:
+            if not may_ask(row.note, row.waiting_event):
                 continue
             try:
                 found.extend(self.questions_of(row.object_id, row.agent, row.head_seq))
@@ -103,11 +112,23 @@ class MemoryNotes:
         else from all of it."""
         store = self._app.store
         tail = store.records(object_id, after_seq=max(0, head_seq - QUESTION_TAIL))
-        found = pending_questions(tail, agent) if self.vouched(object_id, tail) else []
+        found = (pending_questions(self._opened(tail), agent)
+                 if self.vouched(object_id, tail) else [])
         if found or head_seq <= QUESTION_TAIL:
             return found
         records = store.records(object_id)
-        return pending_questions(records, agent) if self.vouched(object_id, records) else []
+        return (pending_questions(self._opened(records), agent)
+                if self.vouched(object_id, records) else [])
+
+    def _opened(self, records: list[Record]) -> list[Record]:
+        """``records`` opened where the App may (a sealed prompt); a sealed value that
+        does not decrypt stays sealed, with a warning (``verify`` names the record)."""
+        try:
+            return RecordOpener(self._app).records(records)
+        except SealBrokenError as exc:
+            log.warning("%s; its question is shown sealed", exc,
+                        extra={"action": "seal_broken"})
+            return records
 
     def vouched(self, object_id: str, records: Sequence[Record]) -> bool:
         """Whether ``records`` (a run of an object's memory) link up and their last one is

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.acceptance.harness import Cluster
-from tests.pg import BACKENDS, fresh_database
+from tests.pg import BACKENDS, NO_SERVER, fresh_database
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def cluster(tmp_path: Path, store_url: str) -> Iterator[Cluster]:
 def pg_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A cluster on a fresh PostgreSQL database (skipped when that backend is not selected)."""
     if "postgresql" not in BACKENDS:
-        pytest.skip("PostgreSQL is not among PERDURE_TEST_BACKENDS")
+        pytest.skip(NO_SERVER)
     with fresh_database() as url:
         made = Cluster(tmp_path, url)
         try:

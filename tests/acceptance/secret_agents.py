@@ -8,11 +8,17 @@ folder, so one key-encryption key (its ``data-keys`` folder) and one root of tru
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import perdure
 from perdure import Secret
-from perdure.resources import Environment, PostgresSession
+from perdure.llm import ChatCompletionsClient, Message
+from perdure.resources import Environment, PostgresSession, Subprocess
+
+# Loaded here, before the worker claims anything: an SDK imported on the worker's loop
+# would stall it for longer than the canary's 1 s lease.
+import openai  # noqa: F401  # isort: skip
 
 __all__ = ["app", "build_app"]
 
@@ -45,6 +51,9 @@ def build_app(store: str, key_dir: str | None) -> perdure.App:
         # Credentials in resources: an environment secret and a session password (the
         # test servers trust local connections, so the password is carried, not checked).
         env = await run.resource("env", Environment({"API_KEY": key, "MARKER": marker}))
+        # The how-to's pattern: the environment handed to a dev server (its descriptor).
+        await run.resource("server", Subprocess(
+            [sys.executable, "-c", "import time; time.sleep(600)"], env=env))
         db = await run.resource("db", PostgresSession(
             db_url, password=key, settings={"application_name": "canary-agent"}))
         again = await run.step(use_key, key)
@@ -58,13 +67,27 @@ def build_app(store: str, key_dir: str | None) -> perdure.App:
         row = await cur.fetchone()
         return {"marker": marker, "token": event["token"],
                 "same": again == key and event["token"] == key,
-                "env": env["API_KEY"] == key.reveal(), "session": row[0]}
+                "env": env["API_KEY"] == key, "session": row[0]}
 
     @new.agent(name="canary_all", encrypt=True)
-    async def canary_all(run: perdure.Run, text: str) -> str:
+    async def canary_all(run: perdure.Run, text: str, base_url: str) -> str:
         echoed = await run.step(lambda t: t, text, name="echo")
-        note = await run.wait_for("note")
-        return f"{echoed}/{note}"
+        await run.emit("said", f"said {text}")
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+        try:
+            first = await run.model(client, model="gpt-4o", messages=[Message.user(text)])
+            streamed = await run.model(client, model="gpt-4o", stream=True, messages=[
+                Message.user(text), first.message(), Message.user(f"again {text}")])
+        finally:
+            await client.aclose()
+        note = await run.wait_for("note", prompt=f"a note on {text}?",
+                                  choices=[f"fine {text}", "none"])
+        aim = run.intent.goal.get("aim")
+        return f"{echoed}/{note}/{first.text}/{streamed.text}/{aim}"
+
+    @new.define_query(agent="canary_all")
+    def said(view: perdure.MemoryView) -> list[Any]:
+        return [view.step("echo"), *view.emitted("said")]
 
     return new
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +24,10 @@ def test_coding_agent_example_comes_back_after_a_kill(tmp_path: Path) -> None:
     report is printed, and the secret token is not. Run again in the same folder, it
     does it all again (a new object, in a working directory of its own)."""
     for _ in range(2):
-        _check(_run_example(tmp_path))
+        _check(_run_example(tmp_path), tmp_path)
 
 
-def _check(out: str) -> None:
+def _check(out: str, tmp_path: Path) -> None:
     assert "worker killed after migration statement 12" in out
     assert "'resumed_at': 13" in out and "'applied': 20" in out
     assert "hello from the clone" in out
@@ -34,3 +35,21 @@ def _check(out: str) -> None:
     for name in ("work", "repo", "env", "server"):
         assert f"{name} restored" in out
     assert "tok-" not in out
+    # The token went from the Environment into the dev server's descriptor: still a
+    # Secret there, so neither the store's files nor `perdure show --json` hold it.
+    demo = tmp_path / "demo"
+    token = b"tok-" + b"x" * 16
+    stored = [p for p in demo.glob("store.db*") if p.is_file()]
+    assert stored and all(token not in p.read_bytes() for p in stored)
+    listed = subprocess.run(
+        [sys.executable, "-m", "perdure", "--store", f"sqlite:///{demo / 'store.db'}",
+         "--key-dir", str(demo / "keys"), "ls", "--json"],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=True)
+    oids = [o["object_id"] for o in json.loads(listed.stdout)]
+    assert oids
+    for oid in oids:
+        shown = subprocess.run(
+            [sys.executable, "-m", "perdure", "--store", f"sqlite:///{demo / 'store.db'}",
+             "--key-dir", str(demo / "keys"), "show", oid, "--json"],
+            capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, check=True)
+        assert '"server"' in shown.stdout and token.decode() not in shown.stdout

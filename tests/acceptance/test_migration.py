@@ -17,9 +17,12 @@ import pytest
 from examples import migration
 
 import perdure
-from tests.pg import fresh_database
+from tests.pg import fresh_database, needs_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+pytestmark = needs_server  # the migrations' target is a PostgreSQL database
 
 
 @pytest.fixture

@@ -45,9 +45,15 @@ from tests.acceptance.harness import (
     wait_until,
 )
 from tests.acceptance.sink import Execution
-from tests.pg import BACKENDS
+from tests.pg import BACKENDS, NO_SERVER, pg_bin
 
-PG_BIN = Path(os.environ.get("PERDURE_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = pg_bin()  # PostgreSQL's server programs, whichever version is installed
+
+
+def _programs() -> Path:
+    """``PG_BIN``, known to be there (``private_pg`` skipped otherwise)."""
+    assert PG_BIN is not None
+    return PG_BIN
 
 # -- many nodes, one database ----------------------------------------------------------
 
@@ -303,7 +309,7 @@ class PrivateServer:
 
     def _pg(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            ["runuser", "-u", "postgres", "--", str(PG_BIN / tool), *args],
+            ["runuser", "-u", "postgres", "--", str(_programs() / tool), *args],
             capture_output=True, text=True, timeout=60, check=False, cwd=self.dir,
         )
         assert done.returncode == 0, f"{tool} {args} failed:\n{done.stdout}\n{done.stderr}"
@@ -322,7 +328,7 @@ class PrivateServer:
         """Stop the server if it runs and remove its folder."""
         if (self.data / "postmaster.pid").exists():
             subprocess.run(
-                ["runuser", "-u", "postgres", "--", str(PG_BIN / "pg_ctl"), "-D",
+                ["runuser", "-u", "postgres", "--", str(_programs() / "pg_ctl"), "-D",
                  str(self.data), "-m", "immediate", "-w", "stop"],
                 capture_output=True, timeout=60, check=False,
             )
@@ -333,9 +339,11 @@ class PrivateServer:
 def private_pg() -> Iterator[PrivateServer]:
     """A running PostgreSQL instance private to this test; stopped and removed afterwards."""
     if "postgresql" not in BACKENDS:
-        pytest.skip("PostgreSQL is not among PERDURE_TEST_BACKENDS")
-    if os.geteuid() != 0 or shutil.which("runuser") is None or not (PG_BIN / "initdb").exists():
-        pytest.skip("a private PostgreSQL instance needs root, runuser and PostgreSQL binaries")
+        pytest.skip(NO_SERVER)
+    if os.geteuid() != 0 or shutil.which("runuser") is None or PG_BIN is None:
+        pytest.skip("a private PostgreSQL instance needs root, runuser and PostgreSQL's "
+                    "server programs (initdb: pg_config --bindir, /usr/lib/postgresql/*/bin "
+                    "or PERDURE_TEST_PG_BIN)")
     server = PrivateServer()
     try:
         server.start()

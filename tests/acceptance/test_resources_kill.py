@@ -16,7 +16,7 @@ import psycopg
 import perdure
 from perdure.describe import timeline
 from tests.acceptance import resource_agents
-from tests.pg import ADMIN_URL
+from tests.pg import ADMIN_URL, needs_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,6 +46,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ", 1)[1].startswith("Z"))
 
 
+@needs_server  # a PostgresSession resource, whatever the store
 def test_everything_comes_back_on_another_worker(store_url: str, key_dir: Path,
                                                  tmp_path: Path) -> None:
     """Directory, environment with a secret, dev server, PostgreSQL session with settings
@@ -113,6 +114,7 @@ def _pg_sessions(name: str) -> int:
     return int(row[0]) if row else 0
 
 
+@needs_server  # a PostgresSession resource, whatever the store
 def test_rollback_when_the_third_of_four_fails_leaks_nothing(
         make_app: Any, tmp_path: Path) -> None:
     """The third of four resources (a file deleted while the object slept) cannot be

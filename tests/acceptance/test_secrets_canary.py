@@ -3,8 +3,11 @@
 A random canary key is passed as a ``Secret`` argument, returned by a step, quoted in
 the message of a step's failed attempt, put in a progress marker, sent in an event and
 held in two resources' credentials (an ``Environment`` secret and a ``PostgresSession``
-password, restored on the second worker after the first is killed);
-an agent registered with ``encrypt=True`` gets it inside plain strings. Real ``perdure
+password, restored on the second worker after the first is killed; the environment is
+also handed to a dev server, whose descriptor keeps it);
+an agent registered with ``encrypt=True`` gets it inside plain strings, emits it, sends
+it to a model and gets it back in the replies (one streamed), asks a question whose
+prompt and choices hold it, and has a goal holding it refined in from outside. Real ``perdure
 worker`` processes run both objects; one is SIGKILLed while they wait, another replays
 their memory and finishes them. The canary is then searched for, byte for byte, in:
 
@@ -12,8 +15,9 @@ their memory and finishes them. The canary is then searched for, byte for byte, 
   database open and again after every process let go;
 - every file of a PostgreSQL server the test starts for itself (``initdb``/``pg_ctl``
   into a temporary folder: its heap, its WAL, its log), after a ``CHECKPOINT``;
-- the worker processes' logs and the CLI's output (``show``, ``show --json``,
-  ``result``, ``ls``, ``export-heads``, ``verify``).
+- the worker processes' logs and the CLI's output (``show``, ``show --json``, ``tail``,
+  ``result``, ``query``, ``questions``, ``ls``, ``ls --json``, ``export-heads``,
+  ``verify``).
 
 It must be found 0 times; a plain marker argument passed beside it must be found, so
 that the search is known to read the data it claims to read.
@@ -31,6 +35,7 @@ import pytest
 
 import perdure
 from perdure import Secret
+from perdure.llm.scripted import ScriptedReply, ScriptedServer
 from tests.acceptance import secret_agents
 from tests.acceptance.harness import PERDURE_CMD, REPO_ROOT, Cluster, WorkerProc, wait_until
 from tests.acceptance.test_postgres import PrivateServer, private_pg
@@ -83,9 +88,13 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
     canary = f"sk-live-{secrets.token_hex(12)}"
     marker = f"plain-marker-{secrets.token_hex(6)}"
     app = secret_agents.build_app(cluster.store_url, str(cluster.key_dir))
+    # The model echoes what it is told (the canary), in chunks when it streams.
+    model = ScriptedServer(responder=lambda request: ScriptedReply(
+        text=f"echo: {request.last_user_text()}", chunk_chars=6)).start()
     try:
         one = app.start("canary", Secret(canary), marker, db_url, object_id="canary-1")
-        whole = app.start("canary_all", f"all-{canary}", object_id="canary-2")
+        whole = app.start("canary_all", f"all-{canary}", model.openai_base_url,
+                          object_id="canary-2")
         first = spawn(cluster)
         wait_status(app, "canary-1", "dormant")
         wait_status(app, "canary-2", "dormant")
@@ -97,7 +106,16 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
             assert found(marker.encode(), at_rest), f"the search read nothing {when}"
 
         search("while the first worker holds the store open")
+        # What an asking object shows before it is answered: the question sealed.
+        for args in (["questions"], ["questions", "--json"], ["ls", "--json"],
+                     ["show", "canary-2"], ["show", "canary-2", "--json"]):
+            done = cluster.cli(*args)
+            assert done.returncode == 0, (args, done.stderr)
+            assert canary not in done.stdout + done.stderr, f"canary in perdure {args}"
+        assert "<sealed>" in cluster.cli("questions").stdout
         first.kill()
+        asked = len(model.requests)
+        app.refine("canary-2", goal={"aim": f"aim-{canary}"})
         app.send("canary-1", "credentials", {"token": Secret(canary), "user": "ada"})
         app.send("canary-2", "note", f"note-{canary}")
         second = spawn(cluster)
@@ -108,7 +126,11 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
         restored = [e for report in reports for e in report["resources"]
                     if report["outcome"] == "restored"]
         assert {e["name"] for e in restored} >= {"env", "db"}, reports
-        assert whole.result(timeout=30) == f"all-{canary}/note-{canary}"
+        assert whole.result(timeout=30) == (f"all-{canary}/note-{canary}/echo: all-{canary}/"
+                                            f"echo: again all-{canary}/aim-{canary}")
+        assert len(model.requests) == asked  # the replay on the second worker asked nobody
+        kinds = {r.kind for r in app.history("canary-2")}
+        assert {"model_call", "model_chunks", "intent_refined", "emitted"} <= kinds
         search("while the second worker holds the store open")
         assert second.stop() == 0
         search("after every worker let go")
@@ -122,8 +144,10 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
 
         for args in (["show", "canary-1"], ["show", "canary-1", "--json"],
                      ["tail", "canary-1"], ["tail", "canary-1", "--json"],
-                     ["show", "canary-2", "--json"], ["result", "canary-1"],
-                     ["result", "canary-1", "--json"], ["ls"], ["export-heads"],
+                     ["show", "canary-2", "--json"], ["tail", "canary-2", "--json"],
+                     ["result", "canary-1"], ["result", "canary-1", "--json"],
+                     ["result", "canary-2"], ["ls"], ["ls", "--json"], ["export-heads"],
+                     ["--app", APP_SPEC, "query", "canary-2", "said"],
                      ["verify", "canary-1"], ["verify", "canary-2"]):
             done = cluster.cli(*args)
             assert done.returncode == 0, (args, done.stderr)
@@ -131,6 +155,7 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
         assert marker in cluster.cli("show", "canary-1", "--json").stdout
     finally:
         app.close()
+        model.stop()
 
 
 @pytest.fixture

@@ -67,13 +67,15 @@ def count_lines(path: str | Path) -> int:
         return 0
 
 
-def start_worker_process(store_url: str, key_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """Run ``perdure worker`` on ``app`` below in a child process (2 s leases), log to ``log``."""
+def start_worker_process(store_url: str, key_dir: Path, log: Path,
+                         lease: float = 2.0) -> subprocess.Popen[bytes]:
+    """Run ``perdure worker`` on ``app`` below in a child process (``lease`` seconds
+    leases), log to ``log``."""
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     with open(log, "ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
-             "--app", "tests.integration.engine_support:app", "worker", "--lease", "2",
+             "--app", "tests.integration.engine_support:app", "worker", "--lease", f"{lease:g}",
              "--poll", "0.01", "--concurrency", "4"],
             cwd=REPO_ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT,
         )

@@ -41,6 +41,12 @@ def sync_asker(run: perdure.SyncRun) -> Any:
     return run.wait_for("go", prompt="Go on?", choices=[True, False])
 
 
+async def twice_asker(run: perdure.Run) -> Any:
+    """Two questions in a row answered by the same event."""
+    return [await run.wait_for("answer", prompt="first?"),
+            await run.wait_for("answer", prompt="second?")]
+
+
 async def gather_asker(run: perdure.Run) -> Any:
     """Two branches waiting at once, each with its question."""
     async def ask(event: str) -> Any:
@@ -141,12 +147,17 @@ async def brancher(run: perdure.Run, marks: str) -> Any:
 
 
 async def slow_async(marks: str, seconds: float) -> str:
-    """Sleeps ``seconds`` on its first attempt, returns at once after."""
+    """Sleeps ``seconds`` on its first attempt, returns at once after. Marks ``cancelled``
+    when the attempt is cancelled, ``late`` when its sleep ran to the end."""
     first = count_lines(marks) == 0
     mark(marks, "attempt")
     if first:
-        await asyncio.sleep(seconds)
-        mark(marks, "late")  # never reached: the attempt is cancelled
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            mark(marks, "cancelled")
+            raise
+        mark(marks, "late")  # never reached when the attempt is cancelled
     return "ok"
 
 
@@ -181,7 +192,7 @@ async def hopeless(run: perdure.Run, timeout: float) -> Any:
 
 def register(target: perdure.App) -> perdure.App:
     """Register every agent and query of this module with ``target``."""
-    for fn in (asker, sync_asker, gather_asker, emitter, counter, pipeline, careful,
+    for fn in (asker, sync_asker, gather_asker, twice_asker, emitter, counter, pipeline, careful,
                brancher, timed, hopeless):
         target.agent(name=fn.__name__)(fn)
     target.define_query(agent="counter", name="total")(total_of)

@@ -31,13 +31,11 @@ from perdure.errors import (
 )
 from perdure.stores import Store, open_store
 from perdure.stores.sqlite import SQLiteStore
-from tests.pg import BACKENDS, url_for
+from tests.pg import needs_server, url_for
 
 MakeApp = Callable[..., perdure.App]
 
-needs_postgres = pytest.mark.skipif(
-    "postgresql" not in BACKENDS, reason="PERDURE_TEST_BACKENDS leaves out postgresql"
-)
+
 
 AGENTS_MODULE = textwrap.dedent(
     """
@@ -209,7 +207,7 @@ def _refused_url() -> str:
                                      query="connect_timeout_s=2"))
 
 
-@needs_postgres
+@needs_server
 @pytest.mark.parametrize(
     ("which", "needles"),
     [
@@ -234,7 +232,7 @@ def test_unreachable_postgres_urls(which: str, needles: tuple[str, ...]) -> None
         assert needle in message, message
 
 
-@needs_postgres
+@needs_server
 def test_cli_unreachable_postgres(tmp_path: Path) -> None:
     """The CLI against an unreachable PostgreSQL prints one ``error:`` line (no traceback,
     no connection-pool warnings) and exits 1; so does one naming a missing database."""

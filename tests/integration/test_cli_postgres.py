@@ -28,10 +28,9 @@ import pytest
 import perdure
 from perdure.core.records import Kind
 from tests.cluster import one_root
-from tests.pg import BACKENDS, fresh_database
+from tests.pg import fresh_database, needs_server
 
-pytestmark = pytest.mark.skipif("postgresql" not in BACKENDS,
-                                reason="PERDURE_TEST_BACKENDS excludes postgresql")
+pytestmark = needs_server
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_SPEC = "tests.integration.test_cli_postgres:app"

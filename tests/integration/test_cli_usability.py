@@ -76,7 +76,8 @@ def local(store_url: str, tmp_path: Path) -> Iterator[perdure.App]:
     """This module's agents on the test's store, to run objects in the test's process.
 
     The runner and the CLI are two nodes of one cluster: one root certifies both."""
-    one_root(tmp_path / "keys-root", tmp_path / "keys-local", tmp_path / "keys-cli")
+    one_root(tmp_path / "keys-root", (tmp_path / "keys-local", "local"),
+             (tmp_path / "keys-cli", "cli"))
     runner = app.with_settings(store=store_url, key_dir=str(tmp_path / "keys-local"),
                                node_id="local")
     runner.poll_interval = 0.01
@@ -239,7 +240,8 @@ def test_ls_reads_the_failure_when_the_store_has_no_note(store_url: str, tmp_pat
 def test_verify_all_goes_on_past_damaged_memory(sqlite_url: str, tmp_path: Path) -> None:
     """One object's undecodable record is reported as ``FAIL`` and the others as ``ok``;
     exit 1. An unknown id among named ones is a ``FAIL`` line too."""
-    one_root(tmp_path / "keys-root", tmp_path / "keys-local", tmp_path / "keys-cli")
+    one_root(tmp_path / "keys-root", (tmp_path / "keys-local", "local"),
+             (tmp_path / "keys-cli", "cli"))
     runner = app.with_settings(store=sqlite_url, key_dir=str(tmp_path / "keys-local"))
     try:
         with runner.background_worker():

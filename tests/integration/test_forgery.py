@@ -367,6 +367,16 @@ def add_forger_node(conn: RawSQL, node_id: str) -> Signer:
     return Signer(node_id, key)
 
 
+def wake(app: perdure.App) -> None:
+    """The victim's wake-up event, sealed by ``app`` and put into the inbox directly: a
+    sender refuses to send to an object whose head it cannot vouch for, and these tests
+    are about the worker."""
+    data = encode("now")
+    seal, _ = seal_event(app.signer.sign, app.node_id, OID, "go", data, None, "w" * 24)
+    app._ensure_node()
+    app.store.send(OID, "go", data, None, time.time(), seal)
+
+
 def refused_by_a_then_b(c: Cluster, forge: Callable[[], None], phrase_a: str,
                         phrase_b: str) -> None:
     """Node A runs the victim to its wait and keeps running while ``forge`` rewrites the
@@ -375,7 +385,7 @@ def refused_by_a_then_b(c: Cluster, forge: Callable[[], None], phrase_a: str,
     with c.a.background_worker():
         log = dormant_victim(c)
         forge()
-        c.a.send(OID, "go", "now")
+        wake(c.a)
         refused(c, c.a, log, phrase_a)
     with c.b.background_worker():
         c.a.resume(OID)

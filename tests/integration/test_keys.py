@@ -409,9 +409,10 @@ def test_untrusted_keys_are_listed_and_refused(tmp_path: Path, store_url: str,
                                                nodes: Nodes) -> None:
     """A node that made its own root (a one-machine folder on a shared store) writes
     records nobody else trusts: ``keys list`` says NOT TRUSTED and why, a trusting worker
-    parks its objects without running them, and ``verify`` names the record. A reader
-    that trusts no root at all gets failures that say so."""
-    one_root(tmp_path / "root", tmp_path / "a")
+    parks its objects without running them, and ``verify`` names the record, saying its
+    writer is certified by no root it trusts (not that it is bad). A reader that trusts
+    no root at all is refused in one line; ``keys list`` says why nothing counts."""
+    one_root(tmp_path / "root", (tmp_path / "a", "node-a"))
     node_a = nodes(tmp_path / "a", node_id="node-a")
     loner = nodes(tmp_path / "loner", node_id="loner")
     node_a.start("job", 1, object_id="u-a")
@@ -421,7 +422,7 @@ def test_untrusted_keys_are_listed_and_refused(tmp_path: Path, store_url: str,
     listed = ok(cli(*store, "--key-dir", tmp_path / "a", "keys", "list"))
     lines = dict(line.split("  ", 1) for line in listed.splitlines())
     assert lines["node-a"].endswith("  trusted")
-    assert "NOT TRUSTED: key" in lines["loner"]
+    assert "NOT TRUSTED: 'loner'" in lines["loner"]
     assert "is not certified by a root this node trusts" in lines["loner"]
     rows = json.loads(ok(cli(*store, "--key-dir", tmp_path / "a", "keys", "list", "--json")))
     assert {row["node_id"]: row["trusted"] for row in rows} == {"node-a": True, "loner": False}
@@ -439,9 +440,12 @@ def test_untrusted_keys_are_listed_and_refused(tmp_path: Path, store_url: str,
 
     nobody = tmp_path / "trusts-nothing"
     done = cli(*store, "--key-dir", nobody, "verify", "u-a")
+    assert done.returncode == 1 and done.stdout == "", done
+    assert done.stderr.startswith(f"error: no trusted root in key folder {nobody}")
+    done = cli(*store, "--key-dir", tmp_path / "loner", "verify", "u-a")
     assert done.returncode == 1, done
-    assert done.stdout.startswith("FAIL u-a: record #1 is bad: signed by node 'node-a'")
-    assert "this node trusts no root key" in done.stdout and "--trust" in done.stdout
+    assert done.stdout.startswith("FAIL u-a: record #1 is signed by a key that no root in ")
+    assert "is bad" not in done.stdout and "--key-dir" in done.stdout
     report = nodes(nobody).verify("u-a")
     assert not report.ok and "trusts no root key" in str(report.reason)
     listed = ok(cli(*store, "--key-dir", nobody, "keys", "list"))
@@ -519,7 +523,7 @@ def test_a_revoked_key_no_longer_counts_from_since(tmp_path: Path, store_url: st
     published: records signed by that key and stamped at or after T no longer count.
     ``verify`` names the record ("revoked"), ``keys list`` shows the key revoked, and a
     worker of another node parks such an object without running it."""
-    one_root(tmp_path / "root", tmp_path / "a", tmp_path / "b")
+    one_root(tmp_path / "root", (tmp_path / "a", "node-a"), (tmp_path / "b", "node-b"))
     node_a = nodes(tmp_path / "a", node_id="node-a")
     node_a.start("job", 1, object_id="before")
     time.sleep(0.02)
@@ -529,7 +533,7 @@ def test_a_revoked_key_no_longer_counts_from_since(tmp_path: Path, store_url: st
 
     done = cli("--store", store_url, "--key-dir", tmp_path / "root", "keys", "revoke",
                "node-a", "--since", f"{since:.6f}", "--reason", "laptop stolen")
-    a_key = key_text(node_a.store.public_keys()["node-a"])
+    a_key = key_text(node_a.verifier.names()["node-a"][0])
     out = ok(done)
     assert out.startswith(f"revoked key {a_key} from ")
     assert ": laptop stolen\n" in out and "published in" in out
@@ -560,7 +564,7 @@ def test_records_signed_before_a_revocation_still_count(tmp_path: Path, sqlite_u
     written entirely before T verifies, one written on both sides of T fails at its first
     record stamped from T on, and another node's worker runs an object the revoked node
     started before T."""
-    one_root(tmp_path / "root", tmp_path / "a", tmp_path / "b")
+    one_root(tmp_path / "root", (tmp_path / "a", "node-a"), (tmp_path / "b", "node-b"))
     node_a = lite(tmp_path / "a", node_id="node-a")
     with node_a.background_worker():
         node_a.start("job", 1, object_id="early").result(timeout=20)
@@ -594,7 +598,7 @@ def test_a_node_whose_key_is_revoked_stops(tmp_path: Path, sqlite_url: str,
     """A node whose own key was revoked (the revocation in its folder or in the store)
     refuses to start objects or run a worker, as with an expired certificate, instead of
     writing records that no other node will accept."""
-    one_root(tmp_path / "root", tmp_path / "a")
+    one_root(tmp_path / "root", (tmp_path / "a", "node-a"))
     lite(tmp_path / "a", node_id="node-a").start("job", 1, object_id="rv-1")
     ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "root", "keys", "revoke", "node-a",
            "--reason", "retired"))
@@ -608,12 +612,12 @@ def test_a_node_whose_key_is_revoked_stops(tmp_path: Path, sqlite_url: str,
 # -- rotation ---------------------------------------------------------------------------
 
 
-def test_rotate_gives_the_node_a_new_key_and_id(tmp_path: Path, store_url: str,
-                                                nodes: Nodes) -> None:
+def test_rotate_gives_the_node_a_new_key_under_the_same_id(tmp_path: Path, store_url: str,
+                                                           nodes: Nodes) -> None:
     """``perdure keys rotate`` in a folder holding the root gives the node a new key,
-    certified there, and (with the default node id) a new id. The old key is kept aside;
-    objects written before still verify, also for another node that trusts the root;
-    new records are signed by the new key."""
+    certified there under the same node id (its certificate's name). The old key is
+    kept aside; objects written before still verify, also for another node that trusts
+    the root; new records are signed by the new key."""
     keys = tmp_path / "keys"
     out = ok(cli("--key-dir", keys, "keys", "init"))
     assert re.search(r"node key ed25519:[0-9a-f]{16}… certified \(node\.cert\)", out), out
@@ -621,24 +625,24 @@ def test_rotate_gives_the_node_a_new_key_and_id(tmp_path: Path, store_url: str,
     with old.background_worker():
         old.start("job", 1, object_id="rot-old").result(timeout=20)
     old_id = old.node_id
-    old_fp = fingerprint(old.store.public_keys()[old_id])
+    old_fp = fingerprint(perdure.KeyFolder(keys).certificate().public_key)  # type: ignore[union-attr]
 
     out = ok(cli("--store", store_url, "--key-dir", keys, "keys", "rotate"))
-    found = re.search(r"new node key ed25519:([0-9a-f]{64}) \(default node id (\S+)\)", out)
+    found = re.search(r"new node key ed25519:([0-9a-f]{64}) for node id (\S+)", out)
     assert found, out
     new_pub, new_id = found[1], found[2]
+    assert new_id == old_id
     assert "certified with the root in this folder (node.cert)" in out
-    assert "--node-id" not in out
     assert (keys / f"node.key.{old_fp[:16]}.old").exists()
     assert (keys / f"node.cert.{old_fp[:16]}.old").exists()
     assert mode(keys / f"node.key.{old_fp[:16]}.old") == 0o600
 
     new = nodes(keys)
-    assert new.node_id == new_id != old_id
+    assert new.node_id == old_id
     with new.background_worker():
         new.start("job", 2, object_id="rot-new").result(timeout=20)
-    assert {r.node_id for r in new.history("rot-new")} == {new_id}
-    assert new.store.public_keys()[new_id].hex() == new_pub
+    assert {r.node_id for r in new.history("rot-new")} == {old_id}
+    assert new_pub in [k.hex() for k in new.verifier.names()[old_id]]
     assert new.verify("rot-old").ok and new.verify("rot-new").ok
     shown = json.loads(ok(cli("--key-dir", keys, "keys", "show", "--json")))
     assert (shown["public_key"], shown["certificate"]) == (new_pub, "valid (expires never)")
@@ -647,41 +651,41 @@ def test_rotate_gives_the_node_a_new_key_and_id(tmp_path: Path, store_url: str,
     assert [line.split()[0] for line in verified.splitlines()] == ["ok", "ok"]
 
 
-def test_rotate_with_an_explicit_node_id_says_to_use_a_new_id(tmp_path: Path,
+def test_a_key_acts_only_under_a_name_its_certificate_carries(tmp_path: Path,
                                                               sqlite_url: str,
                                                               lite: Nodes) -> None:
-    """A node id names one key for good: after ``perdure --node-id ID keys rotate`` the
-    command says to run under a new ``--node-id``; the old id with the new key is refused,
-    a new id works, and the old id's records keep verifying."""
-    keys = tmp_path / "keys"
-    lite(keys, node_id="fixed").start("job", 1, object_id="fx-1")
-    out = ok(cli("--key-dir", keys, "--node-id", "fixed", "keys", "rotate"))
-    assert ("note: a node id names one key for good; run this node under a new --node-id "
-            "(records of 'fixed' keep verifying under the old key)") in out
-    with pytest.raises(NodeIdentityError, match=r"'fixed' is registered .* with a different "
-                                                r"public key"):
-        lite(keys, node_id="fixed").start("job", 2, object_id="fx-2")
-    node = lite(keys, node_id="fixed-2")
-    with node.background_worker():
-        assert node.start("job", 2, object_id="fx-2").result(timeout=20) == {"i": 2}
-    assert node.verify("fx-1").ok and node.verify("fx-2").ok
+    """A node whose key a root elsewhere certified as ``n`` is refused (typed, naming
+    both names and what to run) when told to act as ``other``; once the root certifies
+    its key as ``other`` too, it may act as either."""
+    one_root(tmp_path / "root", (tmp_path / "node", "n"))
+    assert lite(tmp_path / "node").node_id == "n"  # the certificate names the node
+    with pytest.raises(NodeIdentityError, match=r"certified as 'n', not as 'other'.*perdure "
+                                                r"keys issue [0-9a-f]{64} --name other"):
+        lite(tmp_path / "node", node_id="other").start("job", 1, object_id="nm-1")
+    pub = public_key(tmp_path / "node")
+    ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "root", "keys", "issue", pub,
+           "--name", "other", "--publish"))
+    node = lite(tmp_path / "node", node_id="other")
+    assert node.start("job", 1, object_id="nm-1").created
+    assert node.verify("nm-1").ok
 
 
 def test_rotate_without_the_root_says_what_to_issue(tmp_path: Path, sqlite_url: str,
                                                     lite: Nodes) -> None:
     """Rotating a node whose root lives elsewhere prints the ``perdure keys issue``
-    command for the new key; the node refuses to start until that is done."""
-    one_root(tmp_path / "root", tmp_path / "node")
+    command for the new key under the node's id; the node refuses to start until that is
+    done, then goes on under the same id."""
+    one_root(tmp_path / "root", (tmp_path / "node", "n"))
     lite(tmp_path / "node", node_id="n").start("job", 1, object_id="wr-1")
     out = ok(cli("--key-dir", tmp_path / "node", "--node-id", "n", "keys", "rotate"))
     found = re.search(r"certify it where the root is: perdure keys issue ([0-9a-f]{64}) "
-                      r"--name NEW_NODE_ID --publish", out)
+                      r"--name n --publish", out)
     assert found, out
     with pytest.raises(ConfigurationError, match=f"perdure keys issue {found[1]}"):
-        lite(tmp_path / "node", node_id="n-2").start("job", 2, object_id="wr-2")
+        lite(tmp_path / "node", node_id="n").start("job", 2, object_id="wr-2")
     ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "root", "keys", "issue", found[1],
-           "--name", "n-2", "--publish"))
-    node = lite(tmp_path / "node", node_id="n-2")
+           "--name", "n", "--publish"))
+    node = lite(tmp_path / "node", node_id="n")
     assert node.start("job", 2, object_id="wr-2").created
     assert node.verify("wr-1").ok and node.verify("wr-2").ok
 
@@ -774,7 +778,7 @@ def test_export_heads_and_verify_anchors(tmp_path: Path, store_url: str,
     cluster) still passes plain ``verify`` (every prefix of a signed chain is signed),
     but ``verify --anchors`` fails naming the record, exit 1; the node that ran the
     object catches it without the file (it saw the head)."""
-    one_root(tmp_path / "root", tmp_path / "a", tmp_path / "reader")
+    one_root(tmp_path / "root", (tmp_path / "a", "node-a"), tmp_path / "reader")
     node = nodes(tmp_path / "a", node_id="node-a")
     with node.background_worker():
         for i in range(3):

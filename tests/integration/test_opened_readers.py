@@ -1,7 +1,7 @@
 """Readers open what they may: values the public API reads back (a follower's emitted
 data, a query's step results, emitted values and received events, a fork's copied
 values) come back as ``Secret`` for a caller holding the App's data keys; what it
-cannot open stays sealed; the CLI keeps printing ``<sealed>`` / ``Secret('***')``.
+cannot open stays sealed; the CLI keeps printing ``<sealed>``.
 Both stores, a real worker."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_followers_and_queries_get_secrets_back(make_app: MakeApp, store_url: st
     assert set(kept["minted"]) == {SEALED} and kept["plain"] == "visible"
     assert set(stranger.query("reader-1", "minted")["step"]) == {SEALED}
 
-    # The CLI does not open: no canary, Secret('***') or <sealed>.
+    # The CLI does not open: no canary, <sealed> where a value is.
     runner = CliRunner()
     base = ["--store", store_url, "--key-dir", str(key_dir)]
     for args in (["tail", "reader-1"], ["tail", "reader-1", "--json"],
@@ -112,7 +112,7 @@ def test_followers_and_queries_get_secrets_back(make_app: MakeApp, store_url: st
         assert "quiet words" not in done.output, args
     shown = runner.invoke(cli, [*base, "--app", "tests.integration.test_opened_readers:cli_app",
                                 "query", "reader-1", "minted"]).output
-    assert json.loads(shown)["step"] == "Secret('***')"
+    assert json.loads(shown)["step"] == "<sealed>"  # the CLI never opens
 
 
 def perdure_wait(app: perdure.App, object_id: str) -> None:

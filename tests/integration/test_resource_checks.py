@@ -26,7 +26,7 @@ from perdure.resources import (
     Subprocess,
     WorkingDirectory,
 )
-from tests.pg import fresh_database
+from tests.pg import fresh_database, needs_server
 
 GIT = shutil.which("git") or "git"
 
@@ -82,6 +82,7 @@ def test_expired_credential_is_stale() -> None:
     asyncio.run(scenario())
 
 
+@needs_server
 def test_postgres_session_settings_and_schema_version() -> None:
     """A PostgresSession restores its settings; SchemaVersion sees a migration land; a
     session whose settings were changed under it is stale."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -12,9 +13,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from click.testing import CliRunner
 
 import perdure
 from perdure import Secret
+from perdure.cli import cli
 from perdure.describe import timeline
 from perdure.errors import ConfigurationError
 from perdure.resources import Environment, HttpSession, PostgresSession, Subprocess
@@ -74,7 +77,7 @@ def test_resource_credentials_are_sealed_and_restored(make_app: MakeApp, raw: Ra
         reply = await api.get("/")
         cur = await db.execute("SELECT current_setting('application_name')")
         row = await cur.fetchone()
-        return {"env": env["API_KEY"] == TOKEN and env["OTHER"] == PASSWORD,
+        return {"env": env["API_KEY"] == Secret(TOKEN) and env["OTHER"] == Secret(PASSWORD),
                 "status": reply.status_code, "session": row[0]}
 
     handle = app.start("creds", object_id="creds-1")
@@ -93,6 +96,65 @@ def test_resource_credentials_are_sealed_and_restored(make_app: MakeApp, raw: Ra
     assert "@" in held[2]["descriptor"]["url"] and PASSWORD not in held[2]["descriptor"]["url"]
     shown = "\n".join(row.what for row in timeline(app.history("creds-1")))
     assert TOKEN not in shown and PASSWORD not in shown
+
+
+def _serving(out: str, port: int) -> list[str]:
+    """A dev server that writes the TOKEN it got to ``out`` and serves ``port``."""
+    script = ("import os, sys, http.server as h\n"
+              "with open(sys.argv[1], 'a') as f: f.write(os.environ['TOKEN'] + ';')\n"
+              "h.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[2])),"
+              " h.SimpleHTTPRequestHandler).serve_forever()")
+    return [sys.executable, "-c", script, out, str(port)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_secret_from_an_environment_stays_sealed_where_it_travels(
+        make_app: MakeApp, raw: RawSQL, store_url: str, key_dir: Path,
+        tmp_path: Path) -> None:
+    """The how-to's pattern: an ``Environment`` with a ``Secret`` handed to a
+    ``Subprocess`` (its descriptor), then its value returned by a step, emitted and put
+    in a progress note. The live environment keeps the value a ``Secret``, so it is
+    sealed everywhere it went; the dev server gets it revealed, on open and on restore;
+    neither the store nor ``perdure show`` holds it."""
+    app = make_app()
+    out, port = tmp_path / "seen", _free_port()
+
+    @app.agent(name="devserver")
+    async def devserver(run: perdure.Run) -> dict[str, Any]:
+        env = await run.resource("env", Environment({"TOKEN": Secret(TOKEN),
+                                                     "MODE": "plain-mode"}))
+        await run.resource("server", Subprocess(
+            _serving(str(out), port), env=env, ready={"http": f"http://127.0.0.1:{port}/"}))
+        carried = await run.step(lambda: {"token": env["TOKEN"]}, name="carry")
+        await run.emit("token", env["TOKEN"])
+        await run.progress(token=env["TOKEN"])
+        await run.sleep(0.05)  # dormant: the next reentry restores both
+        return {"same": carried["token"] == Secret(TOKEN), "mode": env["MODE"],
+                "kept": isinstance(env["TOKEN"], Secret)}
+
+    handle = app.start("devserver", object_id="dev-1")
+    with app.background_worker():
+        result = handle.result(timeout=30)
+    assert result == {"same": True, "mode": "plain-mode", "kept": True}
+    assert out.read_text() == f"{TOKEN};{TOKEN};"  # opened, then restored
+    [report] = [r.body for r in app.history("dev-1") if r.kind == "restore_report"]
+    assert report["outcome"] == "restored"
+    data = stored_bytes(raw)
+    assert TOKEN.encode() not in data
+    assert b"plain-mode" in data  # the search reads the descriptors
+    [_, server] = [r.body for r in app.history("dev-1") if r.kind == "resource"][:2]
+    assert set(server["descriptor"]["env"]["TOKEN"]) == {"perdure:sealed"}
+    runner = CliRunner()
+    for args in (["show", "dev-1", "--json"], ["show", "dev-1"], ["tail", "dev-1", "--json"],
+                 ["result", "dev-1"]):
+        done = runner.invoke(cli, ["--store", store_url, "--key-dir", str(key_dir), *args])
+        assert done.exit_code == 0, (args, done.output)
+        assert TOKEN not in done.output, args
 
 
 def test_secret_url_and_password_arguments() -> None:
@@ -117,7 +179,7 @@ def test_secret_url_and_password_arguments() -> None:
     with pytest.raises(ConfigurationError, match="env values"):
         Subprocess(["true"], env={"K": Secret(3)})  # type: ignore[dict-item]
     env = Environment({"K": Secret("zq-hidden"), "P": "p"}, secret=["Q"])
-    assert env.secret == ["K", "Q"] and env.variables == {"K": "zq-hidden", "P": "p"}
+    assert env.secret == ["K", "Q"] and env.variables == {"K": Secret("zq-hidden"), "P": "p"}
     described = env.describe(dict(env.variables))
     assert described["vars"] == {"K": Secret("zq-hidden"), "P": "p"}
     assert "zq-hidden" not in repr(described)

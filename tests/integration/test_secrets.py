@@ -258,7 +258,8 @@ def test_reserved_keys_are_refused(make_app: MakeApp) -> None:
 def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
                                          key_dir: Path) -> None:
     """``show``, ``show --json``, ``result``, ``ls`` and ``export-heads`` print sealed
-    values as such; the CLI of a node without the key says so in one line."""
+    values as such, with or without the key (the CLI never opens); the CLI of a node
+    without the key says so in one line when it must seal (a send)."""
     app = make_app()
     register(app)
     handle = app.start("keeper", Secret(CANARY), "cli", object_id="s1")
@@ -279,11 +280,17 @@ def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
         assert done.returncode == 0, done
         assert CANARY not in done.stdout + done.stderr
     assert "<sealed>" in outputs[0].stdout
-    assert "Secret('***')" in outputs[2].stdout
+    assert '"token": "<sealed>"' in outputs[2].stdout  # the CLI never opens
     import os
 
     env = dict(os.environ, OTHER_KEK=DataKeys.generate())
+    # The CLI never opens, so a node without the key prints the same.
     stranger = cli("--data-keys", "env:OTHER_KEK", "result", "s1", env=env)
+    assert stranger.returncode == 0, stranger.stderr
+    assert stranger.stdout == outputs[2].stdout
+    # Sending to an encrypt-all object needs the key: one line saying which.
+    app.start("all_sealed", "x", object_id="s2")
+    stranger = cli("--data-keys", "env:OTHER_KEK", "send", "s2", "note", '"hi"', env=env)
     assert stranger.returncode == 1
     lines = stranger.stderr.strip().splitlines()
     assert len(lines) == 1 and "does not hold" in lines[0], stranger.stderr

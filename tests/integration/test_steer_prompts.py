@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -68,6 +69,51 @@ def test_questions_of_sync_agents_and_gather_branches(
         assert app.handle("both-1").result(timeout=10) == [1, 2]
         assert app.handle("sync-1").result(timeout=10) is True
     assert app.questions() == []
+
+
+def _second_question_is_asked(app: perdure.App, object_id: str) -> None:
+    """``twice_asker`` answered once: the second question, on the same event, is what the
+    object asks, claimed once for the answer and not again; a control event (a refinement)
+    that wakes it does not make the question disappear either."""
+    app.start("twice_asker", object_id=object_id)
+    with app.background_worker():
+        assert wait_until(lambda: [q.prompt for q in _asking(app, object_id)] == ["first?"],
+                          timeout=10)
+        epoch = app.store.get(object_id).epoch  # type: ignore[union-attr]
+        app.send(object_id, "answer", "A")
+        assert wait_until(lambda: [q.prompt for q in _asking(app, object_id)]
+                          == ["second?"], timeout=10)
+        row = app.store.get(object_id)
+        assert row is not None and row.lease_owner is None
+        # Dormant for the second answer: not runnable at once (the answer it took is no
+        # longer pending), so nothing claims it again.
+        assert (row.status, row.ready_at, row.epoch) == ("dormant", None, epoch + 1)
+        assert [q.prompt for q in app.questions()] == ["second?"]
+        app.refine(object_id, goal={"more": 1})
+        assert wait_until(lambda: any(r.kind == "intent_refined"
+                                      for r in app.history(object_id))
+                          and app.store.get(object_id).lease_owner is None,  # type: ignore[union-attr]
+                          timeout=10)
+        assert [q.prompt for q in app.questions()] == ["second?"]
+        assert [q.prompt for q in _asking(app, object_id)] == ["second?"]
+        app.send(object_id, "answer", "B")
+        assert app.handle(object_id).result(timeout=10) == ["A", "B"]
+    assert app.questions() == []
+    assert app.verify(object_id).ok
+
+
+def test_a_second_question_on_the_same_event_is_asked(
+        make_app: Callable[..., perdure.App]) -> None:
+    _second_question_is_asked(register(make_app()), "twice-1")
+
+
+def test_a_second_question_on_the_same_event_is_asked_in_memory(key_dir: Path) -> None:
+    app = perdure.App(store="memory:", key_dir=key_dir, lease_seconds=2.0,
+                      poll_interval=0.01)
+    try:
+        _second_question_is_asked(register(app), "twice-mem")
+    finally:
+        app.close()
 
 
 def test_show_and_ls_say_what_the_agent_asks(make_app: Callable[..., perdure.App],

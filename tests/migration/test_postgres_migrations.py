@@ -21,12 +21,10 @@ import pytest
 from perdure.keys.folder import public_bytes
 from perdure.stores import open_store
 from perdure.stores._sql import load_migrations
-from tests.pg import BACKENDS, fresh_database
+from tests.pg import fresh_database, needs_server
 from tests.stores.builders import NOW, Chain, make_signer
 
-pytestmark = pytest.mark.skipif(
-    "postgresql" not in BACKENDS, reason="PERDURE_TEST_BACKENDS leaves out postgresql"
-)
+pytestmark = needs_server
 
 SCHEMA = resources.files("perdure.stores") / "sql" / "postgres" / "schema.sql"
 

@@ -89,12 +89,11 @@ def test_register_node_refuses_a_different_key(store: Store) -> None:
 
 
 def test_a_node_is_live_until_its_heartbeat_runs_out(store: Store) -> None:
-    """A heartbeat makes a node live until the time it names; after that, or once the node
-    says it stopped, it is not live; a node that never beat is not live."""
-    for name in ("node-a", "node-b", "node-c"):
-        store.register_node(name, public_bytes(make_signer(name).private_key), NOW)
-    store.heartbeat("node-a", ["agent@1"], ["gpu"], NOW, NOW + 30)
-    store.heartbeat("node-b", [], [], NOW, NOW + 10)
+    """A heartbeat makes a node live until the time it names (the first one adds the node);
+    after that, or once the node says it stopped, it is not live."""
+    key = {name: public_bytes(make_signer(name).private_key) for name in ("node-a", "node-b")}
+    store.heartbeat("node-a", key["node-a"], ["agent@1"], ["gpu"], NOW, NOW + 30)
+    store.heartbeat("node-b", key["node-b"], [], [], NOW, NOW + 10)
     live = store.live_nodes(NOW + 5)
     assert [(n.node_id, n.serves, n.capabilities, n.seen_at, n.live_until) for n in live] == [
         ("node-a", ("agent@1",), ("gpu",), NOW, NOW + 30),
@@ -103,7 +102,7 @@ def test_a_node_is_live_until_its_heartbeat_runs_out(store: Store) -> None:
     assert [n.node_id for n in store.live_nodes(NOW + 10)] == ["node-a"]
     store.node_gone("node-a", NOW + 11)
     assert store.live_nodes(NOW + 11) == []
-    store.heartbeat("node-a", [], [], NOW + 12, NOW + 42)  # back again
+    store.heartbeat("node-a", key["node-a"], [], [], NOW + 12, NOW + 42)  # back again
     assert [n.node_id for n in store.live_nodes(NOW + 12)] == ["node-a"]
     store.node_gone("node-a", NOW + 50)  # stopping after it aged out changes nothing
     assert store.live_nodes(NOW + 13)[0].live_until == NOW + 42
@@ -502,6 +501,35 @@ def test_waiting_for_an_already_pending_event_is_ready_now(store: Store, signer:
     assert row is not None
     assert (row.ready_at, row.waiting_event) == (NOW + 3, "approval")
     assert [c.object_id for c in store.claim("w2", NOW + 3, NOW + 30, 5)] == ["obj-1"]
+
+
+def test_an_event_the_append_consumes_does_not_wake_it_again(store: Store,
+                                                             signer: Signer) -> None:
+    """An append that receives the event it waited for and waits for the same event again
+    (a second question on one event) sleeps: the event it consumes is taken, not pending.
+    Another such event in the inbox still wakes it at once."""
+    chain = _created(store, signer, "obj-1")
+    claim = _claim_one(store, "obj-1")
+    store.send("obj-1", "answer", b'"first"', None, NOW)
+    (first,) = store.pending_events("obj-1")
+    op = chain.append(claim.epoch, chain.extend(2), status="dormant", phase="dormancy",
+                      ready_at=None, waiting_event="answer", release=True,
+                      consume_event_ids=(first.event_id,))
+    assert store.apply([op], NOW + 1) == [None]
+    row = store.get("obj-1")
+    assert row is not None and (row.ready_at, row.waiting_event) == (None, "answer")
+    assert store.claim("w2", NOW + 2, NOW + 30, 5) == []
+
+    store.send("obj-1", "answer", b'"second"', None, NOW + 3)
+    store.send("obj-1", "answer", b'"third"', None, NOW + 3)
+    second, _third = store.pending_events("obj-1")
+    claim = _claim_one(store, "obj-1", now=NOW + 4)
+    op = chain.append(claim.epoch, chain.extend(2), status="dormant", phase="dormancy",
+                      ready_at=None, waiting_event="answer", release=True,
+                      consume_event_ids=(second.event_id,))
+    assert store.apply([op], NOW + 5) == [None]
+    row = store.get("obj-1")
+    assert row is not None and row.ready_at == NOW + 5  # "third" still waits: ready now
 
 
 def test_waiting_without_a_pending_event_sleeps(store: Store, signer: Signer) -> None:

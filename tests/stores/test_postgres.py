@@ -17,12 +17,10 @@ import pytest
 from perdure.errors import LeaseLostError
 from perdure.keys.folder import public_bytes
 from perdure.stores import Claim, Store, open_store
-from tests.pg import BACKENDS, fresh_database
+from tests.pg import fresh_database, needs_server
 from tests.stores.builders import Chain, make_signer
 
-pytestmark = pytest.mark.skipif(
-    "postgresql" not in BACKENDS, reason="PERDURE_TEST_BACKENDS leaves out postgresql"
-)
+pytestmark = needs_server
 
 
 @pytest.fixture

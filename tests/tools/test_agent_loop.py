@@ -160,6 +160,51 @@ def test_limits_stop_the_loop_and_the_ledger_feeds_the_gate(
     assert gated["policy"] == tight.ref
 
 
+def test_a_cost_budget_lets_calls_through_until_the_model_calls_spent_it(
+        make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
+    """``Policy(max_cost=...)`` end to end: each model call costs $0.002 at the App's
+    prices (1,000 tokens in and out at $1 per million); under a $0.003 budget the lookup
+    proposed after the first call runs, the one proposed after the second is denied
+    (budget exhausted, with what was spent), and the model is told so."""
+    from decimal import Decimal
+
+    from perdure.llm import ChatCompletionsClient, Message, Price, PriceTable
+
+    app = make_app(prices=PriceTable({"gpt-4o": Price("1", "1")}))
+    for tool in support.app.tools.values():
+        app.tool(tool)
+    budget = perdure.Policy("budget", rules=(perdure.Allow({"lookup"}),),
+                            max_cost=Decimal("0.003"))
+
+    @app.agent(name="spender")
+    async def spender(run: perdure.Run, base_url: str) -> list[list[str]]:
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+        try:
+            result = await run.agent(client, model="gpt-4o", messages=[Message.user("go")],
+                                     tools=app.tools, policy=budget)
+        finally:
+            await client.aclose()
+        return [[c.tool, c.outcome] for c in result.calls]
+
+    def ask(city: str) -> ScriptedReply:
+        return ScriptedReply(tool_calls=(ScriptedToolCall("lookup", json.dumps({"city": city}),
+                                                          f"c-{city}"),),
+                             input_tokens=1000, output_tokens=1000)
+
+    server.script(ask("Oslo"), ask("Rome"),
+                  ScriptedReply(text="done", input_tokens=1000, output_tokens=1000))
+    app.start("spender", server.openai_base_url, object_id="cost-1")
+    with app.background_worker():
+        assert app.handle("cost-1").result(timeout=20) == [
+            ["lookup", "done"], ["lookup", "denied"]]
+    gated = [r.body for r in app.history("cost-1") if r.kind == "tool_gated"]
+    assert [g["verdict"] for g in gated] == ["allow", "deny"]
+    assert gated[1]["reason"] == "budget exhausted: $0.004000 spent of $0.003"
+    assert gated[1]["policy"] == budget.ref
+    assert _tool_messages(server, 2)[-1].startswith("[denied]")
+    assert "budget exhausted" in _tool_messages(server, 2)[-1]
+
+
 def test_a_cap_per_object_counts_calls_let_through_across_turns(
         make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
     """``max_per_object=1``: the first lookup runs, the second (next turn) is denied; a

@@ -51,6 +51,18 @@ def broken() -> str:
     raise ValueError("disk on fire")
 
 
+@server.tool(annotations=ToolAnnotations(title="Note"))
+def note(text: str) -> str:
+    """Says nothing of what it changes."""
+    return text
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=False))
+def append(text: str) -> str:
+    """Adds, never destroys."""
+    return text
+
+
 server.run()
 '''
 
@@ -70,7 +82,8 @@ def server() -> Iterator[ScriptedServer]:
 
 def test_the_servers_tools_become_perdure_tools(tiny: McpServer) -> None:
     tools = {t.name: t for t in mcp_tools(tiny, prefix="tiny_")}
-    assert set(tools) == {"tiny_add", "tiny_erase", "tiny_broken"}
+    assert set(tools) == {"tiny_add", "tiny_erase", "tiny_broken", "tiny_note",
+                          "tiny_append"}
     assert tools["tiny_add"].description == "Add two numbers."
     assert tools["tiny_add"].schema["properties"]["a"]["type"] == "integer"
     assert tools["tiny_add"].idempotent and tools["tiny_add"].risk == "medium"
@@ -79,13 +92,31 @@ def test_the_servers_tools_become_perdure_tools(tiny: McpServer) -> None:
         mcp_tools(tiny, only=["nope"])
 
 
+def test_a_tool_that_does_not_say_it_is_harmless_is_high_risk(tiny: McpServer) -> None:
+    """The MCP specification's defaults: a tool is read-only only if it says so, and a
+    tool that is not read-only is destructive unless it says it is not. Unannotated and
+    silent tools are therefore high risk (a person decides); the user's registration
+    (``risks``, ``destructive_risk``, ``default_risk``) says otherwise."""
+    risk = {t.name: t.risk for t in mcp_tools(tiny)}
+    assert risk == {"add": "medium", "append": "medium", "erase": "high",
+                    "broken": "high", "note": "high"}
+    risk = {t.name: t.risk for t in mcp_tools(
+        tiny, risks={"broken": "low"}, destructive_risk="critical", default_risk="low")}
+    assert risk == {"add": "low", "append": "low", "erase": "critical",
+                    "broken": "low", "note": "critical"}
+    with pytest.raises(perdure.ConfigurationError, match="destructive_risk must be one of"):
+        mcp_tools(tiny, destructive_risk="severe")
+    with pytest.raises(perdure.ConfigurationError, match="risks\\['add'\\] must be one of"):
+        mcp_tools(tiny, risks={"add": "none"})
+
+
 def test_mcp_tools_run_through_the_gate_and_a_person(
         make_app: Callable[..., perdure.App], server: ScriptedServer, tiny: McpServer,
         tmp_path: Path) -> None:
     """The model calls add (allowed), erase (high risk: a person approves), broken (fails)
     and an MCP tool the policy does not list (denied); each outcome is recorded and told."""
     app = make_app()
-    for tool in mcp_tools(tiny):
+    for tool in mcp_tools(tiny, risks={"broken": "medium"}):  # not annotated: the user says
         app.tool(tool)
     policy = perdure.Policy("mcp", rules=(perdure.Allow({"add", "erase", "broken"}),))
 

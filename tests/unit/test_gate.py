@@ -17,6 +17,7 @@ from perdure.core.gate import (
     ToolInfo,
     approval_problem,
     decide,
+    late_problem,
 )
 
 SCHEMA = {"type": "object", "properties": {"path": {"type": "string"},
@@ -235,3 +236,15 @@ def test_schema_problem_nested() -> None:
     assert schema_problem(schema, {"xs": [1, 2.5]}) is None
     assert "xs[1]" in str(schema_problem(schema, {"xs": [1, "a"]}))
     assert schema_problem(schema, {"xs": [float("nan")]}) is not None
+
+
+def test_a_decision_counts_only_if_signed_by_the_deadline() -> None:
+    """``late_problem`` compares the decision's signed time with the recorded deadline:
+    no reading node's clock enters, so every node and every replay agree."""
+    assert late_problem(None, None) is None  # no deadline: any decision may count
+    assert late_problem(None, 10**12) is None
+    assert late_problem(100.0, 99.5) is None
+    assert late_problem(100.0, 100.0) is None  # at the deadline: in time
+    assert "after the proposal's deadline" in str(late_problem(100.0, 100.25))
+    for unsigned in (None, "99", True, [99]):
+        assert "no signed time" in str(late_problem(100.0, unsigned))

@@ -28,7 +28,9 @@ def test_a_question_is_pending_until_answered_timed_out_or_ended() -> None:
     asked = Dormant.wait(0, "ok", None, "Go?", ("y", "n")).draft()
     plain = Dormant.wait(1, "other", None).draft()
     records = chain([asked, plain])
-    [question] = pending_questions(records, "demo")
+    question, waits = pending_questions(records, "demo")
+    # a wait without a prompt is a question too: the event it waits for answers it
+    assert (waits.event, waits.prompt, waits.choices) == ("other", None, None)
     assert (question.event, question.prompt, question.choices, question.seq,
             question.pos) == ("ok", "Go?", ("y", "n"), 2, 0)
     assert question.to_json()["choices"] == ["y", "n"]

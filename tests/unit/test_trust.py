@@ -109,7 +109,9 @@ def test_offer_ignores_damaged_or_forged_items() -> None:
 
 def test_verify_chain_with_trust_refuses_a_key_registered_but_not_certified() -> None:
     """A chain re-signed by a key the store registers but no trusted root certified
-    fails at its first record, naming the node and why; with the node certified it
+    fails at its first record, naming the node and why (the report says it cannot be
+    vouched for, not that it is bad); certified under another name it fails too (the
+    key speaks only for its certificate's name); certified under the node's id it
     passes."""
     records = chain([(Kind.PROGRESS, {"n": n}) for n in range(3)])
     signer_id = records[0].node_id
@@ -118,11 +120,46 @@ def test_verify_chain_with_trust_refuses_a_key_registered_but_not_certified() ->
     keys = {signer_id: public_key_bytes(_key(9))}
     assert verify_chain("obj-1", resigned, keys).ok  # taken at its word without trust
     report = verify_chain("obj-1", resigned, keys, trust=_ring(ROOT))
-    assert not report.ok and report.bad_seq == 1
+    assert not report.ok and report.bad_seq == 1 and report.untrusted
     assert signer_id in str(report.reason) and "not certified" in str(report.reason)
+    assert "is bad" not in str(report) and "cannot be vouched for" in str(report)
     ring = _ring(ROOT)
     ring.add(issue_certificate(ROOT, public_key_bytes(_key(9)), name="n", now=T0))
+    report = verify_chain("obj-1", resigned, keys, trust=ring)
+    assert not report.ok and f"{signer_id!r} is not certified" in str(report.reason)
+    ring.add(issue_certificate(ROOT, public_key_bytes(_key(9)), name=signer_id, now=T0))
     assert verify_chain("obj-1", resigned, keys, trust=ring).ok
+
+
+def test_a_name_is_whoever_a_trusted_root_certified_not_what_the_store_maps() -> None:
+    """A record names its writer; a key mapped to that name by the caller (a store row)
+    but certified for another name does not count, whoever mapped it first; the key
+    certified under the name counts, and two keys certified under one name (a rotation)
+    both do."""
+    records = chain([(Kind.PROGRESS, {"n": 1})])
+    dave = records[0].node_id
+    bob = _key(7)
+    forged = [r._replace(signature=Signer(dave, bob).sign(bytes.fromhex(r.hash)))
+              for r in records]
+    ring = _ring(ROOT)
+    ring.add(issue_certificate(ROOT, public_key_bytes(bob), name="bob", now=T0))
+    rows = {dave: public_key_bytes(bob)}  # a forged store row: "dave is bob's key"
+    report = verify_chain("obj-1", forged, rows, trust=ring)
+    assert not report.ok and f"{dave!r} is not certified" in str(report.reason)
+    real = _key(8)
+    ring.add(issue_certificate(ROOT, public_key_bytes(real), name=dave, now=T0))
+    genuine = [r._replace(signature=Signer(dave, real).sign(bytes.fromhex(r.hash)))
+               for r in records]
+    assert verify_chain("obj-1", genuine, rows, trust=ring).ok
+    report = verify_chain("obj-1", forged, rows, trust=ring)
+    assert not report.ok and not report.untrusted  # a certified name, a forged signature
+    assert "does not verify under any key certified as" in str(report.reason)
+    rotated = _key(6)
+    ring.add(issue_certificate(ROOT, public_key_bytes(rotated), name=dave, now=T0))
+    again = [r._replace(signature=Signer(dave, rotated).sign(bytes.fromhex(r.hash)))
+             for r in records]
+    assert verify_chain("obj-1", again, {}, trust=ring).ok
+    assert verify_chain("obj-1", genuine, {}, trust=ring).ok
 
 
 def test_a_sealed_head_is_vouched_for_by_its_commit_seal() -> None:
@@ -147,22 +184,37 @@ def test_an_event_seal_binds_every_field() -> None:
     dedupe key or sender makes it fail, naming the cause."""
     ring = _ring(ROOT)
     ring.add(issue_certificate(ROOT, NODE_PUB, name="client", now=T0))
-    keys = {"client": NODE_PUB}
     seal_bytes, digest = seal_event(NODE.sign, "client", "o-1", "approval", b'{"ok":true}',
                                     "k1", "n" * 24)
-    assert check_event_seal(seal_bytes, "o-1", "approval", b'{"ok":true}', "k1", keys,
-                            ring) == (digest, None)
+    assert check_event_seal(seal_bytes, "o-1", "approval", b'{"ok":true}', "k1",
+                            ring) == (digest, NODE_PUB, None)
     for args in (("o-1", "approval", b'{"ok":false}', "k1"), ("o-1", "reject",
                  b'{"ok":true}', "k1"), ("o-2", "approval", b'{"ok":true}', "k1"),
                  ("o-1", "approval", b'{"ok":true}', None)):
-        _, why = check_event_seal(seal_bytes, *args, keys, ring)
+        _, _, why = check_event_seal(seal_bytes, *args, ring)
         assert why is not None and "changed after it was sent" in why
-    unsigned, why = check_event_seal(b"", "o-1", "approval", b"{}", None, keys, ring)
+    unsigned, _, why = check_event_seal(b"", "o-1", "approval", b"{}", None, ring)
     assert unsigned is None and why == "the event carries no signature"
     impostor = EventSeal("mallory", "n" * 24, EventSeal.from_bytes(seal_bytes).signature)
-    _, why = check_event_seal(impostor.to_bytes(), "o-1", "approval", b'{"ok":true}', "k1",
-                              keys, ring)
+    _, _, why = check_event_seal(impostor.to_bytes(), "o-1", "approval", b'{"ok":true}',
+                                 "k1", ring)
     assert why is not None and "mallory" in why
+
+
+def test_an_event_sealed_under_a_name_its_key_is_not_certified_for_is_refused() -> None:
+    """A key certified as ``bob`` sealing an event as ``dave`` is refused, naming
+    ``dave``, whether or not ``dave`` has a certified key of its own."""
+    ring = _ring(ROOT)
+    ring.add(issue_certificate(ROOT, NODE_PUB, name="bob", now=T0))
+    forged, _ = seal_event(NODE.sign, "dave", "o-1", "perdure:approval", b"{}", None,
+                           "n" * 24)
+    _, key, why = check_event_seal(forged, "o-1", "perdure:approval", b"{}", None, ring)
+    assert key is None and why is not None and "'dave' is not certified" in why
+    assert ring.problem(NODE_PUB, name="dave") == (
+        f"key {key_text(NODE_PUB)} is certified as 'bob', not as 'dave'")
+    ring.add(issue_certificate(ROOT, public_key_bytes(_key(5)), name="dave", now=T0))
+    _, _, why = check_event_seal(forged, "o-1", "perdure:approval", b"{}", None, ring)
+    assert why is not None and "'dave'" in why
 
 
 def test_parse_public_key_accepts_hex_with_or_without_prefix() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -21,6 +22,13 @@ def asker(run: perdure.SyncRun, topic: str) -> dict[str, Any]:
     run.progress(asking=topic)
     answer = run.wait_for("answer")
     return {"topic": topic, "answer": answer}
+
+
+@app.agent()
+async def twice(run: perdure.Run) -> list[Any]:
+    """Asks twice, both answered by the event ``answer``."""
+    return [await run.wait_for("answer", prompt="first?"),
+            await run.wait_for("answer", prompt="second?")]
 
 
 @app.agent()
@@ -95,14 +103,16 @@ ONLY_BOSS = perdure.Policy("boss-approves", rules=POLICY.rules,
 
 
 @app.agent()
-async def assistant(run: perdure.Run, base_url: str, boss_only: bool = False) -> str:
+async def assistant(run: perdure.Run, base_url: str, boss_only: bool = False,
+                    ttl: float | None = None) -> str:
     """Asks the model to check the weather and email the team: the email waits for a
-    person (with ``boss_only``, only the identity ``the-boss`` may decide)."""
+    person (with ``boss_only``, only the identity ``the-boss`` may decide; with ``ttl``,
+    for that many seconds)."""
     client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "offline")
     try:
         result = await run.agent(
             client, model="gpt-4o-mini", tools=[weather, send_email],
-            policy=ONLY_BOSS if boss_only else POLICY,
+            policy=dataclasses.replace(ONLY_BOSS if boss_only else POLICY, approval_ttl=ttl),
             messages=[Message.user(f"Check the weather in Oslo and email it to {TEAM}.")])
     finally:
         await client.aclose()

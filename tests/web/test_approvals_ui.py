@@ -9,6 +9,7 @@ dashboard whose identity may not decide is refused with nothing written."""
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -350,3 +351,27 @@ def test_a_damaged_object_leaves_the_inbox_listing_the_others(
             assert f'data-proposal="{pid}"' in got.text and 'data-object="fine"' in got.text
     finally:
         stop_serving(served)
+
+
+def test_a_decision_past_the_deadline_is_refused_on_the_page(
+        served: Served, model: ScriptedServer, outbox: str) -> None:
+    """No worker runs when the deadline passes: the inbox still shows the call, but an
+    approval sent after the deadline is refused on the page, and nothing is written (no
+    decision, no note of who acted)."""
+    app = served.app
+    with app.background_worker():
+        held = app.start("assistant", model.openai_base_url, ttl=3.0)
+        pid = _waiting(served, held.object_id)
+    [pending] = [p for p in app.approvals() if p.object_id == held.object_id]
+    wait_until(lambda: time.time() > float(pending.expires_at or 0) + 0.2, 10)
+    head = app.get(held.object_id).records
+    with closing(served.login(name="ann")) as client:
+        csrf = csrf_of(client.get("/inbox").text)
+        got = client.post("/inbox/approve", data={"csrf": csrf, "proposal_id": pid,
+                                                  "object_id": held.object_id})
+        assert got.status_code == 303
+        said = html.unescape(client.get("/inbox").text)
+    assert f"proposal '{pid}' of object '{held.object_id}' expired" in said
+    assert "counts as rejected and the tool will not run" in said
+    assert app.store.pending_events(held.object_id) == []
+    assert app.get(held.object_id).records == head and agents.outbox(outbox) == []

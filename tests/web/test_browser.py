@@ -3,7 +3,8 @@ Playwright, a worker process, the dashboard on a free port, the scripted model s
 (the worker's agents call it through the openai SDK over HTTP). Log in with the token,
 answer a waiting object from the inbox by clicking, watch it complete; approve, reject
 and edit an agent's risky tool call from the inbox; send an event, cancel and fork from
-an object's page; screenshots of every page (docs/images) checked not blank."""
+an object's page; screenshots of every page checked not blank (into .screenshots/, or
+docs/images/ with PERDURE_UPDATE_SCREENSHOTS=1)."""
 
 from __future__ import annotations
 
@@ -33,13 +34,16 @@ from tests.web.support import (
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-IMAGES = ROOT / "docs" / "images"
+# Screenshots land in an ignored folder; PERDURE_UPDATE_SCREENSHOTS=1 writes the docs'
+# images instead, so a test run never rewrites tracked files by the way.
+IMAGES = (ROOT / "docs" / "images" if os.environ.get("PERDURE_UPDATE_SCREENSHOTS") == "1"
+          else ROOT / ".screenshots")
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.skipif(not os.path.exists(CHROMIUM),
-                       reason="no system chromium (apt-get install chromium; .ci/run does)"),
+                       reason="no system chromium (apt-get install chromium; ./dev test does)"),
 ]
 
 
@@ -91,7 +95,7 @@ def page(stack: Served) -> Iterator[Any]:
 
 
 def shoot(tab: Any, name: str, *, full_page: bool = False) -> None:
-    """A screenshot of the page into docs/images, checked not blank."""
+    """A screenshot of the page into ``IMAGES``, checked not blank."""
     png = tab.screenshot(full_page=full_page)
     assert variance(png) > 50, f"screenshot {name} looks blank"
     IMAGES.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,44 @@ def test_a_wrong_token_opens_no_session(served: Served,
     assert _refused(caplog, "login throttled")
 
 
+def test_logins_sent_at_once_cannot_outrun_the_throttle(served: Served) -> None:
+    """Many wrong secrets and the right one, posted at the same moment from one client:
+    attempts still being checked count, so no more than the throttle allows are evaluated
+    and every other one is turned away (429) without its secret being tried."""
+    import threading
+
+    allowed = 5
+    secrets = [f"wrong-{n}" for n in range(23)] + [served.tokens["operator"]]
+    clients = [served.client() for _ in secrets]
+    forms = [csrf_of(c.get("/login").text) for c in clients]
+    start = threading.Barrier(len(secrets))
+    codes: list[int] = [0] * len(secrets)
+
+    def post(n: int) -> None:
+        start.wait()
+        codes[n] = clients[n].post("/login", data={"csrf": forms[n], "name": "mallory",
+                                                   "secret": secrets[n]}).status_code
+
+    threads = [threading.Thread(target=post, args=(n,)) for n in range(len(secrets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for client in clients:
+        client.close()
+    evaluated = [c for c in codes if c != 429]
+    assert all(c in (303, 401, 429) for c in codes), codes
+    assert len(evaluated) <= allowed, codes
+    assert codes.count(429) >= len(secrets) - allowed
+    # The window is still closed for that client, right token or not (none of the five
+    # let in was the right one, or it logged in and took only its own attempt back).
+    with served.client() as late:
+        csrf = csrf_of(late.get("/login").text)
+        again = late.post("/login", data={"csrf": csrf, "name": "mallory",
+                                          "secret": served.tokens["operator"]})
+        assert again.status_code == (303 if codes.count(401) < allowed else 429)
+
+
 def test_login_needs_its_form(served: Served) -> None:
     """A login posted from elsewhere (no form cookie, or another origin) is refused."""
     with served.client() as client:

@@ -9,11 +9,19 @@ through the policy gate, a person if need be, and runs as a recorded tool call l
 other. A call opens its own session with the server (a fresh process), so it works from
 any worker, after any crash.
 
-Risk and idempotency: ``risks`` names a tool's level; otherwise a tool the server marks
-``destructiveHint`` is ``high`` and any other ``default_risk``. A tool is idempotent only
-when the server marks it ``idempotentHint`` (or ``idempotent`` names it): anything else
-records ``tool_started`` first and is in doubt after a crash, never run twice. A result
-the server flags as an error raises ``ToolCallError`` (the model is told it failed).
+Risk and idempotency follow the MCP specification's defaults, where a tool that does not
+say it is read-only is assumed to change things, destructively unless it says otherwise:
+
+- ``risks`` names a tool's level: the user's registration always wins;
+- else a tool annotated ``readOnlyHint: true``, or not read-only but
+  ``destructiveHint: false``, is ``default_risk`` (``medium``);
+- else (not annotated at all, not read-only with ``destructiveHint`` true or left out)
+  it is ``destructive_risk`` (``high``: a person decides under the default policy).
+
+A tool is idempotent only when the server marks it ``idempotentHint`` (or ``idempotent``
+names it): anything else records ``tool_started`` first and is in doubt after a crash,
+never run twice. A result the server flags as an error raises ``ToolCallError`` (the
+model is told it failed).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from perdure.core.gate import RISKS
 from perdure.errors import ConfigurationError, ToolCallError
 from perdure.tools import Tool
 
-__all__ = ["McpServer", "mcp_tools"]
+__all__ = ["McpServer", "annotated_risk", "mcp_tools"]
 
 
 def _sdk() -> Any:
@@ -115,27 +123,46 @@ def _run(coro: Awaitable[Any]) -> Any:
 
 
 def _hint(tool: Any, name: str) -> bool | None:
+    """The tool's annotation ``name`` (``readOnlyHint``...), ``None`` when not given."""
     annotations = getattr(tool, "annotations", None)
     if annotations is None:
         return None
     snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
     value = getattr(annotations, snake, None)
-    return getattr(annotations, name, None) if value is None else bool(value)
+    if value is None:
+        value = getattr(annotations, name, None)
+    return None if value is None else bool(value)
+
+
+def annotated_risk(tool: Any, default_risk: str = "medium",
+                   destructive_risk: str = "high") -> str:
+    """The risk of an MCP tool from its annotations alone (see the module): read-only or
+    said not destructive, ``default_risk``; anything else, ``destructive_risk``."""
+    if _hint(tool, "readOnlyHint") or _hint(tool, "destructiveHint") is False:
+        return default_risk
+    return destructive_risk
 
 
 def mcp_tools(server: McpServer | str, args: Sequence[str] = (), *, prefix: str = "",
               only: Sequence[str] | None = None, default_risk: str = "medium",
+              destructive_risk: str = "high",
               risks: Mapping[str, str] | None = None, idempotent: Sequence[str] = (),
               constraints: Mapping[str, Sequence[Constraint]] | None = None,
               capabilities: Sequence[str] = ()) -> list[Tool]:
     """The tools of an MCP server (``server``, or a command with ``args``), as
     ``perdure.Tool``s (see the module). ``only`` keeps the named ones; ``prefix`` is put
-    before each name; ``constraints`` maps a tool's name to its constraints;
+    before each name; ``risks`` maps a tool's name to its risk, else ``default_risk``
+    (read-only or not destructive) or ``destructive_risk`` (anything else, unannotated
+    included) applies; ``constraints`` maps a tool's name to its constraints;
     ``capabilities`` are needed by every one. ``ConfigurationError`` when the SDK is
     missing, a name is unusable or an option names an unknown tool."""
     spec = server if isinstance(server, McpServer) else McpServer(server, args)
-    if default_risk not in RISKS:
-        raise ConfigurationError(f"default_risk must be one of {RISKS}")
+    for option, level in (("default_risk", default_risk),
+                          ("destructive_risk", destructive_risk),
+                          *((f"risks[{k!r}]", v) for k, v in (risks or {}).items())):
+        if level not in RISKS:
+            raise ConfigurationError(f"{option} must be one of {', '.join(RISKS)}, "
+                                     f"not {level!r}")
     listed = _run(spec.list_tools())
     found = {str(t.name): t for t in listed}
     named = set(only or ()) | set(risks or {}) | set(idempotent) | set(constraints or {})
@@ -147,8 +174,8 @@ def mcp_tools(server: McpServer | str, args: Sequence[str] = (), *, prefix: str 
     for name, item in found.items():
         if only is not None and name not in only:
             continue
-        risk = (risks or {}).get(name) or ("high" if _hint(item, "destructiveHint")
-                                           else default_risk)
+        risk = (risks or {}).get(name) or annotated_risk(item, default_risk,
+                                                         destructive_risk)
         schema = getattr(item, "input_schema", None) or getattr(item, "inputSchema", None)
 
         def caller(tool_name: str = name) -> Callable[..., Awaitable[Any]]:

@@ -9,6 +9,7 @@ client's key (its node id is the identity memory records). See ``perdure.approva
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +31,9 @@ def _lines(item: PendingApproval) -> list[str]:
     return [f"{item.object_id}  proposal {item.proposal_id}  {item.tool}  risk {item.risk}",
             f"  why: {item.reason}  (policy {item.policy})",
             f"  who may approve: {who}",
-            f"  asked {_when(item.requested_at)}, expires {_when(item.expires_at)}",
+            f"  asked {_when(item.requested_at)}, expires {_when(item.expires_at)}"
+            + (" (passed: counts as rejected, no decision is taken)"
+               if item.expires_at is not None and time.time() > item.expires_at else ""),
             f"  args {item.args_hash[:16]}: {args}"]
 
 

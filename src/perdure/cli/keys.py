@@ -106,7 +106,7 @@ def show(obj: Any, as_json: bool) -> None:
     roots = [r.hex() for r in sorted(ring.roots)]
     doc: dict[str, Any] = {
         "key_dir": str(folder.path),
-        "node_id": obj.node_id or default_node_id(key),
+        "node_id": obj.identity().signer().node_id,
         "public_key": public.hex(),
         "fingerprint": fingerprint(public),
         "certificate": status,
@@ -198,14 +198,19 @@ def trust(obj: Any, root_public_key: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.pass_obj
 def list_(obj: Any, as_json: bool) -> None:
-    """List the node keys the store registers and whether this node trusts each."""
+    """List the names trusted roots certified (node ids and people) and their keys, as
+    the certificates in this folder and the store say, and whether each counts now."""
     app = obj.app()
     verifier = app.verifier
     verifier.refresh()
     rows = []
-    for node_id, public in sorted(verifier.keys().items()):
-        why = verifier.ring.problem(public)
-        certs = verifier.ring.certificates(public)
+    pairs = [(name, public) for name, keys in verifier.names().items() for public in keys]
+    strangers = verifier.ring.strangers()
+    pairs += [(name, public) for name, keys in strangers.items() for public in keys]
+    for node_id, public in sorted(pairs):
+        why = (verifier.ring.unknown_name(node_id) if node_id in strangers
+               else verifier.ring.problem(public, name=node_id))
+        certs = [c for c in verifier.ring.certificates(public) if c.name == node_id]
         expires = max((c.expires_at or float("inf") for c in certs), default=None)
         rows.append({"node_id": node_id, "public_key": public.hex(),
                      "fingerprint": fingerprint(public),
@@ -224,7 +229,7 @@ def list_(obj: Any, as_json: bool) -> None:
         extra = f", expires {_when(row['expires'])}" if row["expires"] else ""
         _echo(f"{row['node_id']}  {key_text(bytes.fromhex(row['public_key']))}  {state}{extra}")
     if not rows:
-        _echo("no node keys registered")
+        _echo(f"no key is certified by a root this node trusts ({verifier.ring.roots_text()})")
 
 
 @keys.command()
@@ -237,7 +242,7 @@ def list_(obj: Any, as_json: bool) -> None:
               help="Also put the revocation into the store.")
 @click.pass_obj
 def revoke(obj: Any, key: str, since: str, reason: str, do_publish: bool) -> None:
-    """Revoke KEY (a public key, a fingerprint, or a node id the store registers)."""
+    """Revoke KEY (a public key, a fingerprint, or a name certified for one key)."""
     folder = _folder(obj)
     key_fp, shown = _fingerprint_of(obj, key)
     revocation = folder.revoke(key_fp, since=_time(since), reason=reason)
@@ -249,25 +254,30 @@ def revoke(obj: Any, key: str, since: str, reason: str, do_publish: bool) -> Non
 
 
 def _fingerprint_of(obj: Any, key: str) -> tuple[str, str]:
-    """The fingerprint of the key ``key`` names (a node id the store registers, a public
+    """The fingerprint of the key ``key`` names (a name certified for one key, a public
     key, ``ed25519:KEY`` or ``sha256:FINGERPRINT``), and how to show that key."""
-    registered = obj.app().verifier.keys()
-    if key in registered:
-        return fingerprint(registered[key]), key_text(registered[key])
+    names = obj.app().verifier.names()
+    if key in names:
+        if len(names[key]) > 1:
+            raise ConfigurationError(
+                f"{key!r} is certified for {len(names[key])} keys; name the one to revoke "
+                "by its public key or fingerprint (see `perdure keys list`)")
+        return fingerprint(names[key][0]), key_text(names[key][0])
     lowered = key.strip().lower()
     if lowered.startswith("sha256:"):
         lowered = lowered[7:]
         if len(lowered) == 64 and all(c in "0123456789abcdef" for c in lowered):
             return lowered, f"with fingerprint sha256:{lowered[:16]}…"
-    for public in registered.values():
-        if fingerprint(public) == lowered:
-            return lowered, key_text(public)
+    for keys in names.values():
+        for public in keys:
+            if fingerprint(public) == lowered:
+                return lowered, key_text(public)
     try:
         raw = parse_public_key(key)
     except ValueError:
         raise ConfigurationError(
-            f"{key!r} is neither a node id the store registers, a public key (ed25519:HEX) "
-            "nor a key fingerprint (sha256:HEX)") from None
+            f"{key!r} is neither a certified name, a public key (ed25519:HEX) nor a key "
+            "fingerprint (sha256:HEX)") from None
     return fingerprint(raw), key_text(raw)
 
 
@@ -286,20 +296,17 @@ def rotate(obj: Any, days: float | None, data: bool) -> None:
         rotate_data(obj)
         return
     folder = _folder(obj)
+    node_id = obj.identity().signer().node_id  # the name the old key speaks for
     new = folder.rotate()
     public = public_key_bytes(new)
-    node_id = default_node_id(new) if obj.node_id is None else obj.node_id
-    _echo(f"new node key ed25519:{public.hex()} (default node id {default_node_id(new)})")
+    _echo(f"new node key ed25519:{public.hex()} for node id {node_id}")
     if folder.root_key() is not None:
         folder.certify_self(node_id, days=days)
         _echo("certified with the root in this folder (node.cert)")
     else:
-        name = "NEW_NODE_ID" if obj.node_id is not None else node_id
         _echo(f"certify it where the root is: perdure keys issue {public.hex()} "
-              f"--name {name} --publish")
-    if obj.node_id is not None:
-        _echo(f"note: a node id names one key for good; run this node under a new --node-id "
-              f"(records of {obj.node_id!r} keep verifying under the old key)")
+              f"--name {node_id} --publish")
+    _echo(f"records {node_id!r} signed with the old key keep verifying under its certificate")
 
 
 @keys.command()

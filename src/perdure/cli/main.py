@@ -34,6 +34,7 @@ from perdure.cli.ui import start_ui, ui
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
+from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 from perdure.core.usage import usage_totals
 from perdure.engine.settings import DRAIN_SECONDS
@@ -82,6 +83,11 @@ def _load_app(spec: str) -> App:
     return app
 
 
+# Commands that may set a key folder up, or never read or sign with one.
+_MAY_MAKE_KEYS = frozenset({"worker", "start", "fork", "demo", "keys", "cancel", "pause",
+                            "resume", "retry", "forget-heads"})
+
+
 class _Ctx:
     def __init__(self, store: str | None, app_spec: str | None, key_dir: str | None,
                  node_id: str | None, trust: str | None, passphrase: bytes | None) -> None:
@@ -121,8 +127,31 @@ class _Ctx:
             _fail("no store: pass --store URL (e.g. sqlite:///agents.db) or set PERDURE_STORE")
         if self.data_keys:
             app = app.with_settings(data_keys=self.data_keys)
+        app.open_sealed = False  # the CLI never opens: sealed values print as <sealed>
+        self._require_keys(app)
         self._app = app
         return app
+
+    def _require_keys(self, app: App) -> None:
+        """A command that only reads or answers never makes a fresh root: with no roots
+        in the key folder (and no ``--trust``), one line naming the folder and what to
+        run. ``worker``, ``start``, ``fork``, ``demo`` and ``keys`` may set a folder up."""
+        command = click.get_current_context(silent=True)
+        while command is not None and command.parent is not None and (
+                command.parent.parent is not None):
+            command = command.parent  # up to the top-level command (``keys``, not ``list``)
+        top = command.info_name if command is not None and command.parent is not None else None
+        if top is None or top in _MAY_MAKE_KEYS or app.identity.explicit_trust:
+            return
+        folder = app.identity.folder
+        if folder.roots():
+            return
+        given = ("--key-dir / PERDURE_KEY_DIR" if self.key_dir else
+                 f"the default for {app.store_url}")
+        _fail(f"no trusted root in key folder {folder.path} ({given}), and `perdure "
+              f"{top}` does not make one: pass --key-dir FOLDER (or set PERDURE_KEY_DIR) "
+              "to the folder your workers use, or start a worker or an object on this store "
+              "first (that sets the folder up)")
 
     def key_folder(self) -> KeyFolder:
         """The key folder: ``--key-dir``, else the ``--app`` App's, else the default."""
@@ -131,10 +160,12 @@ class _Ctx:
     def identity(self) -> NodeIdentity:
         """This node's identity as the options (and ``--app``) give it, without a store."""
         base = self.loaded()
-        if base is not None and not self.key_dir:
+        if self.key_dir:
+            folder = Path(self.key_dir)
+        elif base is not None and (base.key_dir_setting is not None or not self.store_url):
             folder = base.identity.folder.path
         else:
-            folder = Path(self.key_dir) if self.key_dir else default_key_dir()
+            folder = default_key_dir(self.store_url)
         node_id = self.node_id or (base.identity.node_id_setting if base is not None else None)
         trust = self.trust or (base.trust_setting if base is not None else None)
         return NodeIdentity(folder, node_id=node_id, trust=trust, passphrase=self.passphrase)
@@ -273,9 +304,11 @@ def _ls_lines(infos: Sequence[ObjectInfo], width: int) -> list[Text]:
 @click.option("--app", "app_spec", envvar="PERDURE_APP", show_envvar=True,
               help="Your App as module:attribute, e.g. myagents:app.")
 @click.option("--key-dir", envvar="PERDURE_KEY_DIR", show_envvar=True,
-              help="Folder of this node's Ed25519 key pair (default ~/.perdure/keys).")
+              help="Folder of this node's Ed25519 key pair (default: keys/ beside a SQLite "
+                   "store's file, else ~/.perdure/keys).")
 @click.option("--node-id", envvar="PERDURE_NODE_ID", show_envvar=True,
-              help="This node's id (default hostname-keyfingerprint).")
+              help="The name this node acts under; a trusted root must have certified its "
+                   "key under it (default: the name in the key folder's node.cert).")
 @click.option("--trust", envvar="PERDURE_TRUST", show_envvar=True,
               help="Root public keys this node trusts: keys (64 hex digits), roots files or "
                    "key folders, comma-separated (default: the key folder's roots file).")
@@ -600,6 +633,12 @@ def verify(obj: _Ctx, object_ids: tuple[str, ...], all_: bool, anchors_file: str
             continue
         if report.ok:
             out.print(Text.assemble(("ok", "green"), f"   {report}"))
+        elif report.untrusted:
+            out.print(Text.assemble(("FAIL", "red"), (
+                f" {report.object_id}: record #{report.bad_seq} is signed by a key that no "
+                f"root in {app.identity.folder.path} certifies ({report.reason}); pass "
+                "--key-dir FOLDER (PERDURE_KEY_DIR) naming the key folder its workers use, "
+                "or trust their root with `perdure keys trust ROOT_PUBLIC_KEY`")))
         elif report.bad_seq is None:
             out.print(Text.assemble(("FAIL", "red"), f" {report.object_id}: {report.reason}"))
         else:
@@ -695,10 +734,11 @@ def result(obj: _Ctx, object_id: str, wait: float, as_json: bool) -> None:
     """Print an object's result as JSON (waiting up to --wait seconds)."""
     app = obj.app()
     if not as_json:
-        out.print_json(json.dumps(app.handle(object_id).result(timeout=wait), default=str))
+        out.print_json(json.dumps(sealed_shown(app.handle(object_id).result(timeout=wait)),
+                                  default=str))
         return
     try:
-        value = app.handle(object_id).result(timeout=wait)
+        value = sealed_shown(app.handle(object_id).result(timeout=wait))
     except StoreError:
         raise
     except PerdureError as exc:

@@ -2,7 +2,8 @@
 
 - ``perdure questions [--agent NAME] [--limit N] [--json]``: what waiting objects ask
   (``App.questions``), newest first, with the event that answers each
-  (``perdure send ID EVENT JSON`` answers).
+  (``perdure send ID EVENT JSON`` answers), and how many tool calls wait for approval and
+  objects are parked (what else waits for a person; see ``perdure.core.questions``).
 - ``perdure query ID NAME [ARG_JSON ...] [--app module:app]``: a query declared in the
   agent's code, over the object's checked memory; prints the answer as JSON.
 - ``perdure fork ID --at SEQ [--id NEW]``: a new object from the object's memory up to
@@ -19,6 +20,7 @@ from typing import Any
 import click
 
 from perdure import describe as view
+from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 
 __all__ = ["fork", "query", "questions", "retry"]
@@ -45,17 +47,27 @@ def _json_args(texts: tuple[str, ...]) -> list[Any]:
 @click.pass_obj
 def questions(obj: Any, agent: str | None, limit: int, as_json: bool) -> None:
     """List what waiting objects ask, newest first, and the event that answers each."""
-    found = obj.app().questions(agent=agent, limit=limit)
+    app = obj.app()
+    found = app.questions(agent=agent, limit=limit)
     if as_json:
         click.echo(json.dumps([q.to_json() for q in found], indent=2, ensure_ascii=False))
         return
     if not found:
         click.echo("no object is asking anything")
-        return
     for q in found:
-        click.echo(f"{q.object_id}  {q.agent}  {view.when(q.asked_at)}  asks "
-                   f"{view.question(q.prompt, q.choices)}  (answer: perdure send "
-                   f"{q.object_id} {q.event} JSON)")
+        asks = (f"asks {view.question(q.prompt, q.choices)}"
+                if q.prompt is not None or q.choices is not None
+                else f"waits for event {q.event!r}")
+        click.echo(f"{q.object_id}  {q.agent}  {view.when(q.asked_at)}  {asks}  (answer: "
+                   f"perdure send {q.object_id} {q.event} JSON)")
+    if agent is None:  # what else waits for a person (the dashboard's inbox lists it too)
+        approvals = len(app.approvals())
+        parked = len(app.list(status="parked", limit=1000))
+        if approvals:
+            click.echo(f"also {approvals} tool call(s) wait for approval: perdure approvals")
+        if parked:
+            click.echo(f"also {parked} parked object(s) wait for a retry: perdure ls "
+                       "--status parked")
 
 
 def _shown_secret(value: Any) -> Any:
@@ -77,7 +89,7 @@ def query(obj: Any, object_id: str, name: str, args: tuple[str, ...]) -> None:
     """
     values = _json_args(args)
     app = obj.app(need_agents=True)
-    answer = app.query(object_id, name, *values)
+    answer = sealed_shown(app.query(object_id, name, *values))
     try:
         text = json.dumps(answer, indent=2, ensure_ascii=False, allow_nan=False,
                           default=_shown_secret)

@@ -39,6 +39,9 @@ def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] =
 
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together")
+    # The CLI opens nothing it prints; the dashboard opens what a person must read to
+    # answer (questions' prompts and choices), with this node's data keys.
+    app.open_sealed = True
     try:
         web.check_bind(host, password=bool(_passwords()))
         # Bound before anything is announced or a token issued: a port in use is one

@@ -386,7 +386,11 @@ def _plain_hash(text: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
-    """Outcome of ``verify_chain``: ``ok``, records checked, and the first failure if any."""
+    """Outcome of ``verify_chain``: ``ok``, records checked, and the first failure if any.
+
+    ``untrusted`` marks a failure that says nothing of the record itself: it was written
+    under a name no root the checking node trusts certifies, so its signature cannot be
+    checked (another key folder, or a root to trust, is what is missing)."""
 
     object_id: str
     ok: bool
@@ -394,10 +398,14 @@ class VerifyReport:
     bad_seq: int | None = None
     reason: str | None = None
     head_hash: str | None = None
+    untrusted: bool = False
 
     def __str__(self) -> str:
         if self.ok:
             return f"{self.object_id}: {self.records} records verified (head {self.head_hash})"
+        if self.untrusted:
+            return (f"{self.object_id}: record #{self.bad_seq} cannot be vouched for: "
+                    f"{self.reason}")
         return f"{self.object_id}: record #{self.bad_seq} is bad: {self.reason}"
 
 
@@ -430,7 +438,17 @@ def verify_chain(
     for rec in records:
         problem = record_problem(rec, public_keys, seals or {}, trust, keys, good_seals)
         if problem is not None:
-            return VerifyReport(object_id, False, len(records), rec.seq, problem)
+            digest = sealed_by(rec)
+            # Foreign, not bad: the first record already names a writer no trusted root
+            # certifies (an object of another cluster, or this node given the wrong key
+            # folder). After records that verified, such a writer is a forgery.
+            untrusted = (trust is not None and rec is records[0]
+                         and not trust.keys_named(rec.node_id)
+                         and rec.node_id not in keys  # no trusted root's key verified it
+                         and (digest is None or _seal_shape_problem(
+                             rec, digest, (seals or {}).get(digest)) is None))
+            return VerifyReport(object_id, False, len(records), rec.seq, problem,
+                                untrusted=untrusted)
     last = records[-1] if records else None
     if head_seq is not None and (last is None or last.seq != head_seq):
         got = last.seq if last else 0
@@ -454,10 +472,46 @@ def record_problem(rec: Record, public_keys: Mapping[str, bytes],
                    good_seals: set[bytes] | None = None) -> str | None:
     """Why ``rec``'s signature (or commit seal) does not vouch for its hash, or ``None``.
 
-    Checks the signature only, not the hash: callers check links and hashes first
-    (``check_links``). ``keys`` and ``good_seals`` are caches shared across calls.
+    With ``trust``, the signing key is one a trusted root certified under the record's
+    node id (``KeyRing.signer``) and ``public_keys`` is not read; without it (memory
+    logs checked on their own), the key ``public_keys`` gives for the node id is taken
+    at its word. Checks the signature only, not the hash: callers check links and
+    hashes first (``check_links``). ``keys`` (the key that signed last, per node id,
+    and per checked commit seal under ``"\\0" + digest``) and ``good_seals`` are caches
+    shared across calls.
     """
     keys = {} if keys is None else keys
+    digest = sealed_by(rec)
+    if digest is not None:
+        found = seals.get(digest)
+        why = _seal_shape_problem(rec, digest, found)
+        if why is not None:
+            return why
+        assert found is not None
+        signature, message = found.signature, digest
+        what = "its commit seal's signature"
+    else:
+        try:
+            message = bytes.fromhex(rec.hash)
+        except ValueError:
+            return "its hash is not hex"
+        signature, what = rec.signature, "signature"
+    if trust is not None:
+        sealer = keys.get("\0" + digest.hex()) if digest is not None else None
+        if sealer is not None:  # this seal's signature was checked: its key is known
+            why = trust.problem(sealer, rec.ts_us, name=rec.node_id)
+            return None if why is None else f"signed by node {rec.node_id!r}: {why}"
+        key, why = trust.signer(rec.node_id, signature, message, rec.ts_us,
+                                first=keys.get(rec.node_id))
+        if key is not None:
+            keys[rec.node_id] = key
+            if digest is not None:
+                keys["\0" + digest.hex()] = key
+        if why is not None:
+            if key is None and digest is not None:
+                why = why.replace("its signature", "its commit seal's signature", 1)
+            return f"signed by node {rec.node_id!r}: {why}"
+        return None
     key = keys.get(rec.node_id)
     if key is None:
         raw = public_keys.get(rec.node_id)
@@ -468,26 +522,19 @@ def record_problem(rec: Record, public_keys: Mapping[str, bytes],
         except ValueError:
             return f"origin node {rec.node_id!r} has a malformed public key"
         key = keys[rec.node_id] = raw
-    if trust is not None:
-        why = trust.problem(public_keys[rec.node_id], rec.ts_us)
-        if why is not None:
-            return f"signed by node {rec.node_id!r}, whose {why}"
-    digest = sealed_by(rec)
+    good = set() if good_seals is None else good_seals
+    if digest is not None and digest in good:
+        return None
+    if not verify_signature(key, signature, message):
+        return f"{what} does not verify against node {rec.node_id!r}"
     if digest is not None:
-        return _seal_problem(rec, digest, seals.get(digest), key,
-                             set() if good_seals is None else good_seals)
-    try:
-        digest_bytes = bytes.fromhex(rec.hash)
-    except ValueError:
-        return "its hash is not hex"
-    if not verify_signature(key, rec.signature, digest_bytes):
-        return f"signature does not verify against node {rec.node_id!r}"
+        good.add(digest)
     return None
 
 
-def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: bytes,
-                  good: set[bytes]) -> str | None:
-    """Why the commit seal ``rec`` refers to does not vouch for it, or ``None``."""
+def _seal_shape_problem(rec: Record, digest: bytes, found: CommitSeal | None) -> str | None:
+    """Why the commit seal ``rec`` refers to cannot vouch for it whoever signed it, or
+    ``None`` (its signature is checked by the caller)."""
     if found is None:
         return f"its commit seal {digest.hex()[:16]}… is missing from the store"
     if found.digest != digest or not found.intact():
@@ -496,9 +543,6 @@ def _seal_problem(rec: Record, digest: bytes, found: CommitSeal | None, key: byt
         return f"its commit seal was made by node {found.node_id!r}, not {rec.node_id!r}"
     if not found.covers(bytes.fromhex(rec.hash)):
         return f"its commit seal {digest.hex()[:16]}… does not cover this record's hash"
-    if digest not in good:
-        if not verify_signature(key, found.signature, digest):
-            return (f"its commit seal's signature does not verify against node "
-                    f"{rec.node_id!r}")
-        good.add(digest)
     return None
+
+

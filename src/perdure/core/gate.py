@@ -20,7 +20,9 @@ Every decision names the policy (``policy.ref``: name and content hash) and the 
 that applied, and is recorded, so memory shows which rule let what through.
 ``approval_problem`` checks a person's decision against the proposal it names: the
 arguments' hash must match (arguments changed after approval are refused) and the
-identity must be one the decision allows.
+identity must be one the decision allows. ``late_problem`` checks it against the
+proposal's deadline: a decision signed after it counts for nothing (the call expires,
+which counts as rejected), whenever and in whatever order a node comes to see them.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "args_digest",
     "canonical_args",
     "decide",
+    "late_problem",
     "risk_rank",
 ]
 
@@ -335,4 +338,22 @@ def approval_problem(decision: GateDecision, args_hash: str, approved_hash: str,
     if decision.approvers and identity not in decision.approvers:
         return (f"identity {identity!r} may not decide on {decision.risk}-risk calls "
                 f"(allowed: {', '.join(decision.approvers)})")
+    return None
+
+
+def late_problem(expires_at: float | None, decided_at: Any) -> str | None:
+    """Why a person's decision signed at ``decided_at`` (seconds since the epoch, as
+    the deciding client's clock said) cannot count on a proposal that expires at
+    ``expires_at`` (``None``: never), or ``None``. Both times come from memory and the
+    signed decision, never from the reading node's clock, so every node, and every replay,
+    gets the same answer: a decision with no signed time cannot count against a deadline,
+    one signed after it is late."""
+    if expires_at is None:
+        return None
+    if isinstance(decided_at, bool) or not isinstance(decided_at, int | float):
+        return ("the decision carries no signed time, and the proposal has a deadline: "
+                "it cannot be shown to have been made in time")
+    if decided_at > expires_at:
+        return (f"the decision was signed {decided_at - expires_at:.1f} s after the "
+                "proposal's deadline: the call expired, which counts as rejected")
     return None

@@ -1,13 +1,23 @@
-"""What waiting agents ask: the prompts of ``run.wait_for(event, prompt=..., choices=...)``.
+"""What waiting agents ask: the waits of ``run.wait_for(event, prompt=..., choices=...)``.
 
-A wait that asks something records its ``prompt`` and ``choices`` in its ``dormant``
-record. A question is *pending* while memory holds that record and neither an
-``event_received`` nor a ``wait_timed_out`` record at the same position (nor a
-terminal record): the agent still waits for its answer. ``pending_questions`` finds
-them in an object's memory, ``App.get`` puts them in ``ObjectInfo.asking`` and
-``App.questions`` lists them across the store, newest first (the dashboard's inbox).
-Answering is sending the event the question names: ``App.send(object_id, event,
-payload)``.
+What waits for a person, everywhere perdure says it (``App.questions``,
+``App.approvals``, ``perdure questions``, ``perdure approvals``, the dashboard's inbox):
+
+- a **question**: a ``run.wait_for(event)`` whose event is not perdure's own
+  (``perdure:...``), with or without a prompt (without one it asks just for the event);
+  pending while memory holds its ``dormant`` record and neither an ``event_received``
+  nor a ``wait_timed_out`` record at the same position (nor a terminal record);
+- an **approval**: a tool call the gate sent to a person that nobody decided on yet
+  (``perdure.approvals.pending_in``);
+- a **parked** object: it stopped for a person to fix its code or its node and retry it.
+
+A wait records its ``prompt`` and ``choices`` (when it asks them) in its ``dormant``
+record. ``pending_questions`` finds the pending questions in an object's memory,
+``App.get`` puts them in ``ObjectInfo.asking`` and ``App.questions`` lists them across
+the store, newest first (the dashboard's inbox shows the same list), reading the memory
+of the objects whose row says they may ask (``may_ask``). Answering is sending the event
+the question names: ``App.send(object_id, event, payload)``. While it waits, the
+object's note says what it asks with a prompt (``waiting_note``, from memory alone).
 
 Pure reads: nothing here writes to memory.
 """
@@ -19,10 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from perdure.approvals import pending_in
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import sealed_shown
 
-__all__ = ["ASKING_MARK", "Question", "asking_note", "forked_from", "pending_questions",
-           "question_text"]
+__all__ = ["ASKING_MARK", "Question", "answered_from_outside", "asking_note", "forked_from",
+           "may_ask", "pending_questions", "question_text", "waiting_note"]
 
 ASKING_MARK = "(answer: event "
 """What the note of an object that asks a question holds (``asking_note``): ``App.get``,
@@ -32,6 +44,7 @@ _DORMANT = Kind.DORMANT.value
 _ANSWERED = frozenset({Kind.EVENT_RECEIVED.value, Kind.WAIT_TIMED_OUT.value})
 _TERMINATED = Kind.TERMINATED.value
 _INSTANTIATED = Kind.INSTANTIATED.value
+_OURS = "perdure:"  # perdure's own events (approvals, refinements, signals): no questions
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +84,10 @@ def _json_text(value: Any, cap: int) -> str:
 
 def question_text(prompt: Any, choices: Sequence[Any] | None) -> str:
     """A question a waiting agent asks, in one line: the prompt (a string quoted, anything
-    else as JSON, cut short) and the choices it offers; control characters escaped."""
+    else as JSON, cut short) and the choices it offers; control characters escaped.
+    A sealed prompt or choice (an agent that encrypts all) reads ``<sealed>``."""
+    prompt = sealed_shown(prompt)
+    choices = None if choices is None else sealed_shown(list(choices))
     if prompt is None:
         shown = "a question"
     elif isinstance(prompt, str):
@@ -90,8 +106,25 @@ def asking_note(event: str, prompt: Any, choices: Sequence[Any] | None) -> str:
     return f"asking {question_text(prompt, choices)} {ASKING_MARK}{event!r})"
 
 
+def answered_from_outside(event: str) -> bool:
+    """Whether a wait for ``event`` is a question: someone outside sends the answer
+    (every event but perdure's own, ``perdure:...``)."""
+    return not event.startswith(_OURS)
+
+
+def may_ask(note: str | None, waiting_event: str | None) -> bool:
+    """Whether an object's row says it may be asking a question, so that its memory is
+    worth reading for one: its note says it asks (``ASKING_MARK``), or it waits for an
+    event sent from outside (a wait without a prompt)."""
+    return waiting_event is not None and (
+        (note is not None and ASKING_MARK in note) or answered_from_outside(waiting_event))
+
+
 def _asks(body: dict[str, Any]) -> bool:
-    return body.get("cmd") == "wait" and ("prompt" in body or "choices" in body)
+    """Whether a ``dormant`` body is a wait someone outside answers (see the module)."""
+    event = body.get("event")
+    return body.get("cmd") == "wait" and isinstance(event, str) and answered_from_outside(
+        event)
 
 
 def pending_questions(records: Sequence[Record], agent: str = "") -> list[Question]:
@@ -102,7 +135,7 @@ def pending_questions(records: Sequence[Record], agent: str = "") -> list[Questi
         kind = rec.kind
         body = rec.body
         if kind == _DORMANT:
-            if _asks(body) and isinstance(body.get("event"), str):
+            if _asks(body):
                 choices = body.get("choices")
                 wake_at = body.get("wake_at")
                 pos = body.get("pos")
@@ -117,6 +150,17 @@ def pending_questions(records: Sequence[Record], agent: str = "") -> list[Questi
         elif kind == _TERMINATED:
             pending.clear()
     return list(pending.values())
+
+
+def waiting_note(records: Sequence[Record]) -> str | None:
+    """The note of an object that stays dormant on what its memory says it waits for:
+    the questions it asks with a prompt or choices (``asking_note``, joined) and the tool
+    calls waiting for a person; ``None`` when it waits for neither (a wait without a
+    prompt leaves the note empty: the row's ``waiting_event`` says it)."""
+    notes = [asking_note(q.event, q.prompt, q.choices) for q in pending_questions(records)
+             if q.prompt is not None or q.choices is not None]
+    notes += [f"approval needed: {p.tool} ({p.proposal_id})" for p in pending_in(records)]
+    return "; ".join(notes) or None
 
 
 def forked_from(records: Sequence[Record]) -> dict[str, Any] | None:

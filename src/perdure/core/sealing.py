@@ -258,12 +258,13 @@ def _strings(value: Any) -> list[str]:
 
 
 def sealed_shown(value: Any) -> Any:
-    """``value`` for a person to read: each sealed value as ``"<sealed>"``."""
+    """``value`` for a person to read: each sealed value as ``"<sealed>"`` (tuples as
+    lists)."""
     if isinstance(value, dict):
         if len(value) == 1 and SEALED in value:
             return "<sealed>"
         return {key: sealed_shown(item) for key, item in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [sealed_shown(item) for item in value]
     return value
 

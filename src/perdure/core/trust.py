@@ -12,14 +12,20 @@ Certificates and revocations may sit in the shared store: anyone can read them, 
 nobody without a root key can make one. What a node trusts is its list of root public
 keys, which comes from its own configuration, never from the store. A ``KeyRing``
 holds those roots plus the certificates and revocations it accepted, and answers one
-question: may a record stamped at time T, signed by this public key, count?
+question: may a record stamped at time T, signed by this public key under this name,
+count?
+
+**A certificate's name is who the key speaks for.** A record, an event or a checkpoint
+names its writer (a node id, or a person's name); it counts only when signed by a key
+that a trusted root certified *under that name* (``KeyRing.signer``). Nothing else ties
+a name to a key: not the store's rows, not who used a name first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,17 +291,30 @@ class KeyRing:
 
     roots: frozenset[bytes]
     _certs: dict[bytes, list[Certificate]] = field(default_factory=dict)
+    _named: dict[str, list[bytes]] = field(default_factory=dict)
+    _strangers: dict[str, list[Certificate]] = field(default_factory=dict)
     _revoked: dict[str, float] = field(default_factory=dict)
     _seen: set[bytes] = field(default_factory=set)
 
     def add(self, item: Certificate | Revocation) -> bool:
-        """Accept ``item`` if a trusted root signed it; ``False`` (ignored) otherwise."""
+        """Accept ``item`` if a trusted root signed it; ``False`` (ignored) otherwise.
+
+        An intact certificate from a root this ring does not trust is kept aside, only
+        to say in messages who certified a name (it never makes a key count)."""
         if item.issuer not in self.roots or not item.intact():
+            if (isinstance(item, Certificate) and item.issuer not in self.roots
+                    and item.intact()):
+                aside = self._strangers.setdefault(item.name, [])
+                if item not in aside:
+                    aside.append(item)
             return False
         if isinstance(item, Certificate):
             known = self._certs.setdefault(item.public_key, [])
             if item not in known:
                 known.append(item)
+                named = self._named.setdefault(item.name, [])
+                if item.public_key not in named:
+                    named.append(item.public_key)
         else:
             earlier = self._revoked.get(item.key_fingerprint)
             self._revoked[item.key_fingerprint] = (
@@ -321,12 +340,62 @@ class KeyRing:
         """The accepted certificates of ``public_key``."""
         return list(self._certs.get(public_key, ()))
 
+    def keys_named(self, name: str) -> list[bytes]:
+        """The keys a trusted root certified under ``name`` (whatever their state)."""
+        return list(self._named.get(name, ()))
+
+    def names(self) -> dict[str, list[bytes]]:
+        """Every certified name and its keys, as accepted so far."""
+        return {name: list(keys) for name, keys in self._named.items()}
+
+    def strangers(self) -> dict[str, list[bytes]]:
+        """Names certified only by roots this ring does not trust, and those keys (for
+        listings: none of them counts)."""
+        return {name: [c.public_key for c in certs] for name, certs in self._strangers.items()
+                if name not in self._named}
+
+    def signer(self, name: str, signature: bytes, message: bytes,
+               ts_us: int | None = None, *, first: bytes | None = None
+               ) -> tuple[bytes | None, str | None]:
+        """Which key made ``signature`` over ``message`` for the writer ``name``:
+        ``(key, None)`` when a key certified under ``name`` (or a trusted root) made it
+        and counts at ``ts_us``; ``(key or None, why not)`` otherwise. ``first`` is a
+        key to try before the others (the one that signed last time)."""
+        candidates = self.keys_named(name)
+        if first is not None and first in candidates:
+            candidates.remove(first)
+            candidates.insert(0, first)
+        for key in (*candidates, *sorted(self.roots)):
+            if _verify(key, signature, message):
+                return key, self.problem(key, ts_us, name=name)
+        if candidates:
+            return None, (f"its signature does not verify under any key certified as "
+                          f"{name!r}")
+        return None, self.unknown_name(name)
+
+    def unknown_name(self, name: str) -> str:
+        """Why nothing signed for ``name`` can count: no trusted root certified it."""
+        if not self.roots:
+            return (f"{name!r} cannot be checked: this node trusts no root key "
+                    "(add one with `perdure keys trust ROOT_PUBLIC_KEY`, or configure "
+                    "App(trust=...), --trust or PERDURE_TRUST)")
+        strangers = sorted({key_text(c.issuer) for c in self._strangers.get(name, ())})
+        if strangers:
+            return (f"{name!r} is not certified by a root this node trusts (it trusts "
+                    f"{self.roots_text()}), only by root {', '.join(strangers)}")
+        return (f"{name!r} is not certified by a root this node trusts "
+                f"({self.roots_text()})")
+
     def revoked_since(self, public_key: bytes) -> float | None:
         """From when records signed by ``public_key`` no longer count, if revoked."""
         return self._revoked.get(fingerprint(public_key))
 
-    def problem(self, public_key: bytes, ts_us: int | None = None) -> str | None:
-        """Why a record by ``public_key`` stamped ``ts_us`` does not count, or ``None``."""
+    def problem(self, public_key: bytes, ts_us: int | None = None, *,
+                name: str | None = None) -> str | None:
+        """Why a record by ``public_key`` stamped ``ts_us`` does not count, or ``None``.
+
+        With ``name``, the key must be certified under that name: a key speaks only
+        for the names its certificates carry."""
         if public_key in self.roots:
             return None  # a root may sign records itself (a one-machine setup never does)
         certs = self._certs.get(public_key)
@@ -338,6 +407,12 @@ class KeyRing:
                         "App(trust=...), --trust or PERDURE_TRUST)")
             return (f"key {short} is not certified by a root this node trusts "
                     f"({self.roots_text()})")
+        if name is not None:
+            named = [c for c in certs if c.name == name]
+            if not named:
+                carried = ", ".join(sorted({repr(c.name) for c in certs}))
+                return f"key {short} is certified as {carried}, not as {name!r}"
+            certs = named
         revoked = self._revoked.get(fingerprint(public_key))
         if revoked is not None and (ts_us is None or ts_us >= revoked * 1_000_000):
             return (f"key {short} was revoked (records stamped from {when(revoked)} on "
@@ -403,22 +478,20 @@ def seal_event(sign: Callable[[bytes], bytes], sender: str, object_id: str, name
 
 
 def check_event_seal(seal_bytes: bytes, object_id: str, name: str, payload: bytes,
-                     dedupe_key: str | None, keys: Mapping[str, bytes], ring: KeyRing,
-                     ts_us: int | None = None) -> tuple[bytes | None, str | None]:
-    """``(digest, None)`` for an event whose seal verifies under a trusted key, else
-    ``(digest or None, why not)``."""
+                     dedupe_key: str | None, ring: KeyRing, ts_us: int | None = None
+                     ) -> tuple[bytes | None, bytes | None, str | None]:
+    """``(digest, key, None)`` for an event whose seal verifies under a key a trusted
+    root certified as the seal's sender, else ``(digest or None, key or None, why not)``."""
     try:
         seal = EventSeal.from_bytes(seal_bytes)
     except ValueError as exc:
-        return None, str(exc)
+        return None, None, str(exc)
     digest = event_digest(object_id, name, payload, dedupe_key, seal.sender, seal.nonce)
-    key = keys.get(seal.sender)
-    if key is None:
-        return digest, f"its sender {seal.sender!r} has no registered key"
-    why = ring.problem(key, ts_us)
+    key, why = ring.signer(seal.sender, seal.signature, digest, ts_us)
     if why is not None:
-        return digest, f"its sender {seal.sender!r}: {why}"
-    if not _verify(key, seal.signature, digest):
-        return digest, (f"its signature does not verify against sender {seal.sender!r} "
-                        "(the event was changed after it was sent)")
-    return digest, None
+        if key is None and ring.keys_named(seal.sender):
+            why = (f"its signature does not verify under any key certified as "
+                   f"{seal.sender!r} (the event was changed after it was sent, or another "
+                   "key signed it)")
+        return digest, key, f"its sender {seal.sender!r}: {why}"
+    return digest, key, None

@@ -21,6 +21,7 @@ from perdure.core.events import ACTION_NOTE, REFINE_EVENT
 from perdure.core.gc import gc_paused
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
+from perdure.core.questions import waiting_note
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.budget_wake import wake_stopped
 from perdure.engine.commands.step_failures import cannot_do, node_problem
@@ -283,10 +284,13 @@ async def dormancy(node: Node, claim: Claim, records: list[Record], decision: De
     else:
         ready_at = by_deadline(decision.wake_at, facts.intent.deadline)
     event = facts.dormancy.event if facts.dormancy is not None else None
+    # Still waiting for what it went dormant for (woken by a control event, say): the
+    # row says again what it waits for (the questions it asks, the approvals), from memory.
+    note = waiting_note(records) if status in (Status.DORMANT, Status.PAUSED) else None
     journal = node.journal(claim, records)
     await journal.commit([], status=status, phase=Phase.DORMANCY, ready_at=ready_at,
                          running=False, waiting_event=event, release=True,
-                         parked=status is Status.PARKED)
+                         parked=status is Status.PARKED, note=note)
     if node.hooks.active:
         node.hooks.emit(ObjectDormant(node.signer.node_id, claim.object_id,
                                       decision.code.value, ready_at))

@@ -19,6 +19,7 @@ from perdure.engine.journal import Journal, StoreUnavailable
 from perdure.engine.node import Active, Node
 from perdure.engine.run import Run
 from perdure.errors import StoreError
+from perdure.keys.folder import public_bytes
 
 __all__ = [
     "cancel_pending",
@@ -36,8 +37,9 @@ log = logging.getLogger("perdure.worker")
 def heartbeat(node: Node) -> None:
     """Tell the store this node is alive, which agent versions and capabilities it has."""
     now = node.clock()
-    node.store.heartbeat(node.signer.node_id, node.serves, sorted(node.capabilities), now,
-                         now + node.settings.lease_seconds)
+    signer = node.signer
+    node.store.heartbeat(signer.node_id, public_bytes(signer.private_key), node.serves,
+                         sorted(node.capabilities), now, now + node.settings.lease_seconds)
 
 
 def node_gone(node: Node) -> None:

@@ -58,7 +58,8 @@ async def opened_memory(node: Node, claim: Claim, journal: Journal, records: lis
         opened: list[Record] = await node.read(sealer.open_records, records)
         intent = facts.intent
         intent = dataclasses.replace(intent, args=tuple(sealer.open(list(intent.args))),
-                                     kwargs=sealer.open(intent.kwargs))
+                                     kwargs=sealer.open(intent.kwargs),
+                                     goal=sealer.open(intent.goal))
     except DataKeyError as exc:
         note = no_key_note(exc, node.signer.node_id)
         log.warning("%s: %s; leaving it", claim.object_id, note,

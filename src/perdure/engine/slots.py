@@ -36,7 +36,6 @@ from perdure.core.bodies import Parked
 from perdure.core.chain import Signer
 from perdure.core.codec import decode, encode
 from perdure.core.records import Record
-from perdure.core.trust import verify_signature
 from perdure.engine.signals import Park
 from perdure.errors import IntegrityError, LeaseLostError
 from perdure.stores.base import CheckpointRow, Store
@@ -135,14 +134,12 @@ def row_problem(verifier: Verifier, object_id: str, row: CheckpointRow,
     """Why ``row`` does not vouch for itself against ``records``, or ``None``."""
     if row.object_id != object_id:
         return f"slot {row.slot!r} belongs to object {row.object_id!r}"
-    problem = verifier.slot_signer_problem(row.signer, int(row.written_at * 1_000_000))
-    if problem is not None:
-        return f"checkpoint slot {row.slot!r}: {problem}"
-    key = verifier.key_of(row.signer)
     message = slot_message(row.object_id, row.slot, row.after_seq, row.after_hash, row.body)
-    if key is None or not verify_signature(key, row.signature, message):
-        return (f"checkpoint slot {row.slot!r}: its signature does not verify under node "
-                f"{row.signer!r}'s key (the row was altered or forged)")
+    problem = verifier.signature_problem(row.signer, int(row.written_at * 1_000_000),
+                                         row.signature, message)
+    if problem is not None:
+        return (f"checkpoint slot {row.slot!r}: {problem} (the row was altered or "
+                "forged, or its writer is not certified under that name)")
     seq = row.after_seq
     index = seq - records[0].seq if records else -1
     if not (0 <= index < len(records)) or records[index].seq != seq or (

@@ -4,7 +4,8 @@
 an agent registered with ``encrypt=True``) under the new object's data key before the
 first record is signed; ``App.send`` seals an event's payload under the receiving
 object's data key (whole, when that object's agent encrypts all: the flag sits beside
-its wrapped data key); ``App.outcome`` opens a sealed result. Each takes the App's
+its wrapped data key), as ``App.refine`` seals a goal; ``App.outcome`` opens a sealed
+result. Each takes the App's
 ``DataKeys``; without the key it needs, ``DataKeyError`` says which key that is.
 """
 
@@ -24,7 +25,7 @@ from perdure.keys.data_keys import DataKeys
 from perdure.keys.sealer import Sealer, needs_sealing, sealed_arguments
 from perdure.stores.base import Store
 
-__all__ = ["differences", "opened_body", "sealed_payload", "start_arguments"]
+__all__ = ["differences", "opened_body", "sealed_goal", "sealed_payload", "start_arguments"]
 
 
 def start_arguments(store: Store, keys: DataKeys | None, definition: AgentDef,
@@ -51,6 +52,17 @@ def sealed_payload(store: Store, keys: DataKeys | None, object_id: str, event: s
         return data
     sealer = Sealer(store, keys, object_id, seal_all=seal_all)
     return sealer.store_value(payload, what=what)[1]
+
+
+def sealed_goal(store: Store, keys: DataKeys | None, object_id: str, goal: Any) -> Any:
+    """A refinement's ``goal`` as memory keeps it: sealed whole (still a JSON object,
+    of one key) when the object's agent encrypts all, its secrets sealed otherwise."""
+    row = store.data_key(object_id)
+    seal_all = row is not None and row.seal_all
+    if not isinstance(goal, dict) or not (seal_all or has_secrets(goal)):
+        return goal  # refused with the reason by ``Intent.refined``, or kept as it is
+    sealer = Sealer(store, keys, object_id, seal_all=seal_all)
+    return sealer.store_value(goal, what="goal of a refinement")[0]
 
 
 def opened_body(store: Store, keys: DataKeys | None, record: Record) -> dict[str, Any]:

@@ -13,6 +13,11 @@ Everything here lives outside the store, on the node's own disk::
 On a machine that has none of these, the first use makes a root in the folder, trusts
 it, and certifies the node key with it: one machine needs no set-up. For several
 machines, see ``docs/howto/keys-and-trust.md``.
+
+Where the folder is, unless ``--key-dir`` / ``PERDURE_KEY_DIR`` / ``App(key_dir=...)``
+says: ``keys/`` beside the database file for a SQLite store (so every command given
+the same ``--store`` uses the keys its workers use), ``~/.perdure/keys`` for any other
+store (``default_key_dir``).
 """
 
 from __future__ import annotations
@@ -53,8 +58,15 @@ REVOCATIONS = "revocations"
 HEADS = "heads.db"
 
 
-def default_key_dir() -> Path:
-    """``~/.perdure/keys``: where a node keeps its keys unless told otherwise."""
+def default_key_dir(store: str | None = None) -> Path:
+    """Where a node keeps its keys unless told otherwise: for a SQLite store
+    (``sqlite:///dir/agents.db``), ``keys`` beside the database file (``dir/keys``);
+    for any other store, or none, ``~/.perdure/keys``."""
+    from perdure.stores import sqlite_file
+
+    database = sqlite_file(store) if store is not None else None
+    if database is not None:
+        return database.parent / "keys"
     return Path.home() / ".perdure" / "keys"
 
 
@@ -382,7 +394,7 @@ class KeyFolder:
         the root kept here (creating that root on first use). The way to give several
         nodes on one machine, or in tests, one root."""
         if self.root_key() is None:
-            self.ensure_trust(name or self.path.name)
+            self.ensure_trust(self.path.name)
         for root in self.roots():
             other.trust(root)
         public = public_key_bytes(other.node_key())

@@ -4,6 +4,11 @@ Which roots a node trusts comes from its configuration (``App(trust=...)``,
 ``--trust``/``PERDURE_TRUST``) or, by default, from its key folder's ``roots`` file;
 never from the store. The store only carries certificates and revocations, which
 count when a trusted root signed them.
+
+Who a node is comes from its certificate: its node id is a name a trusted root
+certified its key under (by default the name in ``node.cert``). A node configured
+with another id acts under it only once a root certified its key under that id too;
+otherwise ``NodeIdentityError`` before it writes or sends anything.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from perdure.core.trust import (
     public_key_bytes,
     when,
 )
-from perdure.errors import ConfigurationError
+from perdure.errors import ConfigurationError, NodeIdentityError
 from perdure.keys.anchors import HeadAnchors
 from perdure.keys.folder import KeyFolder, default_node_id, read_roots
 from perdure.keys.verifier import Verifier
@@ -113,11 +118,19 @@ class NodeIdentity:
         return self._roots is not None
 
     def signer(self) -> Signer:
-        """This node's id and signing key (the key created on first use)."""
+        """This node's id and signing key (the key created on first use). The id is the
+        configured one, else the name ``node.cert`` certifies this key under, else
+        ``hostname-keyfingerprint``."""
         with self._lock:
             if self._signer is None:
                 key: Ed25519PrivateKey = self.folder.node_key()
-                self._signer = Signer(self._node_id or default_node_id(key), key)
+                name = self._node_id
+                if name is None:
+                    cert = (self.folder.certificate() if self.folder.certificate_installed()
+                            else None)
+                    ours = cert is not None and cert.public_key == public_key_bytes(key)
+                    name = cert.name if ours and cert is not None else default_node_id(key)
+                self._signer = Signer(name, key)
             return self._signer
 
     def roots(self) -> list[bytes]:
@@ -132,14 +145,18 @@ class NodeIdentity:
         return self.folder.ring(self._roots)
 
     def certified(self, store: Store) -> Certificate:
-        """This node's certificate, found or made, and published in ``store``.
+        """This node's certificate under its node id, found or made, and published in
+        ``store``.
 
         On one machine with nothing configured, the first use creates a root in the key
         folder and certifies this node's key with it. Otherwise the certificate comes
         from ``node.cert`` or from the store (the newest one still valid), or from the
-        root key kept in the folder. ``ConfigurationError`` says what to run when there
-        is none, when it expired, when the key was revoked, or when the installed
-        certificate comes from a root this node does not trust.
+        root key kept in the folder (which may certify its node's key under any id it
+        is given: whoever holds a root can name anyone). ``NodeIdentityError`` when
+        the key is certified, but under other names than the node id; ``ConfigurationError``
+        says what to run when there is no certificate, when it expired, when the key
+        was revoked, or when the installed certificate comes from a root this node does
+        not trust.
         """
         with self._lock:
             if self._cert is not None:
@@ -151,17 +168,22 @@ class NodeIdentity:
             ring.offer(store.trust_items())
             public = public_key_bytes(signer.private_key)
             name = signer.node_id
-            cert = self._find(ring, public)
+            cert = self._find(ring, public, name)
             if cert is None:
                 root = self.folder.root_key()
                 if root is not None and public_key_bytes(root) in ring.roots:
-                    cert = self.folder.certify_self(name)
+                    cert = self.folder.issue(public, name=name)
+                    ring.add(cert)
+                    if self._find(ring, public, name) is None:  # pragma: no cover
+                        cert = None
             revoked = ring.revoked_since(public)
             if revoked is not None and revoked <= time.time():
                 raise ConfigurationError(
                     f"this node's key {key_text(public)} was revoked (from {when(revoked)}); "
                     "records it signs do not count: give the node a new key with `perdure "
                     "keys rotate` and have it certified")
+            if cert is None and ring.certificates(public):
+                raise NodeIdentityError(self._misnamed(ring, public, name))
             if cert is None:
                 raise ConfigurationError(self._uncertified(ring, public, name))
             if cert.expires_at is not None and cert.expires_at < time.time():
@@ -189,20 +211,32 @@ class NodeIdentity:
                 f"run `perdure keys issue {public.hex()} --name {name} --publish` (or "
                 "`--out FILE`, then `perdure keys install FILE` here)")
 
-    def _find(self, ring: KeyRing, public: bytes) -> Certificate | None:
-        """The newest certificate of ``public`` the ring accepts (from ``node.cert`` or the
-        store), preferring one still valid; kept in ``node.cert`` if it came from the
-        store."""
+    def _misnamed(self, ring: KeyRing, public: bytes, name: str) -> str:
+        """What to tell a node whose key is certified, but not under ``name``."""
+        carried = sorted({c.name for c in ring.certificates(public)})
+        shown = ", ".join(repr(n) for n in carried)
+        return (f"this node's key {key_text(public)} (folder {self.folder.path}) is "
+                f"certified as {shown}, not as {name!r}: a key acts only under a name its "
+                f"certificate carries. Drop --node-id / PERDURE_NODE_ID (or node_id=) to "
+                f"act as {carried[0]!r}, or, where the root key is, run `perdure keys "
+                f"issue {public.hex()} --name {name} --publish`")
+
+    def _find(self, ring: KeyRing, public: bytes, name: str) -> Certificate | None:
+        """The newest certificate of ``public`` under ``name`` the ring accepts (from
+        ``node.cert`` or the store), preferring one still valid; kept in ``node.cert``
+        if it came from the store and ``node.cert`` holds no certificate of this key
+        under another name (the node's own name, its default id, stays)."""
         local = self.folder.certificate() if self.folder.certificate_installed() else None
         if local is not None and local.public_key == public:
             ring.add(local)
-        found = ring.certificates(public)
+        found = [c for c in ring.certificates(public) if c.name == name]
         if not found:
             return None
         now = time.time()
         valid = [c for c in found if c.expires_at is None or c.expires_at >= now]
         best = max(valid or found, key=lambda c: c.issued_at)
-        if best != local:
+        if best != local and (local is None or local.public_key != public
+                              or local.name == name):
             self.folder.install_certificate(best)
         return best
 

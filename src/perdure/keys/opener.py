@@ -13,7 +13,8 @@ What the caller cannot open stays as memory holds it (``{"perdure:sealed": ...}`
 an App without data keys, or without the key-encryption key a data key is wrapped
 under, still reads everything else. A sealed value that does not open under its key
 (a changed byte) is an integrity failure and raises ``SealBrokenError``, never
-garbage. The CLI does not open: it prints ``<sealed>`` and ``Secret('***')``.
+garbage. An App whose ``open_sealed`` is false (the CLI's) opens nothing: the CLI
+prints ``<sealed>``.
 
 The records keep their bytes, hashes and signatures as stored: only ``body`` is the
 opened copy.
@@ -40,7 +41,7 @@ class RecordOpener:
 
     def __init__(self, app: App) -> None:
         self._store = app.store
-        self._keys = app.data_keys
+        self._keys = app.data_keys if app.open_sealed else None
         self._cache = KeyCache(256)
         self._sealers: dict[str, Sealer] = {}
 

@@ -1,11 +1,12 @@
 """What a node believes of the store: records and events vouched for by trusted keys.
 
 A ``Verifier`` joins the node's ``KeyRing`` (its own roots, from its configuration)
-with what the store offers (node ids and public keys, certificates, revocations),
-caching both. The store is read again when a record or event names a node it does not
-know (or trust) yet, and at least every ``max_age_seconds`` otherwise, so that a
-revocation published in the store reaches every node within that time; nothing the
-store says is taken without a trusted root's signature over it.
+with what the store offers (certificates and revocations), caching both. A record,
+event or checkpoint names its writer; it counts when signed by a key a trusted root
+certified under that very name (``KeyRing.signer``): who a key speaks for comes from
+its certificate, never from the store's rows. The store is read again when a writer's
+name has no certified key yet, and at least every ``max_age_seconds`` otherwise, so
+that a revocation published in the store reaches every node within that time.
 """
 
 from __future__ import annotations
@@ -33,32 +34,27 @@ class Verifier:
         self.ring = ring
         self.max_age_seconds = max_age_seconds
         self._refreshed_at = -1e9
-        self._keys: dict[str, bytes] = {}
+        self._signed: dict[str, bytes] = {}  # per writer, the key that signed last
         self._lock = threading.Lock()
         self._loaded = False
 
     # -- what the store offers --------------------------------------------------------
 
     def refresh(self) -> None:
-        """Read node keys and trust items from the store again."""
-        keys = self.store.public_keys()
+        """Read the trust items (certificates, revocations) from the store again."""
         items = self.store.trust_items()
         with self._lock:
             self.ring.offer(items)
-            self._keys = keys
             self._loaded = True
             self._refreshed_at = time.monotonic()
 
     def _known(self, node_ids: Iterable[str]) -> None:
         """Make sure ``node_ids`` are looked up: the store is read again when one of them
-        is new or not (yet) certified, so a node that registered a moment ago is never
-        taken for a stranger, and at least every ``max_age_seconds``."""
+        has no certified key yet, so a node certified a moment ago is never taken for a
+        stranger, and at least every ``max_age_seconds``."""
         stale = time.monotonic() - self._refreshed_at >= self.max_age_seconds
-        for node_id in node_ids:
-            key = self._keys.get(node_id)
-            if key is None or self.ring.problem(key) is not None:
-                stale = True
-                break
+        if not stale:
+            stale = any(not self.ring.keys_named(node_id) for node_id in node_ids)
         if stale or not self._loaded:
             self.refresh()
 
@@ -67,11 +63,11 @@ class Verifier:
         if time.monotonic() - self._refreshed_at >= self.max_age_seconds:
             self.refresh()
 
-    def keys(self) -> dict[str, bytes]:
-        """Every node id the store registers and its key (read on first use)."""
+    def names(self) -> dict[str, list[bytes]]:
+        """Every name a trusted root certified, and its keys (read on first use)."""
         if not self._loaded:
             self.refresh()
-        return dict(self._keys)
+        return self.ring.names()
 
     # -- records ----------------------------------------------------------------------
 
@@ -81,7 +77,7 @@ class Verifier:
         self._known([rec.node_id])
         digest = sealed_by(rec)
         seals = self.store.seals([digest]) if digest is not None else {}
-        return record_problem(rec, self._keys, seals, self.ring)
+        return record_problem(rec, {}, seals, self.ring, self._signed)
 
     def check_head(self, object_id: str, records: Sequence[Record]) -> None:
         """Vouch for a chain whose links and hashes were checked: its newest record must
@@ -92,15 +88,15 @@ class Verifier:
         if problem is not None:
             raise IntegrityError(object_id, last.seq, problem)
 
-    def slot_signer_problem(self, node_id: str, ts_us: int) -> str | None:
-        """Why ``node_id``'s key does not vouch for a checkpoint slot row written at
-        ``ts_us``, or ``None`` (the signature itself is checked by the caller)."""
+    def signature_problem(self, node_id: str, ts_us: int, signature: bytes,
+                          message: bytes) -> str | None:
+        """Why ``signature`` over ``message`` does not vouch for a row ``node_id`` wrote
+        at ``ts_us`` (a checkpoint slot), or ``None``: it must be made by a key a trusted
+        root certified as ``node_id``."""
         self._known([node_id])
-        key = self.key_of(node_id)
-        if key is None:
-            return f"signer node {node_id!r} has no registered public key"
-        why = self.ring.problem(key, ts_us)
-        return None if why is None else f"signed by node {node_id!r}, whose {why}"
+        _, why = self.ring.signer(node_id, signature, message, ts_us,
+                                  first=self._signed.get(node_id))
+        return None if why is None else f"signed by node {node_id!r}: {why}"
 
     # -- events -----------------------------------------------------------------------
 
@@ -115,17 +111,20 @@ class Verifier:
         if senders:
             self._known(senders)
 
-    def key_of(self, node_id: str) -> bytes | None:
-        """The public key registered for ``node_id`` (as last read), or ``None``."""
-        with self._lock:
-            return self._keys.get(node_id)
+    def event_key(self, event: Event) -> bytes | None:
+        """The certified key that sealed ``event`` (``None`` if none does). No I/O."""
+        _, key, problem = check_event_seal(
+            event.seal, event.object_id, event.name, event.payload, event.dedupe_key,
+            self.ring)
+        return key if problem is None else None
 
     def check_event(self, event: Event) -> EventCheck:
-        """``(digest hex, None)`` for an event whose seal verifies under a trusted key;
-        ``(digest hex or None, why)`` for one to refuse. No I/O (see ``warm``)."""
-        digest, problem = check_event_seal(
+        """``(digest hex, None)`` for an event sealed by a key a trusted root certified
+        as its sender; ``(digest hex or None, why)`` for one to refuse. No I/O (see
+        ``warm``)."""
+        digest, _, problem = check_event_seal(
             event.seal, event.object_id, event.name, event.payload, event.dedupe_key,
-            self._keys, self.ring)
+            self.ring)
         return (digest.hex() if digest is not None else None), problem
 
 

@@ -23,7 +23,14 @@ from perdure.errors import (
 )
 from perdure.resources._protocol import Fresh, Invalidate, Resource, Stale, Validity
 from perdure.resources.checks import Check, ExpiresAt, FileHash, GitHead, SchemaVersion
-from perdure.resources.local import Environment, OpenFile, Process, Subprocess, WorkingDirectory
+from perdure.resources.local import (
+    Environment,
+    OpenFile,
+    Process,
+    Subprocess,
+    WorkingDirectory,
+    revealed,
+)
 from perdure.resources.remote import HttpSession, PostgresSession
 
 __all__ = [
@@ -48,4 +55,5 @@ __all__ = [
     "Subprocess",
     "Validity",
     "WorkingDirectory",
+    "revealed",
 ]

@@ -29,7 +29,8 @@ from perdure.core.secret import Secret
 from perdure.errors import CannotRestoreError, ConfigurationError
 from perdure.resources._protocol import Fresh, Invalidate, Resource, Stale, Validity
 
-__all__ = ["Environment", "OpenFile", "Process", "Subprocess", "WorkingDirectory"]
+__all__ = ["Environment", "OpenFile", "Process", "Subprocess", "WorkingDirectory",
+           "revealed"]
 
 
 class WorkingDirectory(Resource[Path]):
@@ -62,13 +63,16 @@ def _directory(path: str, create: bool) -> Path:
     return where
 
 
-class Environment(Resource[dict[str, str]]):
-    """Environment variables (the live thing is a ``dict`` to hand to subprocesses);
+class Environment(Resource[dict[str, Any]]):
+    """Environment variables (the live thing is a ``dict`` to hand to ``Subprocess``);
     ``apply=True`` also sets them in this process's ``os.environ`` on every restore.
 
     A value given as a ``perdure.Secret``, or named in ``secret``, is a credential: the
     descriptor holds it as a ``Secret``, so memory keeps it sealed at rest and nothing
-    prints it; the live ``dict`` (and ``os.environ``) gets the revealed value."""
+    prints it, and so does the live ``dict``: wherever it goes (another resource's
+    descriptor, a step's result, an event) it is still a ``Secret`` and stays sealed.
+    ``Subprocess`` reveals it for the process it starts (and ``os.environ`` gets the
+    revealed value); for a process of your own, pass ``revealed(env)``."""
 
     versions = (1, 2)  # 2: secret values are Secrets in the descriptor
 
@@ -84,34 +88,49 @@ class Environment(Resource[dict[str, str]]):
                                      f"Secret strings), a name without '=': "
                                      f"{sorted(map(repr, bad))}")
         names = set(secret) | {k for k, v in variables.items() if isinstance(v, Secret)}
-        self.variables = {k: _plain(v) for k, v in variables.items()}
         self.secret = sorted(names)
+        self.variables = _kept(variables, names)
         self.apply = apply
 
-    async def open(self) -> dict[str, str]:
+    async def open(self) -> dict[str, Any]:
         if self.apply:
-            os.environ.update(self.variables)
+            os.environ.update(revealed(self.variables))
         return dict(self.variables)
 
-    def describe(self, live: dict[str, str]) -> dict[str, Any]:
-        hidden = set(self.secret)
-        return {"vars": {k: Secret(v) if k in hidden else v for k, v in live.items()},
-                "secret": self.secret, "apply": self.apply}
+    def describe(self, live: dict[str, Any]) -> dict[str, Any]:
+        return {"vars": _kept(live, set(self.secret)), "secret": self.secret,
+                "apply": self.apply}
 
     @classmethod
-    async def restore(cls, descriptor: dict[str, Any]) -> dict[str, str]:
-        variables = {str(k): str(_plain(v)) for k, v in dict(descriptor["vars"]).items()}
+    async def restore(cls, descriptor: dict[str, Any]) -> dict[str, Any]:
+        names = {str(name) for name in descriptor.get("secret") or ()}
+        variables = _kept({str(k): v for k, v in dict(descriptor["vars"]).items()}, names)
         if descriptor.get("apply"):
-            os.environ.update(variables)
+            os.environ.update(revealed(variables))
         return variables
 
     @classmethod
-    async def validate(cls, descriptor: dict[str, Any], live: dict[str, str]) -> Validity:
+    async def validate(cls, descriptor: dict[str, Any], live: dict[str, Any]) -> Validity:
         if descriptor.get("apply"):
-            differ = sorted(k for k, v in live.items() if os.environ.get(k) != v)
+            differ = sorted(k for k, v in revealed(live).items() if os.environ.get(k) != v)
             if differ:
                 return Stale(f"environment variables {', '.join(differ)} differ")
         return Fresh()
+
+
+def _kept(variables: Mapping[str, Any], secret: set[str]) -> dict[str, Any]:
+    """``variables`` with each value named in ``secret`` (or given as one) a ``Secret``
+    and the others plain strings."""
+    return {k: Secret(str(_plain(v))) if k in secret or isinstance(v, Secret)
+            else str(v) for k, v in variables.items()}
+
+
+def revealed(env: Mapping[str, Any]) -> dict[str, str]:
+    """An environment mapping (an ``Environment``'s live ``dict``) with its ``Secret``
+    values revealed, for a process of your own (``subprocess.run(..., env=...)``):
+    what you do with the result is no longer tracked, so pass it there and nowhere
+    else."""
+    return {str(k): str(_plain(v)) for k, v in env.items()}
 
 
 def _plain(value: Any) -> Any:
@@ -286,7 +305,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
 
 async def _start(argv: list[str], cwd: str | None, env: dict[str, Any],
                  ready: dict[str, Any] | None, timeout: float) -> Process:
-    full_env = {**os.environ, **{str(k): str(_plain(v)) for k, v in env.items()}}
+    full_env = {**os.environ, **revealed(env)}
     if shutil.which(argv[0], path=full_env.get("PATH")) is None:
         raise CannotRestoreError(f"program {argv[0]!r} is not installed on this node")
     if cwd is not None and not Path(cwd).is_dir():

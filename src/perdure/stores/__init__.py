@@ -19,7 +19,18 @@ __all__ = [
     "Store",
     "open_store",
     "redact_url",
+    "sqlite_file",
 ]
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file a ``sqlite:///`` URL names (as given, relative or absolute);
+    ``None`` for any other URL or one that names no file."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite" or parts.netloc:
+        return None
+    raw = unquote(parts.path)
+    return Path(raw[1:]) if raw and raw != "/" else None
 
 
 def open_store(url: str) -> Store:

@@ -198,10 +198,12 @@ class Tables:
                 and row.status not in TERMINAL):
             row.ready_at = float(now)
 
-    def pending(self, object_id: str, name: str) -> bool:
-        """Whether an event named ``name`` waits in the object's inbox."""
+    def pending(self, object_id: str, name: str, consuming: Sequence[int] = ()) -> bool:
+        """Whether an event named ``name`` waits in the object's inbox, beside the ones
+        the append at hand consumes (``consuming``)."""
         return any(event.name == name and event.consumed_seq is None
-                   for event in self.inbox.get(object_id, {}).values())
+                   and event_id not in consuming
+                   for event_id, event in self.inbox.get(object_id, {}).items())
 
     def cancel_children(self, parent_id: str, now: float) -> None:
         """``cancel_children``: a parent that terminates asks its live children to cancel."""
@@ -258,7 +260,8 @@ def apply_one(t: Tables, op: Append, now: float, records: Sequence[tuple[Any, ..
     if row.cancel_requested and op.status not in TERMINAL:
         # A cancel asked for while the node ran must not be lost when it lets go.
         row.ready_at = now
-    elif op.waiting_event is not None and t.pending(op.object_id, op.waiting_event):
+    elif op.waiting_event is not None and t.pending(op.object_id, op.waiting_event,
+                                                    op.consume_event_ids):
         row.ready_at = now
     else:
         row.ready_at = _time(op.ready_at)

@@ -169,9 +169,11 @@ def create_params(new: NewObject, now: float, encode_names: Callable[[list[str]]
     }
 
 
-def append_params(op: Append, now: float, encode_names: Callable[[list[str]], Any]
+def append_params(op: Append, now: float, encode_names: Callable[[list[Any]], Any]
                   ) -> dict[str, Any]:
-    """The ``append_update`` parameters of a fenced append."""
+    """The ``append_update`` parameters of a fenced append (``encode_names`` turns a list
+    into the parameter the backend reads: the capabilities required, the events
+    consumed)."""
     first = op.records[0] if op.records else None
     last = op.records[-1] if op.records else None
     return {
@@ -186,6 +188,9 @@ def append_params(op: Append, now: float, encode_names: Callable[[list[str]], An
         "parked": op.parked,
         "note": op.note,
         "requires": None if op.requires is None else encode_names(sorted(op.requires)),
+        # The events this append consumes: no longer pending once it is taken, so they
+        # do not make the object runnable again at once (see ``Append``).
+        "consumed": encode_names([int(e) for e in op.consume_event_ids]),
         "avoid_node": op.avoid_node,
         "clear_avoid": op.clear_avoid,
         "now": now,

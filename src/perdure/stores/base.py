@@ -298,10 +298,11 @@ class Nodes(Protocol):
     def trust_items(self) -> builtins.list[tuple[str, bytes]]:
         """Every trust item as ``(kind, body)``, oldest first."""
 
-    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float, live_until: float) -> None:
-        """Note that ``node_id`` is alive at ``now`` and counts as live until ``live_until``
-        unless it beats again, and what it serves (for humans and routing notes)."""
+    def heartbeat(self, node_id: str, public_key: bytes, serves: Sequence[str],
+                  capabilities: Sequence[str], now: float, live_until: float) -> None:
+        """Note that ``node_id`` (signing with ``public_key``, for people to read: who a key
+        speaks for comes from its certificate, never from this row) is alive at ``now`` and
+        counts as live until ``live_until`` unless it beats again, and what it serves."""
 
     def node_gone(self, node_id: str, now: float) -> None:
         """Note that ``node_id`` stopped at ``now``: it no longer counts as live."""

@@ -206,14 +206,16 @@ class MemoryStore:
                 counts[row.key_id] = counts.get(row.key_id, 0) + 1
         return dict(sorted(counts.items()))
 
-    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float, live_until: float) -> None:
+    def heartbeat(self, node_id: str, public_key: bytes, serves: Sequence[str],
+                  capabilities: Sequence[str], now: float, live_until: float) -> None:
         """Record that ``node_id`` is alive until ``live_until``, what it serves and can do."""
         with self._held() as t:
             node = t.nodes.get(node_id)
-            if node is not None:
-                node.serves, node.capabilities = tuple(sorted(serves)), tuple(sorted(capabilities))
-                node.seen_at, node.live_until = float(now), float(live_until)
+            if node is None:
+                node = t.nodes[node_id] = NodeRow(bytes(public_key), float(now))
+            node.public_key = bytes(public_key)
+            node.serves, node.capabilities = tuple(sorted(serves)), tuple(sorted(capabilities))
+            node.seen_at, node.live_until = float(now), float(live_until)
 
     def node_gone(self, node_id: str, now: float) -> None:
         """Record that ``node_id`` stopped: it no longer counts as live."""

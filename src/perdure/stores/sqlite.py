@@ -502,13 +502,14 @@ class SQLiteStore(SQLiteBrowse):
         del callback
         return None
 
-    def heartbeat(self, node_id: str, serves: Sequence[str], capabilities: Sequence[str],
-                  now: float, live_until: float) -> None:
+    def heartbeat(self, node_id: str, public_key: bytes, serves: Sequence[str],
+                  capabilities: Sequence[str], now: float, live_until: float) -> None:
         """Record that ``node_id`` is alive until ``live_until``, what it serves and can do."""
         with self._write() as conn:
             conn.execute(_Q["heartbeat"], {"serves": json.dumps(sorted(serves)),
                                            "caps": json.dumps(sorted(capabilities)),
                                            "now": now, "live_until": live_until,
+                                           "public_key": public_key,
                                            "node_id": node_id})
 
     def node_gone(self, node_id: str, now: float) -> None:

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
-from perdure.approvals import PendingApproval, decide, pending_in
+from perdure.approvals import (
+    PendingApproval,
+    check_deadline,
+    decide,
+    pending_in,
+)
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_reserved
 from perdure.core.names import check_name
@@ -163,17 +168,11 @@ class Question:
         return cls(q.object_id, q.agent, q.event, q.prompt, q.asked_at, q.choices)
 
 
-def questions(app: App, rows: list[ObjectInfo]) -> list[Question]:
-    """Open questions, newest first: what ``app.questions()`` finds (waits with a
-    prompt) and every other object waiting for an event (``rows``, from the
-    dashboard's query)."""
-    found = [Question.asked(q) for q in app.questions()]
-    asked = {q.object_id for q in found}
-    # an object waiting for an event without a prompt is a question too: the event answers
-    found += [Question(r.object_id, r.agent, str(r.waiting_event), None, r.updated_at)
-              for r in rows if r.object_id not in asked]
-    found.sort(key=lambda q: q.since, reverse=True)
-    return found
+def questions(app: App) -> list[Question]:
+    """Open questions, newest first: what ``app.questions()`` finds (and ``perdure
+    questions`` prints), every pending wait for an event sent from outside, with its
+    prompt and choices or without."""
+    return [Question.asked(q) for q in app.questions(limit=200)]
 
 
 # -- tool approvals ------------------------------------------------------------------------
@@ -210,6 +209,7 @@ def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
     if target is None:
         raise ApprovalError(f"object {object_id!r} has no proposal {proposal_id!r} waiting "
                             "for approval (decided already, or expired); reload the inbox")
+    check_deadline(target, time.time())  # nothing noted for a decision that cannot count
     report = app.verify(object_id)
     if not report.ok:  # never sign a decision on what a forged or damaged memory shows
         raise ApprovalError(

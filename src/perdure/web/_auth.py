@@ -184,8 +184,13 @@ class Sessions:
 
 
 class Throttle:
-    """Failed logins per client: after ``allowed`` failures within ``window`` seconds,
-    that client is refused until the window passes."""
+    """Login attempts per client: after ``allowed`` failures within ``window`` seconds,
+    that client is refused until the window passes.
+
+    An attempt counts from the moment it is let in (``attempt``), before its secret is
+    hashed, as a failure until it proves otherwise (``succeeded`` takes it back): logins
+    sent at once cannot all be evaluated while none of them has failed yet.
+    """
 
     def __init__(self, allowed: int = 5, window: float = 60.0) -> None:
         self.allowed = allowed
@@ -193,17 +198,33 @@ class Throttle:
         self._lock = threading.Lock()
         self._failures: dict[str, list[float]] = {}
 
+    def _recent(self, client: str, now: float) -> list[float]:
+        recent = [t for t in self._failures.get(client, []) if t > now - self.window]
+        self._failures[client] = recent
+        return recent
+
     def blocked(self, client: str) -> bool:
         """Whether ``client`` must wait before trying again."""
-        now = time.time()
         with self._lock:
-            recent = [t for t in self._failures.get(client, []) if t > now - self.window]
-            self._failures[client] = recent
-            return len(recent) >= self.allowed
+            return len(self._recent(client, time.time())) >= self.allowed
 
-    def failed(self, client: str) -> None:
-        """Count a failed login of ``client``."""
+    def attempt(self, client: str) -> float | None:
+        """Let one login attempt of ``client`` in, counted as failed until
+        ``succeeded``: its stamp, or ``None`` when the client must wait (too many
+        failures, or attempts still being checked)."""
+        now = time.time()
         with self._lock:
             if len(self._failures) > 10_000:
                 self._failures.clear()
-            self._failures.setdefault(client, []).append(time.time())
+            recent = self._recent(client, now)
+            if len(recent) >= self.allowed:
+                return None
+            recent.append(now)
+            return now
+
+    def succeeded(self, client: str, stamp: float) -> None:
+        """The attempt let in at ``stamp`` proved its secret: it is no failure."""
+        with self._lock:
+            recent = self._failures.get(client, [])
+            if stamp in recent:
+                recent.remove(stamp)

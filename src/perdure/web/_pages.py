@@ -201,9 +201,11 @@ def _intent_section(records: Sequence[Record]) -> str:
     assert isinstance(body, Instantiated)
     intent, ctx = body.intent, body.context
     rows = [("agent", f"{intent.agent}@{intent.version}"),
-            ("arguments", json.dumps(list(intent.args), ensure_ascii=False)),
-            ("keyword arguments", json.dumps(intent.kwargs, ensure_ascii=False, sort_keys=True)),
-            ("goal", json.dumps(intent.goal, ensure_ascii=False, sort_keys=True)),
+            ("arguments", json.dumps(sealed_shown(list(intent.args)), ensure_ascii=False)),
+            ("keyword arguments", json.dumps(sealed_shown(intent.kwargs), ensure_ascii=False,
+                                             sort_keys=True)),
+            ("goal", json.dumps(sealed_shown(intent.goal), ensure_ascii=False,
+                                sort_keys=True)),
             ("deadline", view.when(intent.deadline)),
             ("max failures", "policy default" if intent.max_failures is None
              else str(intent.max_failures)),
@@ -220,7 +222,8 @@ def _intent_section(records: Sequence[Record]) -> str:
             assert isinstance(refined, IntentRefined)
             refinements.append(
                 f"<li>#{rec.seq} {_e(view.when(rec.ts))} v{refined.intent.version_no}: "
-                f"<code>{_e(json.dumps(refined.changes, sort_keys=True))}</code></li>")
+                f"<code>{_e(json.dumps(sealed_shown(refined.changes), sort_keys=True))}"
+                f"</code></li>")
     context = [("trace", ctx.trace_id), ("parent", ctx.parent_id or "-"),
                ("root", ctx.root_id or "-"), ("depth", str(ctx.depth)),
                ("trust scope", ctx.trust_scope),

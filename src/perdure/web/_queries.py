@@ -1,6 +1,7 @@
-"""The dashboard's reads of a store: a filtered, paged listing of objects, the open
-questions, what each node runs, and the last hour's figures, all through the store's
-public ``Browse`` role (so any store serves: SQLite, PostgreSQL, or one in memory).
+"""The dashboard's reads of a store: a filtered, paged listing of objects, what each node
+runs, and the last hour's figures, all through the store's public ``Browse`` role (so any
+store serves: SQLite, PostgreSQL, or one in memory). The inbox asks the App
+(``App.questions``), as ``perdure questions`` does.
 
 Paging is by key (``created_at``, ``object_id``), never by offset, so that page 1,000 of
 100,000 objects costs what page 1 does. The web's own part is the form: parsing the
@@ -165,12 +166,7 @@ class Queries:
         """How many objects the store holds per stored status."""
         return self.store.status_counts()
 
-    # -- the inbox, the nodes ----------------------------------------------------------
-
-    def questions(self, limit: int = 200) -> list[ObjectRow]:
-        """Objects waiting for an event someone outside may send (not perdure's own
-        signals), most recently updated first."""
-        return self.store.awaiting_outside(limit)
+    # -- the nodes ----------------------------------------------------------------------
 
     def running_on(self, now: float) -> dict[str, list[str]]:
         """Object ids by the node holding their lease now."""

@@ -265,14 +265,14 @@ class Dashboard:
         if not pre or not hmac.compare_digest(form.get("csrf", "").encode(), pre.encode()):
             return self._refuse(request, _Refusal(403, "the login form expired; reload it",
                                                   "bad login CSRF"))
-        if self.throttle.blocked(client):
+        stamp = self.throttle.attempt(client)  # counted before the hash, while in flight
+        if stamp is None:
             return self._refuse(request, _Refusal(429, "too many failed logins; wait a minute",
                                                   "login throttled"))
         name = " ".join("".join(c for c in form.get("name", "") if c.isprintable()
                                 ).split())[:80]
         proved = await run_in_threadpool(self.credentials.check, form.get("secret", ""))
         if proved is None or not name:
-            self.throttle.failed(client)
             log.warning("dashboard login failed from %s (name %r)", client, name,
                         extra={"action": "ui_login_failed"})
             nonce = secrets.token_urlsafe(24)
@@ -281,6 +281,7 @@ class Dashboard:
                 status_code=401, headers=_HEADERS)
             self._cookie(response, _PRE, nonce, 3600)
             return response
+        self.throttle.succeeded(client, stamp)
         principal = Principal(name, *proved)
         sid, _ = self.sessions.open(principal)
         log.info("dashboard login: %s from %s", principal.label(), client,
@@ -398,11 +399,10 @@ class Dashboard:
 
         def build() -> str:
             now = time.time()
-            rows = [info_from_row(r, now) for r in self.queries.questions()]
             parked = [info_from_row(r, now) for r in
                       self.queries.page(Filters(status="parked"), limit=100).rows]
             approvals, damaged = actions.pending_approvals(self.app)
-            return pages.inbox_page(actions.questions(self.app, rows), approvals,
+            return pages.inbox_page(actions.questions(self.app), approvals,
                                     who=session.principal, csrf=session.csrf,
                                     flash=flash, error=error, parked=parked,
                                     damaged=damaged)

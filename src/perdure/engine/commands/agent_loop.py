@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.gate import Policy
-from perdure.engine.commands.tools import ToolOutcome, call_tool, tally
+from perdure.engine.commands.tools import ToolOutcome, call_tool
 from perdure.errors import ConfigurationError
 from perdure.tools import Tool
 
@@ -97,13 +97,9 @@ async def agent(
             return AgentResult(text, "deadline", turn - 1, tuple(conversation),
                                tuple(outcomes), tokens)
         at = str(self._key(consume=False))
-        fresh = not self._recorded(self._key(consume=False))
         reply = await self.model(client, model=model, messages=conversation, tools=specs,
                                  params=params, stream=stream, name=name)
-        used = reply.usage.total_tokens
-        tokens += used
-        if fresh:
-            tally(self).fresh_tokens += used
+        tokens += reply.usage.total_tokens  # a fresh call counted itself (count_model_call)
         text = reply.text
         if not reply.tool_calls:
             conversation.append(reply.message())

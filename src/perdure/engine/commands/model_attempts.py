@@ -30,7 +30,7 @@ from perdure.engine.commands.model_budget import (
     refusal,
 )
 from perdure.engine.commands.model_calls import CallOptions, Route, error_of
-from perdure.engine.commands.model_memory import ModelMemory
+from perdure.engine.commands.model_memory import ModelMemory, sealed_call
 from perdure.engine.commands.step_failures import cannot_do
 from perdure.engine.signals import Suspend
 from perdure.errors import CannotDo, PerdureError
@@ -246,8 +246,10 @@ class Attempts:
             cost = prices.cost(sent.model, reply.usage)
             if cost is None and reply.model:
                 cost = prices.cost(reply.model, reply.usage)
+        request, blobs, recovery = sealed_call(self.run, self.name, encoded.request,
+                                               encoded.blobs, recovery)
         body = ModelCall(self.pos, self.name, self.attempt, route.index,
-                         route.client.provider, self.asked, encoded.request, encoded.blobs,
+                         route.client.provider, self.asked, request, blobs,
                          encoded.reply, None if cost is None else decimal_text(cost),
                          tuple(skipped), recovery)
         try:
@@ -256,4 +258,7 @@ class Attempts:
             memory.table.forget(encoded.numbers)
             raise
         memory.learn(body.encode())
+        from perdure.engine.commands.tools import count_model_call
+
+        count_model_call(self.run, reply.usage.total_tokens, cost)  # for the tool gate
         return memory.reply_of(body.encode())

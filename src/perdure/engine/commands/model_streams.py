@@ -38,6 +38,7 @@ from perdure.core.bodies import ModelChunks, ModelFailed, ModelRecovered
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.commands.model_attempts import Attempts, failure_of
 from perdure.engine.commands.model_calls import Route
+from perdure.engine.commands.model_memory import sealed_chunks
 from perdure.engine.commands.step_failures import cannot_do
 from perdure.errors import CannotDo
 from perdure.llm import (
@@ -194,7 +195,9 @@ class _Batches:
         owner = self.attempts
         self.attempts.texts.add(self.attempt, batch)
         return ModelChunks(owner.pos, owner.name, self.attempt, self.route.index, owner.asked,
-                           batch[0].index, tuple(c.to_json() for c in batch)).draft()
+                           batch[0].index, sealed_chunks(owner.run, owner.name,
+                                                         [c.to_json() for c in batch])
+                           ).draft()
 
     def tail(self) -> RecordDraft | None:
         """The batch still pending, as a record (``None``: none)."""

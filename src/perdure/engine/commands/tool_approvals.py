@@ -5,7 +5,9 @@ object, so any decision wakes it) sealed by the deciding client. ``take_decision
 the one for a proposal, checks its seal (``waits.vouched``), what it says (a decision of
 the same tool, an edit that is a JSON object) and, through the gate's
 ``approval_problem``, that it names the arguments' hash the gate decided on and comes
-from an identity allowed at the call's risk. A decision that cannot count is refused on
+from an identity allowed at the call's risk, and through ``late_problem`` that it was
+signed by the proposal's recorded deadline (a late one is refused whenever the node
+sees it, and the call then expires). A decision that cannot count is refused on
 record (``event_refused``) and consumed, and the call keeps waiting; one naming a
 proposal that waits for nothing (decided, edited, never asked) is refused too, so a
 stale event cannot keep waking the object.
@@ -21,13 +23,14 @@ from perdure.approvals import pending_in
 from perdure.core.bodies import EventRefused, ToolDecided, ToolProposed
 from perdure.core.codec import decode
 from perdure.core.events import APPROVAL_EVENT
-from perdure.core.gate import GateDecision, approval_problem, canonical_args
+from perdure.core.gate import GateDecision, approval_problem, canonical_args, late_problem
 from perdure.core.trust import EventSeal
 from perdure.engine.commands.waits import _inbox, vouched
 
 if TYPE_CHECKING:
     from perdure.engine.commands.tools import _Call
     from perdure.engine.run import Run
+    from perdure.stores.base import Event
 
 __all__ = ["take_decision"]
 
@@ -58,11 +61,13 @@ async def take_decision(run: Run, call: _Call, proposal: ToolProposed,
         digest = vouched(run, ev)
         if digest is None:
             continue  # refused (bad seal or a replayed copy), on record
-        identity, key = _sender(run, ev.seal)
+        identity, key = _sender(run, ev)
         problem = _payload_problem(payload, call.name)
         if problem is None:
             problem = approval_problem(decision, proposal.args_hash,
                                        str(payload.get("args_hash")), identity)
+        if problem is None:
+            problem = late_problem(decision.expires_at, payload.get("decided_at"))
         if problem is not None:
             _refuse(run, call, ev.event_id, ev.name, digest, problem)
             continue
@@ -111,14 +116,15 @@ def _refuse(run: Run, call: _Call, event_id: int, name: str, digest: str | None,
     run.refused.append((event_id, name, problem))
 
 
-def _sender(run: Run, seal: bytes) -> tuple[str, str]:
-    """The identity that sealed a decision and its public key (hex; empty when the node
-    checks no seals)."""
+def _sender(run: Run, ev: Event) -> tuple[str, str]:
+    """The identity that sealed a decision (the name its key's certificate carries: the
+    seal was checked against it) and its public key (hex; empty when the node checks no
+    seals)."""
     try:
-        sender = EventSeal.from_bytes(seal).sender
+        sender = EventSeal.from_bytes(ev.seal).sender
     except ValueError:
         return "", ""
     verifier = getattr(run._check_event, "__self__", None)
-    key_of = getattr(verifier, "key_of", None)
-    key = key_of(sender) if key_of is not None else None
+    event_key = getattr(verifier, "event_key", None)
+    key = event_key(ev) if event_key is not None else None
     return sender, key.hex() if key else ""

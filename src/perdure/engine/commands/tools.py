@@ -69,7 +69,7 @@ from perdure.tools import Tool
 if TYPE_CHECKING:
     from perdure.engine.run import Run
 
-__all__ = ["APPROVAL_EVENT", "ToolOutcome", "call_tool", "proposal_id"]
+__all__ = ["APPROVAL_EVENT", "ToolOutcome", "call_tool", "count_model_call", "proposal_id"]
 
 _RAN = ("done", "failed", "in_doubt")
 
@@ -107,7 +107,9 @@ class ToolOutcome:
 
 @dataclass
 class _Tally:
-    """What the gate counts over one run: the calls let through, tokens seen fresh."""
+    """What the gate counts over one run: the calls let through, and the tokens and
+    dollars of this object's model calls (those in memory when the run began, then each
+    call the run records, ``count_model_call``)."""
 
     calls: list[tuple[str, float]]
     tokens: int
@@ -129,6 +131,16 @@ def tally(run: Run) -> _Tally:
         found = _Tally(calls, totals.total_tokens, totals.cost)
         _TALLIES[run] = found
     return found
+
+
+def count_model_call(run: Run, tokens: int, cost: Decimal | None) -> None:
+    """Count a model call ``run`` just recorded against its policies' token and cost
+    budgets (the memory the tally was read from did not hold it). An unknown cost adds
+    nothing, as in ``usage_totals``."""
+    found = tally(run)
+    found.fresh_tokens += tokens
+    if cost is not None:
+        found.cost += cost
 
 
 @dataclass

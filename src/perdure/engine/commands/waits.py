@@ -122,14 +122,29 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None,
         offered = tuple(asked) if isinstance(asked, list) else None
     else:
         deadline = now + float(timeout) if timeout is not None else None
-        drafts = [Dormant.wait(pos, event, deadline, prompt, offered).draft()]
+        drafts = [Dormant.wait(pos, event, deadline, *_kept(self, event, prompt, offered)
+                               ).draft()]
     if deadline is not None and now >= deadline:
         self._journal.defer(WaitTimedOut(pos, event).draft())
         return None
-    note = (asking_note(event, prompt, offered)
+    note = (asking_note(event, *_kept(self, event, prompt, offered))
             if prompt is not None or offered is not None else None)
     raise Suspend(drafts, ready_at=deadline, waiting_event=event,
                   reason=f"waiting for event {event!r}", note=note)
+
+
+def _kept(run: Run, event: str, prompt: Any, offered: tuple[Any, ...] | None
+          ) -> tuple[Any, tuple[Any, ...] | None]:
+    """A question as memory and the object's note keep it: for an agent that encrypts
+    all, the prompt and each choice sealed (the note then reads ``<sealed>``)."""
+    if run._sealer is None or not run._sealer.seal_all:
+        return prompt, offered
+    if prompt is not None:
+        prompt = run._stored(prompt, what=f"prompt of the wait for {event!r}")[0]
+    if offered is not None:
+        offered = tuple(run._stored(choice, what=f"a choice of the wait for {event!r}")[0]
+                        for choice in offered)
+    return prompt, offered
 
 
 def check_question(event: str, prompt: Any, choices: Sequence[Any] | None

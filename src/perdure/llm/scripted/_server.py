@@ -161,6 +161,8 @@ class _Handler(BaseHTTPRequestHandler):
                         time.sleep(reply.chunk_delay)
                     sent += 1
                 self._write(frame)
+                if frame.content:
+                    self.server.scripted._wrote_chunk(n)
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except OSError:  # the client went away: nothing to answer
@@ -190,6 +192,7 @@ class ScriptedServer:
         self._lock = threading.Lock()
         self._responder = responder
         self._count = 0
+        self._streamed: dict[int, int] = {}
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.scripted = self
         self._thread: threading.Thread | None = None
@@ -215,6 +218,16 @@ class ScriptedServer:
         """The requests received so far, in order (a copy)."""
         with self._lock:
             return list(self._requests)
+
+    def streamed(self, number: int) -> int:
+        """How many content chunks the stream answering request ``number`` (from 1, the
+        order of ``requests``) has written so far: a count of what was sent, not of time."""
+        with self._lock:
+            return self._streamed.get(number, 0)
+
+    def _wrote_chunk(self, number: int) -> None:
+        with self._lock:
+            self._streamed[number] = self._streamed.get(number, 0) + 1
 
     @property
     def pending(self) -> int:

@@ -190,7 +190,9 @@ WITH seal AS (
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
                 WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
-                  AND inbox.consumed_seq IS NULL)
+                  AND inbox.consumed_seq IS NULL
+                  -- not one this append consumes: it is taken, not pending
+                  AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))
             THEN %(now)s
             ELSE p.ready_at END,
         waiting_event = p.waiting_event,
@@ -209,7 +211,8 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean)
+        unless_cancelled boolean,
+        consumed bigint[])
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
@@ -281,7 +284,9 @@ WITH seal AS (
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
                 WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
-                  AND inbox.consumed_seq IS NULL)
+                  AND inbox.consumed_seq IS NULL
+                  -- not one this append consumes: it is taken, not pending
+                  AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))
             THEN %(now)s
             ELSE p.ready_at END,
         waiting_event = p.waiting_event,
@@ -312,7 +317,8 @@ WITH seal AS (
         head_hash text, status text, phase text, waiting_event text,
         ready_at double precision, result text, release boolean, parked boolean,
         note text, requires text[], avoid_node text, clear_avoid boolean,
-        unless_cancelled boolean, cancel_children boolean)
+        unless_cancelled boolean, cancel_children boolean,
+        consumed bigint[])
     WHERE o.object_id = p.object_id AND o.epoch = p.epoch
       AND (p.expected_head IS NULL OR o.head_seq = p.expected_head)
       -- Nothing is appended to memory that holds its terminal record.
@@ -424,9 +430,11 @@ SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id =
 
 -- name: heartbeat
 -- A node counts as live until live_until (its lease length ahead) unless it beats again.
-UPDATE nodes SET serves = %(serves)s, capabilities = %(caps)s, seen_at = %(now)s,
-    live_until = %(live_until)s
-WHERE node_id = %(node_id)s;
+INSERT INTO nodes (node_id, public_key, created_at, serves, capabilities, seen_at, live_until)
+VALUES (%(node_id)s, %(public_key)s, %(now)s, %(serves)s, %(caps)s, %(now)s, %(live_until)s)
+ON CONFLICT (node_id) DO UPDATE SET public_key = excluded.public_key,
+    serves = excluded.serves, capabilities = excluded.capabilities,
+    seen_at = excluded.seen_at, live_until = excluded.live_until;
 
 -- name: node_gone
 -- A node that stopped cleanly is gone at once, not when its last heartbeat runs out.

@@ -193,7 +193,9 @@ SET head_seq = COALESCE(:head_seq, head_seq),
         WHEN :waiting_event IS NOT NULL AND EXISTS (
             SELECT 1 FROM inbox
             WHERE inbox.object_id = :object_id AND inbox.name = :waiting_event
-              AND inbox.consumed_seq IS NULL)
+              AND inbox.consumed_seq IS NULL
+              -- not one this append consumes (a JSON list): it is taken, not pending
+              AND inbox.event_id NOT IN (SELECT value FROM json_each(:consumed)))
         THEN :now
         ELSE :ready_at END,
     waiting_event = :waiting_event,
@@ -320,9 +322,11 @@ SELECT object_id, epoch, cancel_requested, paused FROM objects WHERE object_id I
 
 -- name: heartbeat
 -- A node counts as live until live_until (its lease length ahead) unless it beats again.
-UPDATE nodes SET serves = :serves, capabilities = :caps, seen_at = :now,
-    live_until = :live_until
-WHERE node_id = :node_id;
+INSERT INTO nodes (node_id, public_key, created_at, serves, capabilities, seen_at, live_until)
+VALUES (:node_id, :public_key, :now, :serves, :caps, :now, :live_until)
+ON CONFLICT (node_id) DO UPDATE SET public_key = excluded.public_key,
+    serves = excluded.serves, capabilities = excluded.capabilities,
+    seen_at = excluded.seen_at, live_until = excluded.live_until;
 
 -- name: node_gone
 -- A node that stopped cleanly is gone at once, not when its last heartbeat runs out.
