@@ -127,10 +127,16 @@ def _problems() -> list[str]:
 def _private_reaches(path: Path) -> Iterator[tuple[int, str]]:
     """``thing._member`` in an edge, where ``thing`` is not ``self`` or ``cls``: reaching
     into another object's private state (a store's connection, the App's helpers)."""
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    # Names bound to modules outside perdure (``import os``): their ``_x`` are theirs.
+    outside = {alias.asname or alias.name for node in ast.walk(tree)
+               if isinstance(node, ast.Import) for alias in node.names
+               if alias.name.split(".")[0] != "perdure"}
+    for node in ast.walk(tree):
         if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
                 and not node.attr.startswith("__")
-                and not (isinstance(node.value, ast.Name) and node.value.id in {"self", "cls"})):
+                and not (isinstance(node.value, ast.Name)
+                         and node.value.id in {"self", "cls", *outside})):
             yield node.lineno, f"reaches the private member .{node.attr}"
 
 

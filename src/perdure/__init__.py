@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from perdure import _interrupt  # noqa: F401 - first: a Ctrl-C while the rest loads is one line
 from perdure.app import App, step
-from perdure.approvals import PendingApproval
+from perdure.core.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import Signer, VerifyReport
 from perdure.core.constraints import Constraint, OneOf, PathPrefix, Range, UrlHost

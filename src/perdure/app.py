@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from perdure.approvals import PendingApproval
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
+from perdure.core.approvals import PendingApproval
 from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import perdure
-from perdure.approvals import decision_problem
 from perdure.cli import cli
+from perdure.core.approvals import decision_problem
 from perdure.core.bodies import decode
 from perdure.core.codec import encode
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall

@@ -22,12 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
-from perdure.approvals import (
-    PendingApproval,
-    check_deadline,
-    decide,
-    pending_in,
-)
+from perdure.approvals import decide
+from perdure.core.approvals import PendingApproval, check_deadline, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_reserved
 from perdure.core.names import check_name

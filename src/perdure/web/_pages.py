@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from perdure import describe as view
-from perdure.approvals import PendingApproval, pending_in
+from perdure.core.approvals import PendingApproval, pending_in
 from perdure.core.bodies import Instantiated, IntentRefined, decode
 from perdure.core.chain import VerifyReport
 from perdure.core.events import APPROVAL_EVENT

@@ -19,7 +19,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from perdure.approvals import pending_in
+from perdure.core.approvals import pending_in
 from perdure.core.bodies import EventRefused, ToolDecided, ToolProposed
 from perdure.core.codec import decode
 from perdure.core.events import APPROVAL_EVENT
