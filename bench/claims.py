@@ -31,7 +31,7 @@ def claim_throughput(
     ids = [f"one-{i:05d}" for i in range(objects)]
     try:
         for i, oid in enumerate(ids):
-            app.start("one_step", i, object_id=oid)
+            app.options(object_id=oid).start("one_step", i)
         gate = folder / "gate"
         done_sql = "SELECT count(*) FROM objects WHERE status = 'completed'"
         with db.query(done_sql) as completed:

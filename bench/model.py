@@ -113,7 +113,8 @@ def perdure_conversation(folder: Path, turns: int, base_url: str) -> dict[str, A
     try:
         _register_conversation(app)
         began = time.perf_counter()
-        handle = app.start("conversation", base_url, turns, object_id=f"conversation-{turns}")
+        handle = app.options(object_id=f"conversation-{turns}").start(
+            "conversation", base_url, turns)
         with app.background_worker(concurrency=1):
             digest = handle.result(timeout=600)
         took = time.perf_counter() - began
@@ -270,7 +271,7 @@ def stream_overhead(folder: Path, sizes: dict[str, Any], pace: float = 0.0
                 app.background_worker(concurrency=1):
             asyncio.run(_plain_round(url))  # warm every path up once
             asyncio.run(_client_round(url))
-            app.start("streamer", url, object_id="warm-up").result(timeout=120)
+            app.options(object_id="warm-up").start("streamer", url).result(timeout=120)
             for i in range(rounds):
                 order = ("plain", "client", "perdure")
                 for which in order if i % 2 == 0 else order[::-1]:
@@ -282,7 +283,7 @@ def stream_overhead(folder: Path, sizes: dict[str, Any], pace: float = 0.0
                         unjournaled.append(got / took)
                     else:
                         oid = f"stream-{i}"
-                        took, got = app.start("streamer", url, object_id=oid).result(
+                        took, got = app.options(object_id=oid).start("streamer", url).result(
                             timeout=120)
                         journaled.append(got / took)
                         batches.append(_journaled_batches(app, oid))

@@ -116,7 +116,7 @@ def crash_recovery(db: Database, folder: Path, sizes: dict[str, Any]) -> dict[st
     key_dir = folder / "keys"
     app = agents.register(perdure.App(store=db.url, key_dir=key_dir, node_id="bench-starter"))
     try:
-        app.start("paced_steps", steps, str(effects), sizes["pace_s"], object_id="paced-1")
+        app.options(object_id="paced-1").start("paced_steps", steps, str(effects), sizes["pace_s"])
         first = _worker(db.url, key_dir, sizes["lease_s"], folder / "worker.log", crash_at)
         try:
             first.wait(timeout=120)

@@ -70,7 +70,7 @@ def _one(backend: Backend, folder: Path, n: int, admin_url: str) -> dict[str, An
         first = perdure.App(store=db.url, key_dir=keys, lease_seconds=5, poll_interval=0.005)
         _register(first)
         oid = f"cp-{n}"
-        first.start("checkpointer", n, str(folder / "work"), object_id=oid)
+        first.options(object_id=oid).start("checkpointer", n, str(folder / "work"))
         first.run_worker(until=lambda: first.get(oid).status == "dormant")
         first.close()
         second = perdure.App(store=db.url, key_dir=keys, node_id="resumer", lease_seconds=5,

@@ -225,7 +225,7 @@ def one_length(db: Database, folder: Path, n: int, repeats: int = 1, admin_url: 
     build = perdure.App(store=db.url, key_dir=keys, node_id="bench-build", poll_interval=0.005)
     try:
         _register(build)
-        build.start("history", n, object_id=oid)
+        build.options(object_id=oid).start("history", n)
 
         def dormant() -> bool:
             info = build.get(oid)

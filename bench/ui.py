@@ -107,7 +107,8 @@ def measure(folder: Path, sizes: dict[str, Any]) -> dict[str, Any]:
     real = []
     for n in range(sizes["real"]):
         agent = ("writer", "reviewer", "planner")[n % 3]
-        real.append(app.start(agent, n, labels={"team": "red" if n % 2 else "blue"}).object_id)
+        real.append(app.options(labels={"team": "red" if n % 2 else "blue"}).start(
+            agent, n).object_id)
     app.close()
     _fill(path, real, sizes["objects"])
     app = _app(url, folder / "keys")

@@ -52,7 +52,7 @@ def wake_latency(
     try:
         ids = [f"pinger-{j}" for j in range(objects)]
         for oid in ids:
-            app.start("pinger", wakes_per_object, object_id=oid)
+            app.options(object_id=oid).start("pinger", wakes_per_object)
         procs = start_workers(db.url, key_dir, 1, concurrency=16, poll=poll,
                               log_dir=folder / "logs")
 

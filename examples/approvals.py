@@ -75,7 +75,7 @@ if __name__ == "__main__":
             base_url = stack.enter_context(ScriptedServer(responder=scripted)).openai_base_url
             os.environ.setdefault("OPENAI_API_KEY", "offline")
         with app.background_worker():
-            handle = app.start(assistant, base_url, object_id="a-1")
+            handle = app.options(object_id="a-1").start(assistant, base_url)
             decided: set[str] = set()
             while not handle.info().terminal:
                 for item in app.approvals():  # what `perdure approvals` lists

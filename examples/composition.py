@@ -47,8 +47,8 @@ if __name__ == "__main__":
     for leftover in Path().glob("composition.db*"):  # each run starts over
         leftover.unlink()
     with app.background_worker():
-        handle = app.start(digest, ["the tide comes in", "the tide goes out again"],
-                           object_id="digest-1")
+        handle = app.options(object_id="digest-1").start(
+            digest, ["the tide comes in", "the tide goes out again"])
         print(handle.result(timeout=30))
     for child in reversed(app.list(parent="digest-1")):
         print(child.object_id, f"{child.agent}@{child.agent_version}", child.status)

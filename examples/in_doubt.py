@@ -53,7 +53,7 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--worker"]:
         work_until_done()
         sys.exit(0)
-    app.start(checkout, "order-7", 1250, object_id="order-7")
+    app.options(object_id="order-7").start(checkout, "order-7", 1250)
     crashing = {**os.environ, "CRASH_AFTER_CHARGE": "1"}
     subprocess.run([sys.executable, __file__, "--worker"], env=crashing, check=False)
     work_until_done()

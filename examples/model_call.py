@@ -49,6 +49,6 @@ if __name__ == "__main__":
             base_url = stack.enter_context(ScriptedServer()).openai_base_url
             os.environ.setdefault("OPENAI_API_KEY", "offline")  # it takes any key
         with app.background_worker():
-            handle = app.start(explain, "durable execution", base_url, object_id="m-1")
+            handle = app.options(object_id="m-1").start(explain, "durable execution", base_url)
             print(handle.result(timeout=120))
         print(usage(app.usage("m-1")))

@@ -23,7 +23,7 @@ async def research(run: perdure.Run, topic: str) -> dict:
 
 if __name__ == "__main__":
     with app.background_worker():
-        handle = app.start(research, "tides", object_id="r-1")
+        handle = app.options(object_id="r-1").start(research, "tides")
         if not handle.info().terminal:
             handle.send("approval", {"by": "me"}, dedupe_key="approve-r-1")
         print(handle.result(timeout=30))

@@ -64,9 +64,9 @@ if __name__ == "__main__":
     gpu = node("gpu-node", {"gpu"}, reaches_uploads=True)
 
     with cpu.background_worker():
-        cpu.start("render", 1, object_id="render-1")
-        cpu.start("prepare", 2, object_id="prepare-1")
-        cpu.start("upload", "report.pdf", object_id="upload-1")
+        cpu.options(object_id="render-1").start("render", 1)
+        cpu.options(object_id="prepare-1").start("prepare", 2)
+        cpu.options(object_id="upload-1").start("upload", "report.pdf")
         time.sleep(1.0)
         for object_id in ("render-1", "prepare-1", "upload-1"):
             info = cpu.get(object_id)

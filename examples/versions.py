@@ -72,7 +72,7 @@ if __name__ == "__main__":
     first = node("node-a")
     original(first)
     with first.background_worker():
-        first.start("pipeline", object_id="old-1")
+        first.options(object_id="old-1").start("pipeline")
         wait_for_event(first, "old-1")
     first.close()
 
@@ -90,7 +90,7 @@ if __name__ == "__main__":
     third = node("node-b")
     reshaped(third, "2")
     with third.background_worker():
-        third.start("pipeline", object_id="new-2")
+        third.options(object_id="new-2").start("pipeline")
         wait_for_event(third, "new-2")
         third.send("old-1", "go")
         time.sleep(0.5)

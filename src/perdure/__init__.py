@@ -26,7 +26,8 @@ from perdure.engine.commands.agent_loop import AgentResult
 from perdure.engine.commands.tools import ToolOutcome
 from perdure.engine.context import StepInfo, current_step
 from perdure.engine.replay import ReplayReport
-from perdure.engine.run import ChildHandle, Run, SyncChildHandle, SyncRun
+from perdure.engine.run import ChildHandle, ChildStarter, Run, SyncChildHandle, SyncRun
+from perdure.engine.sync_run import SyncChildStarter
 from perdure.engine.worker import AgentDef, Worker
 from perdure.errors import (
     AgentCancelledError,
@@ -78,6 +79,7 @@ from perdure.keys.folder import KeyFolder
 from perdure.keys.identity import NodeIdentity
 from perdure.keys.verifier import Verifier
 from perdure.queries import MemoryView
+from perdure.starting import Starter
 from perdure.stores.base import Store
 from perdure.tools import Tool, tool
 
@@ -100,6 +102,7 @@ __all__ = [
     "Certificate",
     "ChildFailedError",
     "ChildHandle",
+    "ChildStarter",
     "ConfigurationError",
     "Constraint",
     "Context",
@@ -155,6 +158,7 @@ __all__ = [
     "Secret",
     "SerializationError",
     "Signer",
+    "Starter",
     "Status",
     "StepFailedError",
     "StepInDoubtError",
@@ -165,6 +169,7 @@ __all__ = [
     "StoreError",
     "StreamEvent",
     "SyncChildHandle",
+    "SyncChildStarter",
     "SyncRun",
     "Tool",
     "ToolCallError",

@@ -69,6 +69,7 @@ from perdure.keys.sealer import Sealer, needs_sealing
 from perdure.keys.verifier import Verifier
 from perdure.memory_notes import MemoryNotes
 from perdure.queries import QueryRegistry, run_query
+from perdure.starting import Starter, starter
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo, ObjectRow
 from perdure.tools import Tool
@@ -459,37 +460,48 @@ class App:
 
     # -- starting and talking to objects -------------------------------------------
 
-    def start(
-        self,
-        agent: Callable[..., Any] | str,
-        *args: Any,
-        object_id: str | None = None,
-        deadline: float | None = None,
-        max_failures: int | None = None,
-        labels: Mapping[str, str] | None = None,
-        budget: Any = None,
-        **kwargs: Any,
-    ) -> Handle:
-        """Create an object running ``agent(*args, **kwargs)``; idempotent on ``object_id``.
+    def start(self, agent: Callable[..., Any] | str, /, *args: Any, **kwargs: Any) -> Handle:
+        """Create an object running ``agent(*args, **kwargs)``, with a generated id.
 
-        ``deadline`` is seconds from now after which the object is terminated;
-        ``object_id=None`` generates an id. Names, ids and arguments are checked before
-        the store is touched (``ConfigurationError``, ``SerializationError``).
-
-        With an ``object_id`` that already exists, returns a handle to that object with
-        ``created=False``; its ``differs`` says how the object was started otherwise
-        (arguments, labels, deadline, failure budget), if it was. An id taken by an
-        object of another agent raises ``ObjectConflictError``.
-
-        ``budget`` (a ``perdure.llm.Budget`` or a mapping of ``tokens`` and ``cost``)
-        caps what the object's model calls may use; ``refine(id, budget=...)`` changes it
-        (see "Budgets" in docs/howto/model-calls.md).
+        Every argument goes to the agent, whatever its name (``deadline``, ``labels``,
+        ``object_id`` ... included); how the object is started (its id, deadline,
+        failure budget, labels, model-call budget) is set with ``options``:
+        ``app.options(object_id="r-1", deadline=60).start(agent, *args, **kwargs)``.
+        Names, ids and arguments are checked before the store is touched
+        (``ConfigurationError``, ``SerializationError``).
         """
+        return self._start(agent, args, kwargs, None)
+
+    def options(self, *, object_id: str | None = None, deadline: float | None = None,
+                max_failures: int | None = None, labels: Mapping[str, str] | None = None,
+                budget: Any = None) -> Starter:
+        """How to start objects: a frozen ``Starter`` whose ``start(agent, *args,
+        **kwargs)`` starts one with these options (see ``perdure.starting``).
+
+        ``object_id`` names the object (``None``: generated); starting is idempotent on
+        it: with an id that already exists, ``start`` returns a handle to that object with
+        ``created=False``, and its ``differs`` says how the object was started otherwise
+        (arguments, labels, deadline, failure budget), if it was; an id taken by an
+        object of another agent raises ``ObjectConflictError``. ``deadline`` is seconds
+        from now after which the object is terminated; ``max_failures`` its failure
+        budget (``None``: the node policy's); ``labels`` strings by name. ``budget`` (a
+        ``perdure.llm.Budget`` or a mapping of ``tokens`` and ``cost``) caps what its
+        model calls may use; ``refine(id, budget=...)`` changes it (see "Budgets" in
+        docs/howto/model-calls.md). A bad value is a ``ConfigurationError`` here, an
+        unknown option a ``TypeError``.
+        """
+        return starter(self, object_id=object_id, deadline=deadline,
+                       max_failures=max_failures, labels=labels, budget=budget)
+
+    def _start(self, agent: Callable[..., Any] | str, args: tuple[Any, ...],
+               kwargs: dict[str, Any], options: Starter | None) -> Handle:
+        """``start`` with ``options`` (``None``: the defaults)."""
+        object_id = options.object_id if options else None
+        deadline = options.deadline if options else None
+        max_failures = options.max_failures if options else None
+        labels = options.labels if options else None
+        budget = options.budget if options else None
         definition = self._resolve(agent)
-        try:
-            budget = budget_body(budget)
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
         oid = uuid.uuid4().hex if object_id is None else check_object_id(object_id)
         labels = check_labels(labels)
         check_arguments(definition.fn, args, kwargs, agent=definition.name)

@@ -132,7 +132,10 @@ class NodeIdentityError(PerdureError):
 
 
 class RecordDecodeError(PerdureError):
-    """A memory record cannot be decoded. Decoding fails closed: no default is substituted."""
+    """A memory record cannot be decoded. Decoding fails closed: no default is substituted.
+
+    A record that verifies (its signature holds) but does not decode was written by a
+    newer perdure than the one reading it; one that does not verify is damaged."""
 
     def __init__(self, object_id: str, seq: int, reason: str) -> None:
         self.object_id = object_id
@@ -140,7 +143,8 @@ class RecordDecodeError(PerdureError):
         self.reason = reason
         super().__init__(
             f"object {object_id!r}: record #{seq} cannot be decoded ({reason}); "
-            f"run `perdure verify {object_id}` and restore the store from a backup"
+            f"run `perdure verify {object_id}`: if it passes, a newer perdure wrote the "
+            "record (upgrade this one), else restore the store from a backup"
         )
 
 

@@ -47,7 +47,7 @@ from perdure.core.lifecycle import Phase, Status
 from perdure.core.names import check_object_id
 from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft
 from perdure.engine.commands.positions import top
-from perdure.errors import ConfigurationError, ForkError, ObjectConflictError
+from perdure.errors import ConfigurationError, ForkError, ObjectConflictError, RecordDecodeError
 from perdure.handle import Handle
 from perdure.queries import verified_memory
 from perdure.stores.base import Append, NewObject
@@ -55,7 +55,7 @@ from perdure.stores.base import Append, NewObject
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["build", "fork", "fork_problem"]
+__all__ = ["build", "fork", "fork_problem", "forked_first"]
 
 _HELD_BACK = 100 * 365 * 24 * 3600.0  # a half-written fork is not claimable meanwhile
 _STEP_STARTED = Kind.STEP_STARTED.value
@@ -186,6 +186,21 @@ def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle
     return Handle(app, oid, created=True)
 
 
+def forked_first(first: Record, oid: str, trace_id: str, origin: dict[str, object]
+                 ) -> Instantiated:
+    """The first record's body of fork ``oid`` of the object whose first record is
+    ``first``: the same intent (every refinement after it is copied as it is), a new
+    context naming its ``origin`` and starting a lineage of its own. ``RecordDecodeError``
+    if ``first`` does not decode."""
+    body = decode(first)
+    if not isinstance(body, Instantiated):
+        raise RecordDecodeError(first.object_id, first.seq, "the first record is not "
+                                "instantiated")
+    context = dataclasses.replace(body.context, object_id=oid, trace_id=trace_id,
+                                  parent_id=None, root_id=oid, depth=0, forked_from=origin)
+    return Instantiated(body.intent, context)
+
+
 def build(app: App, object_id: str, at: int, oid: str
           ) -> tuple[NewObject, list[Record], dict[str, object], list[Record]]:
     """The fork ``oid`` of ``object_id`` at record ``at``, not yet stored: its row and
@@ -204,16 +219,13 @@ def build(app: App, object_id: str, at: int, oid: str
     prefix = records[:at]
     origin: dict[str, object] = {"object_id": object_id, "seq": at, "hash": prefix[-1].hash}
     signer = app._ensure_node()
-    first = decode(prefix[0])
-    assert isinstance(first, Instantiated)
     trace_id = uuid.uuid4().hex
-    context = dataclasses.replace(first.context, object_id=oid, trace_id=trace_id,
-                                  parent_id=None, root_id=oid, depth=0, forked_from=origin)
+    first = forked_first(prefix[0], oid, trace_id, origin)
     now = time.time()
     copied: list[Record] = []
     prev = GENESIS_HASH
     for rec in prefix:
-        draft = (Instantiated(first.intent, context).draft() if rec.seq == 1
+        draft = (first.draft() if rec.seq == 1
                  else RecordDraft(Kind(rec.kind), rec.body, rec.body_bytes))
         new = seal(draft, object_id=oid, seq=rec.seq, prev_hash=prev, trace_id=trace_id,
                    ts_us=rec.ts_us if rec.seq > 1 else int(now * 1_000_000),

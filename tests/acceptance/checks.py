@@ -60,7 +60,7 @@ def start_pipelines(app: perdure.App, count: int, steps: int, prefix: str) -> li
     for n in range(count):
         agent = "pipeline" if n % 2 == 0 else "sync_pipeline"
         spec = Spec(f"{prefix}-{n}", agent, n, steps, 0.15 + 0.05 * (n % 3))
-        app.start(agent, spec.n, spec.steps, spec.nap, object_id=spec.object_id)
+        app.options(object_id=spec.object_id).start(agent, spec.n, spec.steps, spec.nap)
         specs.append(spec)
     return specs
 

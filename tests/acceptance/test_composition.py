@@ -185,10 +185,10 @@ def run_composition_campaign(cluster: Cluster, app: perdure.App, *, children: in
     workers are SIGKILLed at random; then every result, effect and chain is checked."""
     print(f"composition campaign seed {seed}: {children} children, {gatherers} gatherers, "
           f"{kills} kills")
-    app.start("fan_out", children, object_id="fan")
+    app.options(object_id="fan").start("fan_out", children)
     gather_ids = [f"gat-{k}" for k in range(gatherers)]
     for k, oid in enumerate(gather_ids):
-        app.start("gatherer", k, rounds, width, object_id=oid)
+        app.options(object_id=oid).start("gatherer", k, rounds, width)
     roots = ["fan", *gather_ids]
 
     def finished() -> bool:
@@ -260,8 +260,8 @@ def test_only_the_capable_worker_runs_steps_that_need_a_capability(
     claimed by it. A worker started with ``--capability browser`` whose App declares
     ``gpu`` has both and runs those steps; memory names the node that ran each."""
     app = make_app()
-    app.start("routed", "r", object_id="route-1")
-    app.start("surfer", "s", object_id="surf-1")
+    app.options(object_id="route-1").start("routed", "r")
+    app.options(object_id="surf-1").start("surfer", "s")
     plain = spawn(cluster)
     wait_until("the plain worker to give up the browser step", lambda: any(
         r.kind == perdure.Kind.CAPABILITY_MISSING for r in app.history("route-1")), 30)
@@ -306,8 +306,8 @@ def test_version_1_object_waits_for_a_version_1_worker_process(
     claimed and says why; a version-1 worker process joining finishes it."""
     v1 = make_app("1")
     v2 = make_app("2")
-    v1.start("versioned", "old", object_id="ver-1")
-    v2.start("versioned", "new", object_id="ver-2")
+    v1.options(object_id="ver-1").start("versioned", "old")
+    v2.options(object_id="ver-2").start("versioned", "new")
     newer = spawn(cluster, version="2")
     wait_until("the v2 object to finish", lambda: v2.get("ver-2").terminal, 30)
     assert v2.handle("ver-2").result(timeout=0) == {"ran": "v2:new"}

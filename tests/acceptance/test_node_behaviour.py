@@ -67,7 +67,7 @@ def test_first_ctrl_c_records_the_running_step(cluster: Cluster, app: perdure.Ap
                                               folder: Path) -> None:
     worker = spawn(cluster, folder, "--drain", "30")
     wait_until("the worker to start", worker.ready, 60)
-    handle = app.start("drained", "slow", 3.0, object_id="drain-1")
+    handle = app.options(object_id="drain-1").start("drained", "slow", 3.0)
     wait_until("the slow step to start", (folder / "slow.started").exists, 30)
     worker.proc.send_signal(signal.SIGINT)
     wait_until("the worker to say what it waits for",
@@ -88,7 +88,7 @@ def test_second_ctrl_c_lets_go_at_once(cluster: Cluster, app: perdure.App,
                                        folder: Path) -> None:
     worker = spawn(cluster, folder, "--drain", "120")
     wait_until("the worker to start", worker.ready, 60)
-    handle = app.start("drained", "endless", 600.0, object_id="drain-2")
+    handle = app.options(object_id="drain-2").start("drained", "endless", 600.0)
     wait_until("the long step to start", (folder / "endless.started").exists, 30)
     worker.proc.send_signal(signal.SIGINT)
     wait_until("the worker to say what it waits for",
@@ -107,7 +107,7 @@ def test_a_node_without_the_credential_leaves_the_object(cluster: Cluster, app: 
                                                          folder: Path) -> None:
     lacking = spawn(cluster, folder, drop=("PERDURE_TEST_CREDENTIAL",))
     wait_until("the worker to start", lacking.ready, 60)
-    handle = app.start("keyed", object_id="keyed-1")
+    handle = app.options(object_id="keyed-1").start("keyed")
     wait_until("the node to say it cannot",
                lambda: "no live node can take it" in (app.get("keyed-1").note or ""), 30)
     info = app.get("keyed-1")
@@ -121,7 +121,7 @@ def test_a_node_without_the_credential_leaves_the_object(cluster: Cluster, app: 
     assert handle.result(timeout=60) == "keyed done"
     assert "failed" not in lacking.log()
     # A real failure is the object's: failed, and said at WARNING with the id and reason.
-    broken = app.start("broken", object_id="broken-1")
+    broken = app.options(object_id="broken-1").start("broken")
     with pytest.raises(perdure.AgentFailedError):
         broken.result(timeout=60)
     wait_until("a worker to log the failure", lambda: any(
@@ -142,7 +142,7 @@ def test_a_restored_server_must_be_the_one_answering(cluster: Cluster, app: perd
     port = _free_port()
     first = spawn(cluster, folder)
     wait_until("the worker to start", first.ready, 60)
-    app.start("served", port, object_id="served-1")
+    app.options(object_id="served-1").start("served", port)
     wait_until("the server to run", lambda: app.get("served-1").waiting_event == "go", 30)
     first.kill()
     # Another program takes the port (the server died with its worker).

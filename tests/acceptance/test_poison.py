@@ -173,7 +173,7 @@ def test_a_step_that_kills_its_worker_is_parked_after_max_crashes_and_resumed(
     client.agent(name="healthy")(healthy)
     marker, log = tmp_path / "poison-on", tmp_path / "fragile.log"
     marker.touch()
-    handle = client.start("poisoned", str(marker), str(log), object_id="poison-1")
+    handle = client.options(object_id="poison-1").start("poisoned", str(marker), str(log))
 
     deaths, worker = supervise(cluster, spawn(cluster), parked(client, "poison-1"),
                                most=MAX_CRASHES)
@@ -193,7 +193,7 @@ def test_a_step_that_kills_its_worker_is_parked_after_max_crashes_and_resumed(
     assert shown.returncode == 0 and "parked" in shown.stdout, shown.stdout + shown.stderr
 
     # the node that parked it is up and serves other work
-    other = client.start("healthy", 21, object_id="healthy-1")
+    other = client.options(object_id="healthy-1").start("healthy", 21)
     assert other.result(timeout=20) == 42
     assert worker.alive()
     assert lines(log) == MAX_CRASHES, "a parked object is not run again by itself"
@@ -223,7 +223,7 @@ def test_agent_code_that_kills_its_worker_on_replay_is_parked_without_running_ag
     client.agent(name="dies_in_replay")(dies_in_replay)
     client.agent(name="healthy")(healthy)
     marker, log = tmp_path / "poison-on", tmp_path / "replay.log"
-    handle = client.start("dies_in_replay", str(marker), str(log), object_id="replay-1")
+    handle = client.options(object_id="replay-1").start("dies_in_replay", str(marker), str(log))
     worker = spawn(cluster)
     wait_until("the object waiting for go", lambda: handle.info().waiting_event == "go", 30)
     marker.touch()
@@ -242,7 +242,7 @@ def test_agent_code_that_kills_its_worker_on_replay_is_parked_without_running_ag
                 if r.kind in (perdure.Kind.EVENT_RECEIVED, perdure.Kind.STEP_STARTED)
                 or r.body.get("name") == "after"], "nothing after the wait was recorded"
 
-    assert client.start("healthy", 5, object_id="healthy-2").result(timeout=20) == 10
+    assert client.options(object_id="healthy-2").start("healthy", 5).result(timeout=20) == 10
     assert worker.alive()
 
     marker.unlink()
@@ -263,7 +263,7 @@ def test_a_progress_note_before_the_fatal_step_does_not_hide_the_crash_loop(
     client.agent(name="noted")(noted)
     marker, log = tmp_path / "poison-on", tmp_path / "noted.log"
     marker.touch()
-    client.start("noted", str(marker), str(log), object_id="noted-1")
+    client.options(object_id="noted-1").start("noted", str(marker), str(log))
 
     deaths, worker = supervise(cluster, spawn(cluster), parked(client, "noted-1"),
                                most=MAX_CRASHES + 1)

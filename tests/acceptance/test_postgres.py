@@ -64,7 +64,7 @@ def start_mixed(app: perdure.App, count: int, prefix: str) -> list[Spec]:
     for n in range(count):
         agent = "pipeline" if n % 2 == 0 else "sync_pipeline"
         spec = Spec(f"{prefix}-{n:04d}", agent, n, 1 + (n * 7) % 5, 0.05 + 0.05 * (n % 4))
-        app.start(agent, spec.n, spec.steps, spec.nap, object_id=spec.object_id)
+        app.options(object_id=spec.object_id).start(agent, spec.n, spec.steps, spec.nap)
         specs.append(spec)
     return specs
 

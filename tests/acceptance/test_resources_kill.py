@@ -141,7 +141,7 @@ def test_rollback_when_the_third_of_four_fails_leaks_nothing(
         await run.sleep(0.05)
         return "unreachable"
 
-    handle = app.start("four", object_id="four-rb")
+    handle = app.options(object_id="four-rb").start("four")
     with app.background_worker():
         deadline = time.monotonic() + 20
         while not any(r.kind == perdure.Kind.DORMANT for r in app.history("four-rb")):

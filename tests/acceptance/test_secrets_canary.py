@@ -92,9 +92,9 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
     model = ScriptedServer(responder=lambda request: ScriptedReply(
         text=f"echo: {request.last_user_text()}", chunk_chars=6)).start()
     try:
-        one = app.start("canary", Secret(canary), marker, db_url, object_id="canary-1")
-        whole = app.start("canary_all", f"all-{canary}", model.openai_base_url,
-                          object_id="canary-2")
+        one = app.options(object_id="canary-1").start("canary", Secret(canary), marker, db_url)
+        whole = app.options(object_id="canary-2").start(
+            "canary_all", f"all-{canary}", model.openai_base_url)
         first = spawn(cluster)
         wait_status(app, "canary-1", "dormant")
         wait_status(app, "canary-2", "dormant")

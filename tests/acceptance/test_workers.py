@@ -220,7 +220,7 @@ def test_sigstop_past_lease(cluster: Cluster) -> None:
     """
     app = cluster.app()
     oid = "frozen"
-    app.start("long_job", 5, 2.0, object_id=oid)
+    app.options(object_id=oid).start("long_job", 5, 2.0)
     a = cluster.spawn(concurrency=1, lease=1.0)
     slow_key = f"{oid}/1/slow"
 
@@ -298,7 +298,7 @@ def test_recorded_value_survives_kill_after_effect(cluster: Cluster) -> None:
     """
     app = cluster.app()
     oid = "stamped"
-    app.start("stamped", 1.5, object_id=oid)
+    app.options(object_id=oid).start("stamped", 1.5)
     a = cluster.spawn(concurrency=1)
     wait_until("the step's effect to be delivered", lambda: bool(cluster.sink.effects()), 30)
     a.kill()

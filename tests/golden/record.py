@@ -71,7 +71,7 @@ def record(out: Path) -> list[Path]:
         try:
             with app.background_worker(concurrency=8):
                 for object_id, (agent, args, kwargs, events, _) in SCENARIO.items():
-                    app.start(agent, *args, object_id=object_id, **kwargs)
+                    app.options(object_id=object_id).start(agent, *args, **kwargs)
                     for event, payload in events.items():
                         app.send(object_id, event, payload)
                 for object_id, (*_, status) in SCENARIO.items():

@@ -99,7 +99,7 @@ def app(make_app: MakeApp) -> perdure.App:
 def test_start_unknown_agent(app: perdure.App) -> None:
     """Starting an agent name nobody registered says which agents exist; nothing is stored."""
     with pytest.raises(UnknownAgentError, match=r"'nope' is not registered.*greet"):
-        app.start("nope", object_id="o-1")
+        app.options(object_id="o-1").start("nope")
 
     def stray(run: perdure.Run) -> None: ...
 
@@ -120,13 +120,13 @@ def test_cli_start_unknown_agent(cli_dir: Path) -> None:
 def test_start_with_non_json_args(app: perdure.App, bad: object) -> None:
     """Arguments that are not JSON values raise SerializationError and create nothing."""
     with pytest.raises(SerializationError, match="JSON"):
-        app.start("greet", bad, object_id="o-1")
+        app.options(object_id="o-1").start("greet", bad)
     assert app.store.get("o-1") is None
 
 
 def test_send_non_json_payload(app: perdure.App) -> None:
     """An event payload that is not JSON raises SerializationError and queues nothing."""
-    app.start("greet", "ana", object_id="o-1")
+    app.options(object_id="o-1").start("greet", "ana")
     with pytest.raises(SerializationError, match="payload of event 'go'"):
         app.send("o-1", "go", {"when": time})
     assert app.store.pending_events("o-1") == []
@@ -136,7 +136,7 @@ def test_send_to_unknown_and_terminated(app: perdure.App) -> None:
     """Events to an unknown or finished object raise and are not queued."""
     with pytest.raises(ObjectNotFoundError, match="'ghost'"):
         app.send("ghost", "go", 1)
-    handle = app.start("greet", "ana", object_id="o-1")
+    handle = app.options(object_id="o-1").start("greet", "ana")
     with app.background_worker():
         assert handle.result(timeout=10) == "hi ana"
     with pytest.raises(ObjectTerminatedError, match="'o-1' has completed"):
@@ -336,7 +336,7 @@ def _limit_pages(store: Store, extra: int | None) -> None:
 def test_disk_full_is_a_typed_store_error(sqlite_app: perdure.App) -> None:
     """A full disk gives a StoreError saying so; nothing half-written, older objects verify."""
     app = sqlite_app
-    done = [app.start("greet", f"p{k}", object_id=f"done-{k}") for k in range(3)]
+    done = [app.options(object_id=f"done-{k}").start("greet", f"p{k}") for k in range(3)]
     with app.background_worker():
         for handle in done:
             handle.result(timeout=10)
@@ -345,7 +345,7 @@ def test_disk_full_is_a_typed_store_error(sqlite_app: perdure.App) -> None:
     started = 0
     for k in range(2000):
         try:
-            app.start("greet", "x" * 500, object_id=f"new-{k}")
+            app.options(object_id=f"new-{k}").start("greet", "x" * 500)
             started += 1
         except StoreError as exc:
             error = exc
@@ -360,7 +360,7 @@ def test_disk_full_is_a_typed_store_error(sqlite_app: perdure.App) -> None:
         assert app.verify(object_id).ok, object_id
 
     _limit_pages(app.store, None)
-    app.start("greet", "x" * 500, object_id=failed)
+    app.options(object_id=failed).start("greet", "x" * 500)
     assert app.verify(failed).ok
 
 
@@ -393,7 +393,7 @@ def test_worker_on_a_full_disk_loses_nothing(make_sqlite_app: MakeApp,
 
     ids = [f"fill-{k}" for k in range(4)]
     for object_id in ids:
-        app.start(filler, STEPS, object_id=object_id)
+        app.options(object_id=object_id).start(filler, STEPS)
     _limit_pages(app.store, 1)
     with app.background_worker():
         deadline = time.monotonic() + 10

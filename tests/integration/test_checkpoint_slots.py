@@ -60,7 +60,7 @@ def test_checkpoints_go_to_one_slot_and_a_resume_reads_it(
     app = make_app()
     seen: dict[str, Any] = {}
     _register_logger(app, tmp_path, seen)
-    app.start("logger", 30, object_id="log-1")
+    app.options(object_id="log-1").start("logger", 30)
     app.run_worker(until=lambda: app.get("log-1").status == "dormant")
     assert _slots(app, "log-1") == ["resource:log"]
     resource_records = [r for r in app.history("log-1") if r.kind == perdure.Kind.RESOURCE]
@@ -97,7 +97,7 @@ def test_an_altered_slot_row_parks_the_object(make_app: AppFactory, store_url: s
     app = make_app()
     seen: dict[str, Any] = {}
     _register_logger(app, tmp_path, seen)
-    app.start("logger", 3, object_id="log-2")
+    app.options(object_id="log-2").start("logger", 3)
     app.run_worker(until=lambda: app.get("log-2").status == "dormant")
     forged = (b'{"decl":0,"descriptor":{"path":"/etc/passwd","mode":"r","pos":0},'
               b'"name":"log","on_stale":"park","state":"open","type":"x","version":1}')
@@ -132,7 +132,7 @@ def test_a_write_from_a_fenced_out_epoch_is_refused(make_app: AppFactory, store_
             raise
         return 1
 
-    app.start("fenced", object_id="fence-1")
+    app.options(object_id="fence-1").start("fenced")
     app.run_worker(until=lambda: bool(said))
     assert said == ["LeaseLostError"]
     rows = app.store.checkpoints("fence-1")
@@ -159,7 +159,7 @@ def test_a_step_slot_is_gone_once_its_outcome_is_recorded(make_app: AppFactory) 
     async def stepper(run: perdure.Run) -> str:
         return await run.step(work, retry=perdure.RetryPolicy(base=0.01))
 
-    handle = app.start("stepper", object_id="step-1")
+    handle = app.options(object_id="step-1").start("stepper")
     with app.background_worker():
         assert handle.result(timeout=10) == "from {'at': 1}"
     assert during == [[], ["step:0"]]

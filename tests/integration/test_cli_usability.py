@@ -123,11 +123,11 @@ def run_objects(local: perdure.App) -> None:
     """A completed ``greet`` (with a keyword argument), a failed ``explode`` under a long
     id, and a completed ``pair`` with two children."""
     with local.background_worker():
-        local.start("greet", "ana", object_id="g-1", punctuation="?!").result(timeout=20)
-        failed = local.start("explode", REASON, object_id=LONG_ID)
+        local.options(object_id="g-1").start("greet", "ana", punctuation="?!").result(timeout=20)
+        failed = local.options(object_id=LONG_ID).start("explode", REASON)
         with pytest.raises(perdure.AgentFailedError):
             failed.result(timeout=20)
-        local.start("pair", "bo", object_id="p-1").result(timeout=20)
+        local.options(object_id="p-1").start("pair", "bo").result(timeout=20)
 
 
 def execute(url: str, statement: str, *params: Any) -> None:
@@ -246,7 +246,7 @@ def test_verify_all_goes_on_past_damaged_memory(sqlite_url: str, tmp_path: Path)
     try:
         with runner.background_worker():
             for object_id in ("a", "b", "c"):
-                runner.start("greet", object_id, object_id=object_id).result(timeout=20)
+                runner.options(object_id=object_id).start("greet", object_id).result(timeout=20)
     finally:
         runner.close()
     execute(sqlite_url, "UPDATE records SET body = X'FF' WHERE object_id = 'b' AND seq = 2")
@@ -285,14 +285,14 @@ def test_start_says_when_the_object_exists(store_url: str, tmp_path: Path,
     assert re.fullmatch(r"note: object s-1 already exists \(ready\); this is that object\n",
                         again.stderr), again.stderr
 
-    if getattr(local.start("greet", "bo", object_id="s-1"), "differs", None) is not None:
+    if getattr(local.options(object_id="s-1").start("greet", "bo"), "differs", None) is not None:
         other = cli(store_url, tmp_path, "start", "greet", "--args", '"bo"', "--id", "s-1",
                     with_app=True)
         assert ok(other) == "s-1\n"
         assert other.stderr.startswith("warning: ") and len(other.stderr.splitlines()) == 1
 
     try:
-        local.start("greet", "probe", object_id="probe", nope=1)
+        local.options(object_id="probe").start("greet", "probe", nope=1)
         checks_signature = False
     except ConfigurationError:
         checks_signature = True

@@ -49,12 +49,12 @@ def test_delegation_lineage_result_and_listing(make_app: AppFactory) -> None:
 
     @app.agent(name="top")
     async def top(run: perdure.Run, x: int) -> dict[str, Any]:
-        child = await run.delegate(middle, x, object_id="top-1-named-child")
+        child = await run.options(object_id="top-1-named-child").delegate(middle, x)
         other = await run.delegate("leaf", 7)
         got = await run.join(child, other)
         return {"got": got, "ids": [child.child_id, other.child_id]}
 
-    handle = app.start("top", 2, object_id="top-1")
+    handle = app.options(object_id="top-1").start("top", 2)
     with app.background_worker():
         result = handle.result(timeout=20)
 
@@ -105,8 +105,8 @@ def test_child_failure_raises_child_failed_error(make_app: AppFactory) -> None:
     async def careless(run: perdure.Run) -> Any:
         return await (await run.delegate(breaks))
 
-    caught = app.start("careful", object_id="careful-1")
-    uncaught = app.start("careless", object_id="careless-1")
+    caught = app.options(object_id="careful-1").start("careful")
+    uncaught = app.options(object_id="careless-1").start("careless")
     with app.background_worker():
         result = caught.result(timeout=20)
         assert wait_until(lambda: uncaught.info().terminal, timeout=20)
@@ -136,7 +136,7 @@ def test_parent_runs_once_more_only_after_all_children_finish(make_app: AppFacto
         children = [await run.delegate(napper, s) for s in (0.2, 0.5, 0.8)]
         return await run.join(*children)
 
-    handle = app.start("boss", object_id="boss-1")
+    handle = app.options(object_id="boss-1").start("boss")
     with app.background_worker():
         result = handle.result(timeout=20)
 
@@ -167,7 +167,7 @@ def test_cancelling_a_dormant_parent_cancels_its_live_children(make_app: AppFact
         kids = [await run.delegate(waits, w) for w in (True, False, True)]
         return await run.join(*kids)
 
-    handle = app.start("holder", object_id="hold-1")
+    handle = app.options(object_id="hold-1").start("holder")
     with app.background_worker():
         assert wait_until(lambda: len(records_of(app, "hold-1", perdure.Kind.CHILD_FINISHED))
                           == 1 and handle.status() is perdure.Status.DORMANT, timeout=20)
@@ -196,7 +196,7 @@ def test_cancel_children_false_lets_children_finish(make_app: AppFactory) -> Non
     async def holder(run: perdure.Run) -> list[Any]:
         return await run.join(await run.delegate(waits), await run.delegate(waits))
 
-    handle = app.start("holder", object_id="keep-1")
+    handle = app.options(object_id="keep-1").start("holder")
     with app.background_worker():
         assert wait_until(lambda: all(app.get(f"keep-1.{i}").waiting_event == "go"
                                       for i in (0, 1)) if len(app.list(parent="keep-1")) == 2
@@ -246,7 +246,7 @@ def test_gather_returns_results_in_argument_order(make_app: AppFactory) -> None:
         )
         return [first, *got]
 
-    handle = app.start("fan", object_id="fan-1")
+    handle = app.options(object_id="fan-1").start("fan")
     with app.background_worker():
         result = handle.result(timeout=20)
 
@@ -289,7 +289,7 @@ def test_gather_replay_after_a_node_stalls_does_not_rerun_finished_branches(
             return await run.gather(run.step(freezing, x, name="freezing"),
                                     run.step(fast, x, name="fast"))
 
-    first_node.start("pair", 5, object_id="g-1")
+    first_node.options(object_id="g-1").start("pair", 5)
     try:
         with first_node.background_worker():
             assert wait_until(lambda: calls["freezing"] == 1 and any(
@@ -334,8 +334,8 @@ def test_refine_inside_an_agent_and_from_outside_while_dormant(make_app: AppFact
         await run.wait_for("go")
         return {"version": run.intent.version_no, "goal": run.intent.goal}
 
-    both = app.start("adjusts", object_id="ref-1")
-    outer = app.start("sleeper", object_id="ref-2")
+    both = app.options(object_id="ref-1").start("adjusts")
+    outer = app.options(object_id="ref-2").start("sleeper")
     with app.background_worker():
         for oid in ("ref-1", "ref-2"):
             assert wait_until(lambda o=oid: app.get(o).waiting_event == "go", timeout=20)
@@ -390,10 +390,10 @@ def test_patched_block_old_objects_replay_old_path_new_ones_take_it(
         c = await run.step(lambda t: f"c-{t}", tag, name="c")
         return [*out, go, c]
 
-    old = old_code.start("flow", "old", object_id="flow-old")
+    old = old_code.options(object_id="flow-old").start("flow", "old")
     with old_code.background_worker():
         assert wait_until(lambda: old.info().waiting_event == "go", timeout=20)
-    new = new_code.start("flow", "new", object_id="flow-new")
+    new = new_code.options(object_id="flow-new").start("flow", "new")
     new_code.send("flow-old", "go", "g")
     new_code.send("flow-new", "go", "g")
     with new_code.background_worker():
@@ -426,7 +426,7 @@ def test_agent_level_requires_is_never_claimed_by_a_node_without_it(
         async def surf(run: perdure.Run, url: str) -> str:
             return await run.step(lambda u: f"read {u}", url, name="read")
 
-    handle = plain.start("surf", "example.org", object_id="surf-1")
+    handle = plain.options(object_id="surf-1").start("surf", "example.org")
     with plain.background_worker():
         time.sleep(1.0)
         info = plain.get("surf-1")
@@ -459,7 +459,7 @@ def test_step_level_requires_records_capability_missing_once(make_app: AppFactor
             score = await run.step(lambda v: v - 1, model, name="score")
             return [prepared, model, score]
 
-    handle = plain.start("learn", 2, object_id="learn-1")
+    handle = plain.options(object_id="learn-1").start("learn", 2)
     with plain.background_worker():
         assert wait_until(lambda: records_of(plain, "learn-1", perdure.Kind.CAPABILITY_MISSING),
                           timeout=20)
@@ -510,7 +510,7 @@ def test_cannot_do_moves_the_object_to_another_node_without_a_failure(
     register(refusing, False)
     register(willing, True)
 
-    handle = refusing.start("render", 2, object_id="render-1")
+    handle = refusing.options(object_id="render-1").start("render", 2)
     with refusing.background_worker():
         assert wait_until(lambda: records_of(refusing, "render-1",
                                              perdure.Kind.CAPABILITY_MISSING), timeout=20)
@@ -545,8 +545,8 @@ def test_object_of_version_1_waits_for_a_version_1_node(make_app: AppFactory) ->
     async def job_v2(run: perdure.Run) -> str:
         return await run.step(lambda: "v2", name="work")
 
-    handle = v1.start("job", object_id="job-1")
-    v2_job = v2.start("job", object_id="job-2")
+    handle = v1.options(object_id="job-1").start("job")
+    v2_job = v2.options(object_id="job-2").start("job")
     with v2.background_worker():
         assert v2_job.result(timeout=20) == "v2"
         time.sleep(0.5)

@@ -79,7 +79,7 @@ def test_a_second_run_touches_only_its_own_object(tmp_path: Path) -> None:
     app = build_app(folder, node_id="walker")
     try:
         with app.background_worker():  # the walk-through, done by hand
-            walk = app.start("review", object_id="walk-1", pace=0)
+            walk = app.options(object_id="walk-1").start("review", pace=0)
             app.send("walk-1", "approval", {"by": "you"})
             walk.result(timeout=60)
         mine = folder / "reports" / "my-notes.md"

@@ -33,7 +33,7 @@ def test_pause_stops_at_a_command_boundary_until_resume(make_app: AppFactory) ->
     app = make_app()
     ticks: list[int] = []
     _register_ticker(app, ticks)
-    handle = app.start("ticker", 150, object_id="tick-1")
+    handle = app.options(object_id="tick-1").start("ticker", 150)
     with app.background_worker():
         assert wait_until(lambda: len(ticks) >= 3)
         assert app.pause("tick-1").status is perdure.Status.PAUSED
@@ -59,7 +59,7 @@ def test_paused_dormant_object_gets_its_events_after_resume(make_app: AppFactory
     async def held(run: perdure.Run) -> Any:
         return await run.wait_for("go")
 
-    handle = app.start("held", object_id="held-1")
+    handle = app.options(object_id="held-1").start("held")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "go")
         app.pause("held-1")
@@ -81,7 +81,7 @@ def test_cancel_paused_object(make_app: AppFactory) -> None:
     async def held_too(run: perdure.Run) -> Any:
         return await run.wait_for("go")
 
-    handle = app.start("held_too", object_id="held-2")
+    handle = app.options(object_id="held-2").start("held_too")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "go")
         app.pause("held-2")
@@ -98,7 +98,7 @@ def test_cancel_dormant_object_terminates_promptly(make_app: AppFactory) -> None
     async def patient(run: perdure.Run) -> Any:
         return await run.wait_for("never", timeout=60)
 
-    handle = app.start("patient", object_id="patient-1")
+    handle = app.options(object_id="patient-1").start("patient")
     with app.background_worker():
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
         asked = time.monotonic()
@@ -121,7 +121,7 @@ def test_cancel_running_object_stops_at_next_command(make_app: AppFactory) -> No
     app = make_app()
     ticks: list[int] = []
     _register_ticker(app, ticks)
-    handle = app.start("ticker", 500, object_id="tick-2")
+    handle = app.options(object_id="tick-2").start("ticker", 500)
     with app.background_worker():
         assert wait_until(lambda: len(ticks) >= 3)
         app.cancel("tick-2")
@@ -143,7 +143,7 @@ def test_cancel_before_first_run(make_app: AppFactory) -> None:
     async def never_runs(run: perdure.Run) -> None:
         ran.append(True)
 
-    handle = app.start("never_runs", object_id="early-1")
+    handle = app.options(object_id="early-1").start("never_runs")
     app.cancel("early-1")
     with app.background_worker(), pytest.raises(perdure.AgentCancelledError):
         handle.result(timeout=5)
@@ -155,7 +155,7 @@ def test_deadline_passed_while_running_fails_the_object(make_app: AppFactory) ->
     app = make_app()
     ticks: list[int] = []
     _register_ticker(app, ticks)
-    handle = app.start("ticker", 1000, object_id="tick-3", deadline=0.3)
+    handle = app.options(object_id="tick-3", deadline=0.3).start("ticker", 1000)
     with app.background_worker(), pytest.raises(perdure.AgentFailedError, match="Deadline"):
         handle.result(timeout=5)
     assert 0 < len(ticks) < 1000
@@ -172,7 +172,7 @@ def test_deadline_passed_while_dormant_fails_the_object(make_app: AppFactory) ->
         await run.sleep(30)
         return "woke"
 
-    handle = app.start("sleepy", object_id="sleepy-1", deadline=0.5)
+    handle = app.options(object_id="sleepy-1", deadline=0.5).start("sleepy")
     with app.background_worker(), pytest.raises(perdure.AgentFailedError, match="deadline"):
         handle.result(timeout=5)
     assert handle.status() is perdure.Status.FAILED
@@ -192,7 +192,7 @@ def test_failure_threshold_terminates_the_object(make_app: AppFactory) -> None:
         await run.step(down, name="down",
                        retry=perdure.RetryPolicy(base=0.02, max_attempts=10))
 
-    handle = app.start("doomed", object_id="doomed-1", max_failures=2)
+    handle = app.options(object_id="doomed-1", max_failures=2).start("doomed")
     expected = pytest.raises(perdure.AgentFailedError, match="failure threshold")
     with app.background_worker(), expected:
         handle.result(timeout=10)
@@ -216,7 +216,7 @@ def test_refine_appends_a_new_intent_version(make_app: AppFactory) -> None:
         await run.wait_for("check")
         return {"goal": run.intent.goal, "version": run.intent.version_no}
 
-    handle = app.start("goal_seeker", object_id="goal-1")
+    handle = app.options(object_id="goal-1").start("goal_seeker")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "check")
         app.refine("goal-1", goal={"target": "ship v2"})
@@ -245,7 +245,7 @@ def test_refined_deadline_applies_to_a_dormant_object(make_app: AppFactory) -> N
         await run.sleep(60)
         return "woke"
 
-    handle = app.start("long_nap", object_id="nap-2")
+    handle = app.options(object_id="nap-2").start("long_nap")
     with app.background_worker():
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
         app.refine("nap-2", deadline=time.time() + 0.2)

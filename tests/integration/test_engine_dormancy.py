@@ -30,7 +30,7 @@ def test_sleep_releases_the_object(make_app: AppFactory) -> None:
         await run.sleep(0.5)
         return time.time() - started
 
-    handle = app.start("napper", object_id="nap-1")
+    handle = app.options(object_id="nap-1").start("napper")
     with app.background_worker():
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
         row = app.store.get("nap-1")
@@ -54,7 +54,7 @@ def test_wait_for_releases_the_object_and_an_event_wakes_it_promptly(
     async def waiter(run: perdure.Run) -> Any:
         return await run.wait_for("approval")
 
-    handle = app.start("waiter", object_id="wait-1")
+    handle = app.options(object_id="wait-1").start("waiter")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "approval")
         info = handle.info()
@@ -81,7 +81,7 @@ def test_a_received_event_is_recorded_with_the_next_step(make_app: AppFactory) -
         payload = await run.wait_for("go")
         return await run.step(lambda: payload, name="act")
 
-    handle = app.start("acts_on_go", object_id="go-1")
+    handle = app.options(object_id="go-1").start("acts_on_go")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "go")
         app.send("go-1", "go", 7)
@@ -114,7 +114,7 @@ def test_a_received_event_goes_with_values_committed_before_a_step(
         await run.step(look, run.object_id, name="look")
         return [payload, len(token)]
 
-    handle = app.start("go_then_value", object_id="go-3")
+    handle = app.options(object_id="go-3").start("go_then_value")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "go")
         app.send("go-3", "go", 1)
@@ -138,7 +138,7 @@ def test_the_event_that_woke_an_object_is_taken_from_the_claims_read(
     async def acts_on_go_once(run: perdure.Run) -> Any:
         return await run.wait_for("go")
 
-    handle = app.start("acts_on_go_once", object_id="go-2")
+    handle = app.options(object_id="go-2").start("acts_on_go_once")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "go")
         store = app.store
@@ -170,7 +170,7 @@ def test_an_event_sent_after_the_claims_read_is_still_received(make_app: AppFact
         await run.step(send_to_self, name="send")
         return await run.wait_for("note", timeout=30)
 
-    handle = app.start("sends_to_itself", object_id="self-1")
+    handle = app.options(object_id="self-1").start("sends_to_itself")
     with app.background_worker():
         assert handle.result(timeout=10) == "from the step"
     assert kinds(app, "self-1") == ["instantiated", "step_done", "event_received",
@@ -186,7 +186,7 @@ def test_an_event_received_before_a_crash_is_delivered_again(
     marks = str(tmp_path / "marks")
     starter = make_app()
     starter.agent(name="wait_then_act")(wait_then_act)
-    handle = starter.start("wait_then_act", marks, 30.0, object_id="act-1")
+    handle = starter.options(object_id="act-1").start("wait_then_act", marks, 30.0)
     log = tmp_path / "worker.log"
     proc = start_worker_process(store_url, key_dir, log)
     try:
@@ -223,7 +223,7 @@ def test_events_sent_before_waiting_are_delivered_in_order(make_app: AppFactory)
         other = await run.wait_for("other")
         return [first, second, other]
 
-    handle = app.start("collector", object_id="collect-1")
+    handle = app.options(object_id="collect-1").start("collector")
     app.send("collect-1", "item", 1)
     app.send("collect-1", "other", "o")
     app.send("collect-1", "item", 2)
@@ -242,7 +242,7 @@ def test_duplicate_sends_with_a_dedupe_key_are_delivered_once(make_app: AppFacto
         second = await run.wait_for("pay", timeout=0.3)
         return [first, second]
 
-    handle = app.start("once", object_id="once-1")
+    handle = app.options(object_id="once-1").start("once")
     assert app.send("once-1", "pay", {"n": 1}, dedupe_key="payment-1") is True
     assert app.send("once-1", "pay", {"n": 1}, dedupe_key="payment-1") is False
     assert handle.send("pay", {"n": 2}, dedupe_key="payment-1") is False
@@ -262,7 +262,7 @@ def test_wait_for_times_out_with_none(make_app: AppFactory) -> None:
         ended = await run.now()
         return {"got": got, "waited": ended - began}
 
-    handle = app.start("impatient", object_id="impatient-1")
+    handle = app.options(object_id="impatient-1").start("impatient")
     with app.background_worker():
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
         assert handle.info().waiting_event == "reply"
@@ -281,7 +281,7 @@ def test_event_arriving_before_the_timeout_wins(make_app: AppFactory) -> None:
     async def timed(run: perdure.Run) -> Any:
         return await run.wait_for("reply", timeout=5)
 
-    handle = app.start("timed", object_id="timed-1")
+    handle = app.options(object_id="timed-1").start("timed")
     with app.background_worker():
         assert wait_until(lambda: handle.info().waiting_event == "reply")
         app.send("timed-1", "reply", "yes")
@@ -301,7 +301,7 @@ def test_many_dormant_objects_hold_no_worker_slots(make_app: AppFactory) -> None
         got = await run.wait_for("go")
         return int(got) + n
 
-    handles = [app.start("slot", n, object_id=f"slot-{n}") for n in range(10)]
+    handles = [app.options(object_id=f"slot-{n}").start("slot", n) for n in range(10)]
     with app.background_worker(concurrency=2):
         assert wait_until(lambda: all(h.info().waiting_event == "go" for h in handles))
         for h in handles:

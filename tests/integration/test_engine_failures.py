@@ -45,7 +45,7 @@ def test_transient_error_is_recorded_and_retried(make_app: AppFactory) -> None:
     async def flaky_agent(run: perdure.Run) -> str:
         return await run.step(flaky, name="flaky", retry=perdure.RetryPolicy(base=0.05))
 
-    handle = app.start("flaky_agent", object_id="flaky-1")
+    handle = app.options(object_id="flaky-1").start("flaky_agent")
     with app.background_worker():
         assert handle.result(timeout=10) == "ok"
 
@@ -83,7 +83,7 @@ def test_object_is_dormant_between_attempts_and_retry_after_is_honoured(
     async def polite(run: perdure.Run) -> str:
         return await run.step(rate_limited, name="call", retry=perdure.RetryPolicy(base=0.05))
 
-    handle = app.start("polite", object_id="polite-1")
+    handle = app.options(object_id="polite-1").start("polite")
     with app.background_worker():
         assert wait_until(lambda: len(attempts) == 1)
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT)
@@ -125,7 +125,7 @@ def test_permanent_error_is_not_retried_and_replays_its_exception(make_app: AppF
         await run.sleep(0.1)
         return "carried on"
 
-    handle = app.start("validator", 7, object_id="validator-1")
+    handle = app.options(object_id="validator-1").start("validator", 7)
     with app.background_worker():
         assert handle.result(timeout=10) == "carried on"
 
@@ -153,7 +153,7 @@ def test_custom_exception_type_is_rebuilt_on_replay(make_app: AppFactory) -> Non
         await run.sleep(0.05)
         return "done"
 
-    handle = app.start("rebuild", object_id="rebuild-1")
+    handle = app.options(object_id="rebuild-1").start("rebuild")
     with app.background_worker():
         assert handle.result(timeout=10) == "done"
 
@@ -172,7 +172,7 @@ def test_agent_that_raises_terminates_failed(make_app: AppFactory) -> None:
     async def fragile(run: perdure.Run) -> None:
         await run.step(broken, name="broken")
 
-    handle = app.start("fragile", object_id="fragile-1")
+    handle = app.options(object_id="fragile-1").start("fragile")
     with app.background_worker(), pytest.raises(perdure.AgentFailedError) as info:
         handle.result(timeout=10)
 
@@ -198,7 +198,7 @@ def test_exhausted_transient_retries_fail_the_agent(make_app: AppFactory) -> Non
     async def stubborn(run: perdure.Run) -> None:
         await run.step(down, name="down", retry=perdure.RetryPolicy(base=0.02, max_attempts=3))
 
-    handle = app.start("stubborn", object_id="stubborn-1")
+    handle = app.options(object_id="stubborn-1").start("stubborn")
     expected = pytest.raises(perdure.AgentFailedError, match="ConnectionError")
     with app.background_worker(), expected:
         handle.result(timeout=10)

@@ -39,7 +39,7 @@ def test_concurrent_objects_share_commits(make_app: AppFactory) -> None:
             total += await run.step(work, i, j, name=f"work-{j}")
         return total
 
-    handles = [app.start("busy", i, object_id=f"busy-{i:02d}") for i in range(OBJECTS)]
+    handles = [app.options(object_id=f"busy-{i:02d}").start("busy", i) for i in range(OBJECTS)]
     worker: Worker = app.worker(concurrency=OBJECTS)
     counts = Counters()
     counts.attach(worker.hooks)
@@ -91,7 +91,7 @@ def test_steps_go_on_while_another_process_holds_the_write_lock(make_sqlite_app:
     async def ticker(run: perdure.Run, n: int) -> int:
         return sum([await run.step(tick, j) for j in range(n)])
 
-    handle = app.start("ticker", 400, object_id="ticker")
+    handle = app.options(object_id="ticker").start("ticker", 400)
     worker: Worker = app.worker(concurrency=4)
     counts = Counters()
     counts.attach(worker.hooks)

@@ -85,7 +85,7 @@ def test_a_reclaimed_object_reads_only_its_tail(make_app: AppFactory) -> None:
     app = make_app()
     _register_rounds(app)
     oid = "rounds-1"
-    app.start("rounds", {"rounds": 4}, object_id=oid)
+    app.options(object_id=oid).start("rounds", {"rounds": 4})
     worker = app.worker(concurrency=4)
     counts = Counters()
     counts.attach(worker.hooks)
@@ -112,7 +112,7 @@ def test_replay_from_held_records_matches_a_cold_node(make_app: AppFactory) -> N
     warm = make_app(node_id="warm")
     _register_rounds(warm)
     oid = "rounds-2"
-    warm.start("rounds", {"rounds": 2}, object_id=oid)
+    warm.options(object_id=oid).start("rounds", {"rounds": 2})
     worker = warm.worker()
     warm_counts = Counters()
     warm_counts.attach(worker.hooks)
@@ -155,7 +155,7 @@ def test_a_store_rewound_behind_what_the_node_saw_is_refused(make_app: AppFactor
     app = make_app()
     _register_rounds(app)
     oid = "rounds-3"
-    app.start("rounds", {"rounds": 3}, object_id=oid)
+    app.options(object_id=oid).start("rounds", {"rounds": 3})
     worker = app.worker()
     counts = Counters()
     counts.attach(worker.hooks)

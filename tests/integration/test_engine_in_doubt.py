@@ -37,7 +37,7 @@ def test_step_killed_mid_way_is_in_doubt_on_resume(
     marks = str(tmp_path / "charges")
     starter = make_app()
     starter.agent(name="charge_once")(charge_once)
-    starter.start("charge_once", marks, 30.0, object_id="pay-1")
+    starter.options(object_id="pay-1").start("charge_once", marks, 30.0)
     log = tmp_path / "worker.log"
     proc = start_worker_process(store_url, key_dir, log)
     try:
@@ -78,7 +78,7 @@ def test_in_doubt_is_raised_again_on_later_replays(
     marks, doubts = str(tmp_path / "charges"), tmp_path / "doubts"
     starter = make_app()
     starter.agent(name="careful_charge")(careful_charge)
-    starter.start("careful_charge", marks, str(doubts), object_id="careful-1")
+    starter.options(object_id="careful-1").start("careful_charge", marks, str(doubts))
     log = tmp_path / "worker.log"
     proc = start_worker_process(store_url, key_dir, log)
     try:
@@ -107,7 +107,7 @@ def test_unhandled_doubt_fails_the_agent(
     marks = str(tmp_path / "charges")
     starter = make_app()
     starter.agent(name="blind_charge")(blind_charge)
-    starter.start("blind_charge", marks, object_id="blind-1")
+    starter.options(object_id="blind-1").start("blind_charge", marks)
     log = tmp_path / "worker.log"
     proc = start_worker_process(store_url, key_dir, log)
     try:

@@ -51,7 +51,7 @@ def _run_v1_until_waiting(make_app: AppFactory, object_id: str) -> perdure.App:
     first = make_app()
     calls: Counter[str] = Counter()
     _shop_v1(first, calls)
-    first.start("shop", "apple", object_id=object_id)
+    first.options(object_id=object_id).start("shop", "apple")
     with first.background_worker():
         assert wait_until(lambda: first.get(object_id).waiting_event == "go")
     assert calls == Counter({"pick": 1})
@@ -210,8 +210,8 @@ def test_unnamed_steps_in_a_loop_replay_by_function_and_catch_a_swapped_one(
     later version that calls another function at a recorded position parks."""
     first = make_app()
     _loop_agent(first, (_tick, _tick, _tock, _named, _tick, _named))
-    first.start("loop", object_id="loop-1")
-    first.start("loop", object_id="loop-2")
+    first.options(object_id="loop-1").start("loop")
+    first.options(object_id="loop-2").start("loop")
     with first.background_worker():
         assert wait_until(lambda: all(first.get(o).waiting_event == "go"
                                       for o in ("loop-1", "loop-2")))

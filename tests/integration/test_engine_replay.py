@@ -58,7 +58,7 @@ def test_resume_on_a_new_node_skips_recorded_steps(make_app: AppFactory) -> None
     first_calls: Counter[str] = Counter()
     first = make_app()
     _register_flow(first, first_calls, "node1")
-    handle = first.start("flow", "perdure", object_id="flow-1")
+    handle = first.options(object_id="flow-1").start("flow", "perdure")
     with first.background_worker():
         assert wait_until(lambda: first.get("flow-1").waiting_event == "approval")
     assert first_calls == Counter({"fetch": 1, "summarise": 1})
@@ -98,7 +98,7 @@ def test_recorded_values_are_the_same_on_replay(make_app: AppFactory) -> None:
         return list(taken)
 
     before = time.time()
-    handle = app.start("values", object_id="values-1")
+    handle = app.options(object_id="values-1").start("values")
     with app.background_worker():
         result = handle.result(timeout=10)
 
@@ -134,7 +134,7 @@ def test_sync_agent_with_sync_steps(make_app: AppFactory) -> None:
         return {"doubled": doubled, "quadrupled": quadrupled, "payload": payload,
                 "stamp": stamp}
 
-    handle = app.start(sync_agent, 5, object_id="sync-1")
+    handle = app.options(object_id="sync-1").start(sync_agent, 5)
     with app.background_worker():
         result = handle.result(timeout=10)
 
@@ -174,7 +174,7 @@ def test_current_step_gives_key_and_epoch(make_app: AppFactory) -> None:
                                 retry=perdure.RetryPolicy(base=0.05))
         return {"first": first, "second": second, "epoch": run.epoch}
 
-    handle = app.start("keys", object_id="keys-1")
+    handle = app.options(object_id="keys-1").start("keys")
     with app.background_worker():
         result = handle.result(timeout=10)
 
@@ -214,7 +214,7 @@ def test_current_step_does_not_leak_into_sync_agent_code(make_app: AppFactory) -
 
     with app.background_worker(concurrency=1):
         for n in range(8):
-            handle = app.start("leaky", n, object_id=f"leaky-{n}")
+            handle = app.options(object_id=f"leaky-{n}").start("leaky", n)
             assert handle.result(timeout=10) == f"leaky-{n}/0/body"
     assert leaked == [], "\n".join(leaked)
 
@@ -230,7 +230,7 @@ def test_killed_worker_mid_step_resumes_without_redoing_finished_steps(
     first_marks, second_marks = str(tmp_path / "first"), str(tmp_path / "second")
     starter = make_app()
     starter.agent(name="two_steps")(two_steps)
-    starter.start("two_steps", first_marks, second_marks, 30.0, object_id="two-1")
+    starter.options(object_id="two-1").start("two_steps", first_marks, second_marks, 30.0)
     log = tmp_path / "worker.log"
     proc = start_worker_process(store_url, key_dir, log)
     try:

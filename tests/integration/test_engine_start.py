@@ -27,13 +27,13 @@ def test_start_with_existing_object_id_returns_the_same_object(make_app: AppFact
         runs.append(text)
         return text
 
-    first = app.start(echo, "one", object_id="echo-1")
-    second = app.start(echo, "two", object_id="echo-1")
+    first = app.options(object_id="echo-1").start(echo, "one")
+    second = app.options(object_id="echo-1").start(echo, "two")
     assert first.object_id == second.object_id == "echo-1"
     assert len(app.history("echo-1")) == 1
     with app.background_worker():
         assert first.result(timeout=5) == "one"
-        third = app.start(echo, "three", object_id="echo-1")
+        third = app.options(object_id="echo-1").start(echo, "three")
         assert third.result(timeout=5) == "one"
     assert runs == ["one"]
     assert len(app.list(agent="echo")) == 1
@@ -78,7 +78,7 @@ def test_object_of_an_agent_this_node_lacks_is_left_alone(make_app: AppFactory) 
     async def special(run: perdure.Run) -> str:
         return "done by a node that has it"
 
-    handle = owner.start("special", object_id="special-1")
+    handle = owner.options(object_id="special-1").start("special")
 
     other = make_app()
 
@@ -129,7 +129,7 @@ def test_worker_started_before_its_store_is_reachable_waits_for_it(
         down = [r for r in caplog.records if getattr(r, "action", None) == "store_down"]
         assert len(down) == 1, [r.getMessage() for r in caplog.records]
         folder.mkdir()
-        handle = client.start(hello, "later", object_id="late-1")
+        handle = client.options(object_id="late-1").start(hello, "later")
         assert handle.result(timeout=15) == "hello later"
     assert any(getattr(r, "action", None) == "store_up" for r in caplog.records)
     node.close()

@@ -236,7 +236,7 @@ def dormant_victim(c: Cluster, oid: str = OID) -> Path:
     """Start ``waits`` as ``oid`` (node A's worker must run) and wait until it sleeps,
     waiting for ``go``; its log."""
     log = c.log(oid)
-    c.a.start(waits, str(log), 1, object_id=oid)
+    c.a.options(object_id=oid).start(waits, str(log), 1)
     wait_until(lambda: c.a.get(oid).status == "dormant", what=f"{oid} dormant")
     assert lines(log) == DORMANT_LOG
     assert c.count(oid) == DORMANT_RECORDS
@@ -253,7 +253,7 @@ def settled_waiting(node: perdure.App, oid: str, event: str) -> bool:
 def serves(c: Cluster, node: perdure.App, name: str) -> None:
     """``node``'s worker (running) carries a new, unrelated object to its result."""
     log = c.log(name)
-    handle = node.start(quick, str(log), object_id=name)
+    handle = node.options(object_id=name).start(quick, str(log))
     assert handle.result(timeout=15) == "quick"
     assert lines(log) == ["enter", "step:quick"]
 
@@ -475,7 +475,7 @@ def test_record_spliced_from_another_object(cluster: Cluster) -> None:
     donor_log = c.log("donor")
 
     def forge() -> None:
-        c.a.start(waits, str(donor_log), 1, object_id="donor")
+        c.a.options(object_id="donor").start(waits, str(donor_log), 1)
         wait_until(lambda: c.a.get("donor").status == "dormant", what="donor dormant")
         conn = c.raw()
         cols = "trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash, signature"
@@ -571,7 +571,7 @@ def test_rollback_refused_by_a_restarted_worker_process(cluster: Cluster) -> Non
     log = c.log(OID)
     first = c.worker_process(c.tmp / "worker-1.log")
     try:
-        c.a.start(waits, str(log), 1, object_id=OID)
+        c.a.options(object_id=OID).start(waits, str(log), 1)
         wait_until(lambda: c.a.get(OID).status == "dormant", what="victim dormant")
     finally:
         first.send_signal(signal.SIGTERM)
@@ -630,7 +630,7 @@ def test_forget_heads_before_the_node_wrote_the_head(cluster: Cluster) -> None:
     try:
         with slow.background_worker():
             log = c.log(OID)
-            slow.start(waits, str(log), 1, object_id=OID)
+            slow.options(object_id=OID).start(waits, str(log), 1)
             wait_until(lambda: slow.get(OID).status == "dormant", what="victim dormant")
             _roll_back(c)
             slow.send(OID, "go", "now")
@@ -657,7 +657,7 @@ def test_edited_result_column_is_never_served(cluster: Cluster) -> None:
     show`` included, prints the edited value."""
     c = cluster
     with c.a.background_worker():
-        handle = c.a.start(quick, str(c.log("done")), object_id=OID)
+        handle = c.a.options(object_id=OID).start(quick, str(c.log("done")))
         assert handle.result(timeout=15) == "quick"
     c.raw().execute("UPDATE objects SET result=? WHERE object_id=?",
                     (encode("FORGED-31337"), OID))
@@ -701,7 +701,7 @@ def test_forged_event_is_refused_and_consumed(cluster: Cluster, forgery: str,
     log = c.log(OID)
     conn = c.raw()
     with c.a.background_worker():
-        handle = c.a.start(listens, str(log), object_id=OID)
+        handle = c.a.options(object_id=OID).start(listens, str(log))
         wait_until(lambda: c.a.get(OID).waiting_event == "go", what="waits for go")
         c.a.send(OID, "go", {"n": 1})
         wait_until(lambda: c.a.get(OID).waiting_event == "gate", what="waits for gate")
@@ -767,7 +767,7 @@ def test_event_sent_while_a_node_lets_go_is_not_lost(cluster: Cluster, backend: 
     sender, watcher = c.raw(), c.raw()
     payload = encode({"n": 7})
     with c.a.background_worker():
-        handle = c.a.start(pauses, str(c.log(OID)), object_id=OID)
+        handle = c.a.options(object_id=OID).start(pauses, str(c.log(OID)))
         wait_until(lambda: c.count(OID) == 2, what="the step recorded")
         seal, _ = seal_event(c.a.signer.sign, c.a.node_id, OID, "go", payload, None,
                              os.urandom(12).hex())

@@ -95,7 +95,7 @@ def test_a_listener_sees_each_event_of_a_run_in_order(make_app: AppFactory) -> N
     counts = Counters()
     stop_seen = app.hooks.subscribe(seen)
     counts.attach(app.hooks)
-    handle = app.start("hooked", object_id="hooked-1")
+    handle = app.options(object_id="hooked-1").start("hooked")
     with running(app):
         assert handle.result(timeout=20) == 6
         assert wait_until(lambda: any(isinstance(e, ObjectTerminated)
@@ -143,7 +143,7 @@ def test_integrity_failure_is_told_and_no_step_runs(make_app: AppFactory,
 
     seen = Recorder()
     app.hooks.subscribe(seen)
-    handle = app.start("victim", object_id="victim-1")
+    handle = app.options(object_id="victim-1").start("victim")
     with running(app):
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT, timeout=20)
     path = app.store.url.removeprefix("sqlite:///")

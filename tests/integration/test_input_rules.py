@@ -73,7 +73,7 @@ def test_start_refuses_bad_object_ids(app: perdure.App, bad: str, rule: str) -> 
     """A bad object id (an empty one included: only None means "generate one") is a
     ConfigurationError naming the rule; nothing is stored."""
     with pytest.raises(ConfigurationError) as caught:
-        app.start("greet", "ana", object_id=bad)
+        app.options(object_id=bad).start("greet", "ana")
     assert rule in str(caught.value)
     assert "use 1-200 characters without whitespace, control or format characters" in str(
         caught.value)
@@ -103,7 +103,7 @@ def test_start_without_an_id_generates_one(app: perdure.App) -> None:
 def test_start_refuses_bad_labels(app: perdure.App, labels: Any, rule: str) -> None:
     """Label keys and values are names (values up to 1000 characters); nothing is stored."""
     with pytest.raises(ConfigurationError) as caught:
-        app.start("greet", "ana", object_id="o-1", labels=labels)
+        app.options(object_id="o-1", labels=labels).start("greet", "ana")
     assert rule in str(caught.value)
     assert app.list() == []
 
@@ -111,7 +111,7 @@ def test_start_refuses_bad_labels(app: perdure.App, labels: Any, rule: str) -> N
 def test_good_labels_are_recorded(app: perdure.App) -> None:
     """Labels with spaces and any script are kept as given in the object's context."""
     labels = {"team": "data science", "owner": "Zoë", "emoji": "👩\u200d💻"}
-    app.start("greet", "ana", object_id="o-1", labels=labels)
+    app.options(object_id="o-1", labels=labels).start("greet", "ana")
     assert _first(app, "o-1")["context"]["labels"] == labels
 
 
@@ -133,7 +133,7 @@ def test_send_refuses_bad_event_names_and_dedupe_keys(app: perdure.App, event: s
                                                       dedupe_key: str | None,
                                                       rule: str) -> None:
     """Event names and dedupe keys are names; a bad one queues nothing."""
-    app.start("greet", "ana", object_id="o-1")
+    app.options(object_id="o-1").start("greet", "ana")
     with pytest.raises(ConfigurationError) as caught:
         app.send("o-1", event, {"ok": True}, dedupe_key=dedupe_key)
     assert rule in str(caught.value)
@@ -142,7 +142,7 @@ def test_send_refuses_bad_event_names_and_dedupe_keys(app: perdure.App, event: s
 
 def test_send_accepts_names_with_spaces(app: perdure.App) -> None:
     """Spaces and format characters are fine inside an event name or dedupe key."""
-    app.start("greet", "ana", object_id="o-1")
+    app.options(object_id="o-1").start("greet", "ana")
     assert app.send("o-1", "approval granted", 1, dedupe_key="by ana \u200d")
     assert [e.name for e in app.store.pending_events("o-1")] == ["approval granted"]
 
@@ -150,7 +150,7 @@ def test_send_accepts_names_with_spaces(app: perdure.App) -> None:
 def test_refine_refuses_bad_input(app: perdure.App) -> None:
     """A refinement with a bad object id, an unknown field, a bad value or a bad
     capability name is a ConfigurationError, and nothing is queued."""
-    app.start("greet", "ana", object_id="o-1")
+    app.options(object_id="o-1").start("greet", "ana")
     with pytest.raises(ConfigurationError, match="object id 'o\\\\x00' holds a control"):
         app.refine("o\x00", deadline=5)
     with pytest.raises(ConfigurationError, match=r"cannot refine object 'o-1': intent fields "
@@ -208,7 +208,7 @@ def test_arguments_that_cannot_be_stored(app: perdure.App, args: tuple[Any, ...]
     """Arguments nested too deeply (even 100,000 levels: no RecursionError) or holding a
     lone surrogate are a SerializationError naming the agent; nothing is stored."""
     with pytest.raises(SerializationError) as caught:
-        app.start("echo", *args, object_id="o-1", **kwargs)
+        app.options(object_id="o-1").start("echo", *args, **kwargs)
     assert "arguments of agent 'echo' cannot be stored" in str(caught.value)
     assert rule in str(caught.value)
     assert app.list() == []
@@ -217,7 +217,7 @@ def test_arguments_that_cannot_be_stored(app: perdure.App, args: tuple[Any, ...]
 def test_arguments_at_the_depth_bound_round_trip(app: perdure.App) -> None:
     """An argument nested exactly 128 levels is stored, run and returned as it was."""
     value = _nested(128)
-    handle = app.start("echo", value, object_id="o-1")
+    handle = app.options(object_id="o-1").start("echo", value)
     with app.background_worker():
         assert handle.result(timeout=10) == value
     assert app.verify("o-1").ok
@@ -225,7 +225,7 @@ def test_arguments_at_the_depth_bound_round_trip(app: perdure.App) -> None:
 
 def test_payloads_that_cannot_be_stored(app: perdure.App) -> None:
     """An event payload nested too deeply or holding a lone surrogate is refused too."""
-    app.start("greet", "ana", object_id="o-1")
+    app.options(object_id="o-1").start("greet", "ana")
     with pytest.raises(SerializationError, match=r"payload of event 'go'.*128 levels"):
         app.send("o-1", "go", _nested(100_000))
     with pytest.raises(SerializationError, match="surrogates not allowed"):
@@ -247,7 +247,7 @@ def test_arguments_must_match_the_signature(app: perdure.App, args: tuple[Any, .
     """Arguments the agent function cannot take are a ConfigurationError naming the
     agent, its signature without the run, and what is wrong; nothing is stored."""
     with pytest.raises(ConfigurationError) as caught:
-        app.start("greet", *args, object_id="o-1", **kwargs)
+        app.options(object_id="o-1").start("greet", *args, **kwargs)
     assert str(caught.value) == (
         f"agent 'greet' takes (who: str, punctuation: str = '!'): {reason}; "
         "pass arguments that match"
@@ -260,18 +260,18 @@ def test_arguments_must_match_the_signature(app: perdure.App, args: tuple[Any, .
 
 def test_a_new_object_is_created(app: perdure.App) -> None:
     """A start that creates its object says so: ``created`` is true, nothing differs."""
-    handle = app.start("greet", "ana", object_id="o-1")
+    handle = app.options(object_id="o-1").start("greet", "ana")
     assert (handle.object_id, handle.created, handle.differs) == ("o-1", True, None)
 
 
 def test_same_agent_same_arguments_returns_the_object(app: perdure.App) -> None:
     """Starting the same agent with the same arguments again returns the existing object
     (keywords in another order are the same start); nothing is added."""
-    app.start("greet", who="ana", punctuation="?", object_id="o-1", labels={"team": "a"},
-              max_failures=3)
+    app.options(object_id="o-1", labels={"team": "a"}, max_failures=3).start(
+        "greet", who="ana", punctuation="?")
     records = app.store.records("o-1")
-    again = app.start("greet", punctuation="?", who="ana", object_id="o-1",
-                      labels={"team": "a"}, max_failures=3)
+    again = app.options(object_id="o-1", labels={"team": "a"}, max_failures=3).start(
+        "greet", punctuation="?", who="ana")
     assert (again.object_id, again.created, again.differs) == ("o-1", False, None)
     assert app.store.records("o-1") == records
     assert len(app.list()) == 1
@@ -280,9 +280,9 @@ def test_same_agent_same_arguments_returns_the_object(app: perdure.App) -> None:
 def test_same_agent_other_arguments_says_what_differs(app: perdure.App) -> None:
     """Other arguments return the existing object, untouched, with ``differs`` naming
     the recorded and the asked arguments in one sentence."""
-    app.start("echo", 3, object_id="demo-1")
+    app.options(object_id="demo-1").start("echo", 3)
     records = app.store.records("demo-1")
-    again = app.start("echo", 5, object_id="demo-1")
+    again = app.options(object_id="demo-1").start("echo", 5)
     assert again.created is False
     assert again.differs == (
         "object 'demo-1' already exists with other arguments: recorded args=[3] kwargs={}, "
@@ -295,9 +295,9 @@ def test_same_agent_other_arguments_says_what_differs(app: perdure.App) -> None:
 
 def test_other_labels_budget_or_deadline_differ_too(app: perdure.App) -> None:
     """Labels, the failure budget and whether a deadline was given count as differences."""
-    app.start("greet", "ana", object_id="o-1")
-    again = app.start("greet", "ana", object_id="o-1", labels={"team": "a"}, deadline=60,
-                      max_failures=2)
+    app.options(object_id="o-1").start("greet", "ana")
+    again = app.options(object_id="o-1", labels={"team": "a"}, deadline=60, max_failures=2).start(
+        "greet", "ana")
     assert again.differs == (
         "object 'o-1' already exists with other labels, failure budget and deadline: "
         'recorded labels={} max_failures=null deadline=none, asked labels={"team":"a"} '
@@ -308,10 +308,10 @@ def test_other_labels_budget_or_deadline_differ_too(app: perdure.App) -> None:
 def test_another_agents_id_is_a_conflict(app: perdure.App) -> None:
     """An id taken by another agent's object raises ObjectConflictError saying which
     agent has it and what to do; that object is left as it was."""
-    app.start("greet", "ana", object_id="o-1")
+    app.options(object_id="o-1").start("greet", "ana")
     records = app.store.records("o-1")
     with pytest.raises(ObjectConflictError) as caught:
-        app.start("echo", "ana", object_id="o-1")
+        app.options(object_id="o-1").start("echo", "ana")
     assert str(caught.value) == (
         "object 'o-1' already exists and runs agent 'greet', not 'echo'; start 'echo' under "
         "another object id"
@@ -324,7 +324,7 @@ def test_another_agents_id_is_a_conflict(app: perdure.App) -> None:
 def _start_after(barrier: threading.Barrier, app: perdure.App, object_id: str,
                  handles: list[perdure.Handle]) -> None:
     barrier.wait()
-    handles.append(app.start("greet", "ana", object_id=object_id))
+    handles.append(app.options(object_id=object_id).start("greet", "ana"))
 
 
 def test_racing_starts_create_one_object(app: perdure.App, make_app: MakeApp) -> None:

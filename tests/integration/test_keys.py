@@ -197,19 +197,19 @@ def test_a_private_key_readable_by_others_is_refused(tmp_path: Path, sqlite_url:
     ``chmod 600 PATH``, by the API and by the CLI (one ``error:`` line); after that
     ``chmod`` the node works again."""
     keys = tmp_path / "keys"
-    lite(keys).start("job", 1, object_id="p-1")
+    lite(keys).options(object_id="p-1").start("job", 1)
     (keys / "node.key").chmod(0o644)
     hint = f"chmod 600 {keys / 'node.key'}"
 
     with pytest.raises(ConfigurationError, match="readable by its group and everyone") as caught:
-        lite(keys).start("job", 2, object_id="p-2")
+        lite(keys).options(object_id="p-2").start("job", 2)
     assert hint in str(caught.value)
     one_error_line(cli("--store", sqlite_url, "--key-dir", keys, *APP, "start", "job",
                        "--args", "2", "--id", "p-2"), hint)
     one_error_line(cli("--key-dir", keys, "keys", "show"), hint)
 
     (keys / "node.key").chmod(0o600)
-    assert lite(keys).start("job", 2, object_id="p-2").created
+    assert lite(keys).options(object_id="p-2").start("job", 2).created
 
 
 def test_a_key_folder_writable_by_others_is_refused(tmp_path: Path, sqlite_url: str,
@@ -217,12 +217,12 @@ def test_a_key_folder_writable_by_others_is_refused(tmp_path: Path, sqlite_url: 
     """A key folder others may write to (0777; they could swap its keys) is refused
     with a message naming ``chmod 700 FOLDER``, by the API and the CLI."""
     keys = tmp_path / "keys"
-    lite(keys).start("job", 1, object_id="w-1")
+    lite(keys).options(object_id="w-1").start("job", 1)
     keys.chmod(0o777)
     hint = f"chmod 700 {keys}"
 
     with pytest.raises(ConfigurationError, match="writable by its group and everyone") as caught:
-        lite(keys).start("job", 2, object_id="w-2")
+        lite(keys).options(object_id="w-2").start("job", 2)
     assert hint in str(caught.value)
     one_error_line(cli("--store", sqlite_url, "--key-dir", keys, *APP, "start", "job",
                        "--args", "2", "--id", "w-2"), hint)
@@ -237,7 +237,7 @@ def test_a_reader_whose_key_folder_others_may_write_is_refused(tmp_path: Path,
     (who could put their own root into it) is refused for verifying too, with the
     ``chmod 700`` to run."""
     keys = tmp_path / "keys"
-    lite(keys).start("job", 1, object_id="r-1")
+    lite(keys).options(object_id="r-1").start("job", 1)
     keys.chmod(0o777)
     try:
         done = cli("--store", sqlite_url, "--key-dir", keys, "verify", "r-1")
@@ -255,7 +255,7 @@ def test_key_folders_are_made_private_whatever_the_umask(tmp_path: Path,
     keys = tmp_path / "made" / "by" / "perdure" / "keys"
     old = os.umask(0)
     try:
-        lite(keys).start("job", 1, object_id="u-1")
+        lite(keys).options(object_id="u-1").start("job", 1)
     finally:
         os.umask(old)
     for folder in (tmp_path / "made", tmp_path / "made" / "by",
@@ -276,7 +276,7 @@ def test_a_protected_key_opens_only_with_its_passphrase(tmp_path: Path, sqlite_u
     ``key_passphrase=``; without it, or with a wrong one, it fails in one clear line.
     Reading and verifying need no private key, so no passphrase."""
     keys = tmp_path / "keys"
-    lite(keys).start("job", 1, object_id="pp-1")
+    lite(keys).options(object_id="pp-1").start("job", 1)
     store = ("--store", sqlite_url, "--key-dir", keys)
 
     one_error_line(cli("--key-dir", keys, "keys", "protect"), "set PERDURE_KEY_PASSPHRASE")
@@ -289,13 +289,13 @@ def test_a_protected_key_opens_only_with_its_passphrase(tmp_path: Path, sqlite_u
 
     # The API.
     with pytest.raises(ConfigurationError, match="protected by a passphrase") as caught:
-        lite(keys).start("job", 2, object_id="pp-2")
+        lite(keys).options(object_id="pp-2").start("job", 2)
     assert "PERDURE_KEY_PASSPHRASE" in str(caught.value)
     with pytest.raises(ConfigurationError, match="the passphrase does not open this key"):
-        lite(keys, key_passphrase="wrong").start("job", 2, object_id="pp-2")
+        lite(keys, key_passphrase="wrong").options(object_id="pp-2").start("job", 2)
     node = lite(keys, key_passphrase="s3cret")
     with node.background_worker():
-        assert node.start("job", 2, object_id="pp-2").result(timeout=20) == {"i": 2}
+        assert node.options(object_id="pp-2").start("job", 2).result(timeout=20) == {"i": 2}
 
     # The CLI.
     start = (*store, *APP, "start", "job", "--args", "3", "--id")
@@ -325,7 +325,7 @@ def test_one_machine_needs_no_setup(tmp_path: Path, store_url: str, nodes: Nodes
     keys = tmp_path / "keys"
     node = nodes(keys)
     with node.background_worker():
-        assert node.start("job", 1, object_id="one-1").result(timeout=20) == {"i": 1}
+        assert node.options(object_id="one-1").start("job", 1).result(timeout=20) == {"i": 1}
     assert {p.name for p in keys.iterdir()} >= {"node.key", "root.key", "roots", "node.cert"}
     assert node.verify("one-1").ok
 
@@ -366,7 +366,7 @@ def test_several_machines_step_by_step(tmp_path: Path, store_url: str,
     todo = f"perdure keys issue {a_pub} --name eu-1 --publish"
     node_a = nodes(a_dir, node_id="eu-1")
     with pytest.raises(ConfigurationError, match="not certified by a root it trusts") as caught:
-        node_a.start("job", 1, object_id="m-1")
+        node_a.options(object_id="m-1").start("job", 1)
     assert todo in str(caught.value)
     with pytest.raises(ConfigurationError, match="not certified"):
         node_a.worker()
@@ -381,7 +381,7 @@ def test_several_machines_step_by_step(tmp_path: Path, store_url: str,
     assert (cert["public_key"], cert["issuer"], cert["name"]) == (a_pub, root, "eu-1")
     assert "published in" in issued.stderr
     node_a = nodes(a_dir, node_id="eu-1")
-    assert node_a.start("job", 1, object_id="m-1").created
+    assert node_a.options(object_id="m-1").start("job", 1).created
     assert (a_dir / "node.cert").exists()  # found in the store and kept
 
     b_pub = public_key(b_dir)
@@ -396,7 +396,7 @@ def test_several_machines_step_by_step(tmp_path: Path, store_url: str,
     node_b = nodes(b_dir, node_id="eu-2")
     with node_b.background_worker():
         assert node_a.handle("m-1").result(timeout=20) == {"i": 1}
-        assert node_b.start("job", 2, object_id="m-2").result(timeout=20) == {"i": 2}
+        assert node_b.options(object_id="m-2").start("job", 2).result(timeout=20) == {"i": 2}
     assert [r.node_id for r in node_a.history("m-1")] == ["eu-1", "eu-2", "eu-2"]
     for node in (node_a, node_b):
         assert node.verify("m-1").ok and node.verify("m-2").ok
@@ -415,8 +415,8 @@ def test_untrusted_keys_are_listed_and_refused(tmp_path: Path, store_url: str,
     one_root(tmp_path / "root", (tmp_path / "a", "node-a"))
     node_a = nodes(tmp_path / "a", node_id="node-a")
     loner = nodes(tmp_path / "loner", node_id="loner")
-    node_a.start("job", 1, object_id="u-a")
-    loner.start("job", 2, object_id="u-loner")
+    node_a.options(object_id="u-a").start("job", 1)
+    loner.options(object_id="u-loner").start("job", 2)
     store = ("--store", store_url)
 
     listed = ok(cli(*store, "--key-dir", tmp_path / "a", "keys", "list"))
@@ -477,8 +477,8 @@ def test_trust_settings_name_a_key_a_roots_file_or_a_key_folder(tmp_path: Path,
                "t-3")
     assert ok(done).strip() == "t-3"
     for how, value in [*settings.items(), ("list", [root_dir]), ("bytes", bytes.fromhex(root))]:
-        assert lite(node_dir, node_id="n", trust=value).start(
-            "job", 1, object_id=f"t-api-{how}").created
+        assert lite(node_dir, node_id="n", trust=value).options(object_id=f"t-api-{how}").start(
+            "job", 1).created
     assert not (node_dir / "roots").exists() and not (node_dir / "root.key").exists()
 
     reader = tmp_path / "reader"
@@ -508,7 +508,7 @@ def test_an_installed_certificate_is_not_replaced_by_a_root_of_its_own(tmp_path:
     installed = (node_dir / "node.cert").read_bytes()
     try:
         with pytest.raises(ConfigurationError, match=f"perdure keys trust ed25519:{root}"):
-            lite(node_dir, node_id="n").start("job", 1, object_id="i-1")
+            lite(node_dir, node_id="n").options(object_id="i-1").start("job", 1)
     finally:
         assert (node_dir / "node.cert").read_bytes() == installed
         assert not (node_dir / "root.key").exists()
@@ -525,11 +525,11 @@ def test_a_revoked_key_no_longer_counts_from_since(tmp_path: Path, store_url: st
     worker of another node parks such an object without running it."""
     one_root(tmp_path / "root", (tmp_path / "a", "node-a"), (tmp_path / "b", "node-b"))
     node_a = nodes(tmp_path / "a", node_id="node-a")
-    node_a.start("job", 1, object_id="before")
+    node_a.options(object_id="before").start("job", 1)
     time.sleep(0.02)
     since = time.time()
     time.sleep(0.02)
-    node_a.start("job", 2, object_id="after")
+    node_a.options(object_id="after").start("job", 2)
 
     done = cli("--store", store_url, "--key-dir", tmp_path / "root", "keys", "revoke",
                "node-a", "--since", f"{since:.6f}", "--reason", "laptop stolen")
@@ -567,11 +567,11 @@ def test_records_signed_before_a_revocation_still_count(tmp_path: Path, sqlite_u
     one_root(tmp_path / "root", (tmp_path / "a", "node-a"), (tmp_path / "b", "node-b"))
     node_a = lite(tmp_path / "a", node_id="node-a")
     with node_a.background_worker():
-        node_a.start("job", 1, object_id="early").result(timeout=20)
-        node_a.start("waiter", 1, object_id="mixed")
+        node_a.options(object_id="early").start("job", 1).result(timeout=20)
+        node_a.options(object_id="mixed").start("waiter", 1)
         wait_until(lambda: node_a.get("mixed").status == perdure.Status.DORMANT,
                    "the waiter to wait")
-    node_a.start("job", 3, object_id="pending")
+    node_a.options(object_id="pending").start("job", 3)
     node_a.pause("pending")
     time.sleep(0.02)
     since = time.time()
@@ -599,12 +599,12 @@ def test_a_node_whose_key_is_revoked_stops(tmp_path: Path, sqlite_url: str,
     refuses to start objects or run a worker, as with an expired certificate, instead of
     writing records that no other node will accept."""
     one_root(tmp_path / "root", (tmp_path / "a", "node-a"))
-    lite(tmp_path / "a", node_id="node-a").start("job", 1, object_id="rv-1")
+    lite(tmp_path / "a", node_id="node-a").options(object_id="rv-1").start("job", 1)
     ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "root", "keys", "revoke", "node-a",
            "--reason", "retired"))
     node_a = lite(tmp_path / "a", node_id="node-a")
     with pytest.raises(ConfigurationError, match="revoked"):
-        node_a.start("job", 2, object_id="rv-2")
+        node_a.options(object_id="rv-2").start("job", 2)
     with pytest.raises(ConfigurationError, match="revoked"):
         node_a.worker()
 
@@ -623,7 +623,7 @@ def test_rotate_gives_the_node_a_new_key_under_the_same_id(tmp_path: Path, store
     assert re.search(r"node key ed25519:[0-9a-f]{16}… certified \(node\.cert\)", out), out
     old = nodes(keys)
     with old.background_worker():
-        old.start("job", 1, object_id="rot-old").result(timeout=20)
+        old.options(object_id="rot-old").start("job", 1).result(timeout=20)
     old_id = old.node_id
     old_fp = fingerprint(perdure.KeyFolder(keys).certificate().public_key)  # type: ignore[union-attr]
 
@@ -640,7 +640,7 @@ def test_rotate_gives_the_node_a_new_key_under_the_same_id(tmp_path: Path, store
     new = nodes(keys)
     assert new.node_id == old_id
     with new.background_worker():
-        new.start("job", 2, object_id="rot-new").result(timeout=20)
+        new.options(object_id="rot-new").start("job", 2).result(timeout=20)
     assert {r.node_id for r in new.history("rot-new")} == {old_id}
     assert new_pub in [k.hex() for k in new.verifier.names()[old_id]]
     assert new.verify("rot-old").ok and new.verify("rot-new").ok
@@ -661,12 +661,12 @@ def test_a_key_acts_only_under_a_name_its_certificate_carries(tmp_path: Path,
     assert lite(tmp_path / "node").node_id == "n"  # the certificate names the node
     with pytest.raises(NodeIdentityError, match=r"certified as 'n', not as 'other'.*perdure "
                                                 r"keys issue [0-9a-f]{64} --name other"):
-        lite(tmp_path / "node", node_id="other").start("job", 1, object_id="nm-1")
+        lite(tmp_path / "node", node_id="other").options(object_id="nm-1").start("job", 1)
     pub = public_key(tmp_path / "node")
     ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "root", "keys", "issue", pub,
            "--name", "other", "--publish"))
     node = lite(tmp_path / "node", node_id="other")
-    assert node.start("job", 1, object_id="nm-1").created
+    assert node.options(object_id="nm-1").start("job", 1).created
     assert node.verify("nm-1").ok
 
 
@@ -676,17 +676,17 @@ def test_rotate_without_the_root_says_what_to_issue(tmp_path: Path, sqlite_url: 
     command for the new key under the node's id; the node refuses to start until that is
     done, then goes on under the same id."""
     one_root(tmp_path / "root", (tmp_path / "node", "n"))
-    lite(tmp_path / "node", node_id="n").start("job", 1, object_id="wr-1")
+    lite(tmp_path / "node", node_id="n").options(object_id="wr-1").start("job", 1)
     out = ok(cli("--key-dir", tmp_path / "node", "--node-id", "n", "keys", "rotate"))
     found = re.search(r"certify it where the root is: perdure keys issue ([0-9a-f]{64}) "
                       r"--name n --publish", out)
     assert found, out
     with pytest.raises(ConfigurationError, match=f"perdure keys issue {found[1]}"):
-        lite(tmp_path / "node", node_id="n").start("job", 2, object_id="wr-2")
+        lite(tmp_path / "node", node_id="n").options(object_id="wr-2").start("job", 2)
     ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "root", "keys", "issue", found[1],
            "--name", "n", "--publish"))
     node = lite(tmp_path / "node", node_id="n")
-    assert node.start("job", 2, object_id="wr-2").created
+    assert node.options(object_id="wr-2").start("job", 2).created
     assert node.verify("wr-1").ok and node.verify("wr-2").ok
 
 
@@ -717,7 +717,7 @@ def test_an_expired_certificate_stops_the_node(tmp_path: Path, sqlite_url: str,
     saying it expired; ``keys show`` says so too."""
     _, node_dir, _ = _expired_certificate(tmp_path)
     with pytest.raises(ConfigurationError, match=r"this node's certificate .* expired at"):
-        lite(node_dir, node_id="n").start("job", 1, object_id="x-1")
+        lite(node_dir, node_id="n").options(object_id="x-1").start("job", 1)
     one_error_line(cli("--store", sqlite_url, "--key-dir", node_dir, "--node-id", "n", *APP,
                        "start", "job", "--args", "1", "--id", "x-1"),
                    "this node's certificate", "expired at", "perdure keys issue")
@@ -735,7 +735,7 @@ def test_a_renewed_certificate_in_the_store_replaces_an_expired_one(tmp_path: Pa
     root_dir, node_dir, pub = _expired_certificate(tmp_path)
     ok(cli("--store", sqlite_url, "--key-dir", root_dir, "keys", "issue", pub, "--name", "n",
            "--publish"))
-    assert lite(node_dir, node_id="n").start("job", 1, object_id="x-1").created
+    assert lite(node_dir, node_id="n").options(object_id="x-1").start("job", 1).created
 
 
 def test_records_written_before_expiry_still_verify(tmp_path: Path, sqlite_url: str,
@@ -756,11 +756,11 @@ def test_records_written_before_expiry_still_verify(tmp_path: Path, sqlite_url: 
     expires = json.loads(cert_file.read_text())["expires_at"]
 
     node = lite(node_dir, node_id="n")
-    node.start("job", 1, object_id="exp-1")
+    node.options(object_id="exp-1").start("job", 1)
     assert node.history("exp-1")[-1].ts < expires
     time.sleep(max(0.0, expires - time.time()) + 0.1)
     with pytest.raises(ConfigurationError, match="expired"):
-        lite(node_dir, node_id="n").start("job", 2, object_id="exp-2")
+        lite(node_dir, node_id="n").options(object_id="exp-2").start("job", 2)
     assert lite(root_dir).verify("exp-1").ok
     verified = ok(cli("--store", sqlite_url, "--key-dir", tmp_path / "reader", "--trust",
                       root, "verify", "exp-1"))
@@ -782,7 +782,7 @@ def test_export_heads_and_verify_anchors(tmp_path: Path, store_url: str,
     node = nodes(tmp_path / "a", node_id="node-a")
     with node.background_worker():
         for i in range(3):
-            node.start("job", i, object_id=f"h-{i}").result(timeout=20)
+            node.options(object_id=f"h-{i}").start("job", i).result(timeout=20)
     store = ("--store", store_url, "--key-dir", tmp_path / "reader")
     heads_file = tmp_path / "heads.jsonl"
     done = cli(*store, "export-heads", "--out", heads_file)
@@ -817,7 +817,7 @@ def test_seen_heads_outlive_the_worker_process(tmp_path: Path, sqlite_url: str,
     keys = tmp_path / "keys"
     node = lite(keys, node_id="n")
     with node.background_worker():
-        node.start("job", 1, object_id="seen-1").result(timeout=20)
+        node.options(object_id="seen-1").start("job", 1).result(timeout=20)
     first = node.history("seen-1")[0]
     rewind(sqlite_url, "seen-1", first)
 
@@ -838,7 +838,7 @@ def test_forget_heads_reaches_a_running_node(tmp_path: Path, sqlite_url: str,
     live, backup = Path(sqlite_url.removeprefix("sqlite:///")), tmp_path / "backup.db"
     node = lite(keys, node_id="n")
     with node.background_worker():
-        node.start("waiter", 1, object_id="back-1")
+        node.options(object_id="back-1").start("waiter", 1)
         wait_until(lambda: node.get("back-1").status == perdure.Status.DORMANT, "the wait")
         copy_sqlite(live, backup)
         node.send("back-1", "go", 1)

@@ -28,7 +28,7 @@ def test_the_same_node_takes_a_dead_process_lease_back_at_once(
     first, second = str(tmp_path / "first"), str(tmp_path / "second")
     starter = make_app(lease_seconds=LEASE)
     starter.agent(name="two_steps")(two_steps)
-    starter.start("two_steps", first, second, 60.0, object_id="held-1")
+    starter.options(object_id="held-1").start("two_steps", first, second, 60.0)
     log = tmp_path / "worker.log"
     proc = start_worker_process(store_url, key_dir, log, lease=LEASE)
     try:

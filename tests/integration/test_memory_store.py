@@ -36,7 +36,7 @@ def test_an_agent_runs_to_completion_on_a_memory_store(key_dir: Path) -> None:
             from_child = await (await run.delegate(child, doubled + extra["n"]))
             return {"doubled": doubled, "child": from_child}
 
-        handle = app.start("parent", 5, object_id="memory-parent")
+        handle = app.options(object_id="memory-parent").start("parent", 5)
         with app.background_worker(concurrency=4):
             assert wait_until(lambda: handle.info().waiting_event == "extra", timeout=10)
             assert app.send("memory-parent", "extra", {"n": 1})
@@ -73,7 +73,7 @@ def test_a_store_that_commits_on_the_write_thread_only_runs_agents(key_dir: Path
     async def squares(run: perdure.Run, n: int) -> int:
         return sum([await run.step(square, i) for i in range(n)])
 
-    handles = [app.start("squares", 10, object_id=f"squares-{i}") for i in range(20)]
+    handles = [app.options(object_id=f"squares-{i}").start("squares", 10) for i in range(20)]
     worker = app.worker(concurrency=20)
     counts = Counters()
     counts.attach(worker.hooks)

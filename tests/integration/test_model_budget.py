@@ -78,7 +78,7 @@ def test_an_exhausted_budget_makes_the_object_dormant_until_refined(
                   *[ScriptedReply(text=t, input_tokens=100, output_tokens=10)
                     for t in "abc"])
     _thrice(app, server)
-    handle = app.start("thrice", object_id="budget-1", budget=Budget(tokens=235))
+    handle = app.options(object_id="budget-1", budget=Budget(tokens=235)).start("thrice")
     with app.background_worker():
         info = _until(app, "budget-1", Status.DORMANT)
         for _ in range(100):  # the 429 makes it dormant for a moment first
@@ -123,7 +123,7 @@ def test_a_client_over_budget_is_skipped_for_a_cheaper_one(
         return reply.text
 
     # gpt-4o may cost about $0.01 (1000 output tokens at $10/M); gpt-4o-mini $0.0006
-    handle = app.start("frugal", object_id="frugal-1", budget={"cost": "0.005"})
+    handle = app.options(object_id="frugal-1", budget={"cost": "0.005"}).start("frugal")
     with app.background_worker():
         assert handle.result(timeout=TIMEOUT) == "cheap"
     [call] = [r for r in app.history("frugal-1") if r.kind == Kind.MODEL_CALL]
@@ -144,10 +144,10 @@ def test_a_budget_is_checked_before_anything_is_stored(
         return None
 
     with pytest.raises(ConfigurationError):
-        app.start("idle", object_id="idle-1", budget={"tokens": -1})
+        app.options(object_id="idle-1", budget={"tokens": -1}).start("idle")
     with pytest.raises(ConfigurationError):
-        app.start("idle", object_id="idle-1", budget={"dollars": 3})
-    app.start("idle", object_id="idle-2")
+        app.options(object_id="idle-1", budget={"dollars": 3}).start("idle")
+    app.options(object_id="idle-2").start("idle")
     with pytest.raises(ConfigurationError):
         app.refine("idle-2", budget={"cost": "lots"})
 
@@ -179,12 +179,11 @@ def test_a_lineage_budget_stops_a_child(
     @app.agent(name="root")
     async def root(run: perdure.Run) -> list[str]:
         first = await ask(run, "root")
-        child = await run.delegate("kid", object_id="root-1.kid")
+        child = await run.options(object_id="root-1.kid").delegate("kid")
         [rest] = await run.join(child)
         return [first, *rest]
 
-    handle = app.start("root", object_id="root-1",
-                       budget={"tokens": 235, "lineage": True})
+    handle = app.options(object_id="root-1", budget={"tokens": 235, "lineage": True}).start("root")
     with app.background_worker():
         info = _until(app, "root-1.kid", Status.DORMANT)
         for _ in range(100):
@@ -236,7 +235,7 @@ def test_refining_the_owner_wakes_only_the_descendants_its_budget_stopped(
 
     @app.agent(name="middle")
     async def middle(run: perdure.Run) -> str:
-        [got] = await run.join(await run.delegate("leaf", object_id="deep.mid.leaf"))
+        [got] = await run.join(await run.options(object_id="deep.mid.leaf").delegate("leaf"))
         return str(got)
 
     @app.agent(name="frugal")
@@ -247,11 +246,11 @@ def test_refining_the_owner_wakes_only_the_descendants_its_budget_stopped(
     @app.agent(name="top")
     async def top(run: perdure.Run) -> list[str]:
         first = await ask(run, "top")
-        own = await run.delegate("frugal", object_id="deep.frugal")
-        mid = await run.delegate("middle", object_id="deep.mid")
+        own = await run.options(object_id="deep.frugal").delegate("frugal")
+        mid = await run.options(object_id="deep.mid").delegate("middle")
         return [first, *(await run.join(mid, own))]
 
-    handle = app.start("top", object_id="deep", budget={"tokens": 115, "lineage": True})
+    handle = app.options(object_id="deep", budget={"tokens": 115, "lineage": True}).start("top")
     with app.background_worker():
         for oid, mark in (("deep.mid.leaf", "lineage budget of deep"),
                           ("deep.frugal", "budget exhausted")):
@@ -296,8 +295,8 @@ def test_calls_made_at_once_see_each_others_reservations(
     async def pair(run: perdure.Run) -> list[str]:
         return list(await run.gather(ask(run, "left"), ask(run, "right")))
 
-    handle = app.start("pair", object_id="pair-1",
-                       budget={"tokens": 150, "lineage": lineage})
+    handle = app.options(object_id="pair-1", budget={"tokens": 150, "lineage": lineage}).start(
+        "pair")
     with app.background_worker():
         info = _until(app, "pair-1", Status.DORMANT)
         for _ in range(100):

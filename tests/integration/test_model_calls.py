@@ -72,7 +72,7 @@ def test_a_model_call_is_recorded_and_replayed_without_the_provider(
         await run.wait_for("go")
         return {"text": reply.text, "tokens": reply.usage.total_tokens}
 
-    handle = app.start("asker", "Weather in Oslo?", object_id="asker-1")
+    handle = app.options(object_id="asker-1").start("asker", "Weather in Oslo?")
     with app.background_worker():
         assert _wait(lambda: app.get("asker-1").waiting_event == "go")
         assert len(server.requests) == 1
@@ -127,7 +127,7 @@ def test_each_message_is_stored_once_per_object(make_app: Callable[..., perdure.
             await client.aclose()
         return texts
 
-    handle = app.start("chat", object_id="chat-1")
+    handle = app.options(object_id="chat-1").start("chat")
     with app.background_worker():
         assert handle.result(timeout=TIMEOUT) == ["", "It is -3 in Oslo.", "You are welcome."]
     bodies = model_records(app, "chat-1")

@@ -92,7 +92,7 @@ def _run(make_app: Callable[..., perdure.App], refuse: bool
     app = make_app()
     _agent(app)
     server = ScriptedServer(responder=_responder(refuse)).start()
-    handle = app.start("talker", server.openai_base_url, object_id="talk-1")
+    handle = app.options(object_id="talk-1").start("talker", server.openai_base_url)
     with app.background_worker():
         assert wait_until(lambda: app.get("talk-1").waiting_event == "go", TIMEOUT)
         heard = len(server.requests)

@@ -62,7 +62,7 @@ def test_a_rate_limit_makes_the_object_dormant_until_the_retry_after(
             await client.aclose()
         return reply.text
 
-    handle = app.start("limited", object_id="limited-1")
+    handle = app.options(object_id="limited-1").start("limited")
     with app.background_worker():
         assert wait_until(lambda: app.get("limited-1").status == "dormant", TIMEOUT)
         row = app.store.get("limited-1")
@@ -95,7 +95,7 @@ def test_a_transient_failure_backs_off_and_retries(make_app: Callable[..., perdu
             await client.aclose()
         return reply.text
 
-    handle = app.start("flaky", object_id="flaky-1")
+    handle = app.options(object_id="flaky-1").start("flaky")
     with app.background_worker():
         assert handle.result(timeout=TIMEOUT) == "Back."
     failed = bodies(app, "flaky-1", "model_failed")
@@ -123,7 +123,7 @@ def test_a_permanent_failure_reaches_the_agent_the_same_on_replay(
         await run.wait_for("go")
         return seen
 
-    handle = app.start("lost", object_id="lost-1")
+    handle = app.options(object_id="lost-1").start("lost")
     with app.background_worker():
         assert wait_until(lambda: app.get("lost-1").waiting_event == "go", TIMEOUT)
         app.send("lost-1", "go")
@@ -157,7 +157,7 @@ def test_a_fallback_answers_when_the_first_client_is_rate_limited_past_the_bound
             await secondary.aclose()
         return reply.text
 
-    handle = app.start("chain", object_id="chain-1")
+    handle = app.options(object_id="chain-1").start("chain")
     with app.background_worker():
         assert handle.result(timeout=TIMEOUT) == "From the backup."
     [call] = model_records(app, "chain-1")
@@ -191,7 +191,7 @@ def test_a_fallback_that_gave_up_is_skipped_and_the_last_failure_is_final(
             await second.aclose()
         return {}
 
-    handle = app.start("doomed", object_id="doomed-1")
+    handle = app.options(object_id="doomed-1").start("doomed")
     with app.background_worker():
         failure = handle.result(timeout=TIMEOUT)
     assert failure["status"] == 400

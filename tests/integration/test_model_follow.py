@@ -107,7 +107,7 @@ def test_a_follower_sees_a_broken_stream_once_with_its_recovery(
                                 drop_after=20),
                   ScriptedReply(text=" The end.", chunk_chars=3, chunk_delay=CHUNK_DELAY))
     streamer(app, server)
-    handle = app.start("streamer", object_id="f-1")
+    handle = app.options(object_id="f-1").start("streamer")
     early = Follower(make_app(), "f-1")
     with app.background_worker():
         assert wait_until(lambda: any(r.kind == "model_chunks" for r in app.history("f-1")),
@@ -135,7 +135,7 @@ def test_after_a_restart_or_a_surface_the_marker_says_what_the_text_is(
     server.script(ScriptedReply(text=TEXT, chunk_chars=4, chunk_delay=CHUNK_DELAY,
                                 drop_after=10), ScriptedReply(text=TEXT, chunk_chars=4))
     streamer(app, server, recovery)
-    handle = app.start("streamer", object_id="f-5")
+    handle = app.options(object_id="f-5").start("streamer")
     with app.background_worker():
         result = handle.result(timeout=TIMEOUT)
     events = list(make_app().handle("f-5").stream(timeout=TIMEOUT))
@@ -160,7 +160,7 @@ def test_a_follower_stops_at_the_reply_and_the_async_one_matches(
     app = make_app()
     server.script(ScriptedReply(text=TEXT, chunk_chars=8))
     streamer(app, server)
-    handle = app.start("streamer", object_id="f-2")
+    handle = app.options(object_id="f-2").start("streamer")
     with app.background_worker():
         result = handle.result(timeout=TIMEOUT)
     to_reply = list(handle.stream(until="reply"))
@@ -173,7 +173,7 @@ def test_a_follower_stops_at_the_reply_and_the_async_one_matches(
     assert [e.seq for e in every] == list(range(1, len(every) + 1))
     assert text_of(every) == result and every[-1].ended
     with pytest.raises(perdure.ResultTimeoutError, match="after="):
-        list(make_app().handle(app.start("streamer", object_id="f-3").object_id)
+        list(make_app().handle(app.options(object_id="f-3").start("streamer").object_id)
              .stream(timeout=0.2))
 
 
@@ -188,7 +188,7 @@ def test_a_follower_goes_through_a_worker_killed_mid_stream(
                   ScriptedReply(text=" The end."))
     starter = make_app()
     starter.agent(name="long_stream")(long_stream)
-    starter.start("long_stream", server.openai_base_url, object_id="story-1")
+    starter.options(object_id="story-1").start("long_stream", server.openai_base_url)
     follower = Follower(make_app(), "story-1")
     log = tmp_path / "worker.log"
     proc = start_model_worker(store_url, key_dir, log)
@@ -246,7 +246,7 @@ def test_perdure_tail_follows_a_stream_as_it_arrives(
     server.script(ScriptedReply(text=TEXT, chunk_chars=4, chunk_delay=CHUNK_DELAY,
                                 drop_after=10), ScriptedReply(text=" Done."))
     streamer(app, server)
-    handle = app.start("streamer", object_id="f-4")
+    handle = app.options(object_id="f-4").start("streamer")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")}
     env.update(PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(

@@ -39,8 +39,8 @@ def _kill_while_in_flight(make_app: Callable[..., perdure.App], server: Scripted
                   ScriptedReply(text="Sent again."))
     starter = make_app()
     starter.agent(name="stateful_call")(stateful_call)
-    starter.start("stateful_call", server.openai_base_url, store, stream,
-                  object_id="call-1")
+    starter.options(object_id="call-1").start(
+        "stateful_call", server.openai_base_url, store, stream)
     proc = start_model_worker(store_url, key_dir, log)
     try:
         assert wait_until(lambda: len(server.requests) >= 1, timeout=20), log.read_text()

@@ -58,7 +58,7 @@ def family(app: perdure.App, server: ScriptedServer) -> None:
     async def parent(run: perdure.Run) -> list[str]:
         first = await ask(run, "gpt-4o", "one")
         second = await ask(run, "local-llama", "two")
-        child = await run.delegate("kid", object_id="parent-1.kid")
+        child = await run.options(object_id="parent-1.kid").delegate("kid")
         [third] = await run.join(child)
         return [first, second, third]
 
@@ -75,7 +75,7 @@ def test_usage_and_cost_per_object_and_over_the_lineage(
                   ScriptedReply(text="b", input_tokens=50, output_tokens=5),
                   ScriptedReply(text="c", input_tokens=200, output_tokens=20))
     family(app, server)
-    handle = app.start("parent", object_id="parent-1")
+    handle = app.options(object_id="parent-1").start("parent")
     with app.background_worker():
         assert handle.result(timeout=TIMEOUT) == ["a", "b", "c"]
     own = app.usage("parent-1")
@@ -100,7 +100,7 @@ def test_perdure_show_prints_each_call_and_the_totals(
                   ScriptedReply(text="a", input_tokens=1000, output_tokens=100,
                                 cached_tokens=800))
     family(app, server)
-    handle = app.start("parent", object_id="parent-1")
+    handle = app.options(object_id="parent-1").start("parent")
     with app.background_worker():
         handle.result(timeout=TIMEOUT)
     shown = _cli(store_url, tmp_path, "show", "parent-1")

@@ -43,7 +43,7 @@ def test_a_worker_killed_mid_stream_loses_at_most_one_flush_window(
                   ScriptedReply(text=" The end."))
     starter = make_app()
     starter.agent(name="long_stream")(long_stream)
-    starter.start("long_stream", server.openai_base_url, object_id="story-1")
+    starter.options(object_id="story-1").start("long_stream", server.openai_base_url)
     log = tmp_path / "worker.log"
     proc = start_model_worker(store_url, key_dir, log)
     try:

@@ -64,7 +64,7 @@ def _replies(call: dict[str, Any]) -> list[Any]:
 
 def finish(app: perdure.App, server: ScriptedServer) -> dict[str, Any]:
     """Start the streamer, let it wait, replay it, and return its result."""
-    handle = app.start("streamer", object_id="s-1")
+    handle = app.options(object_id="s-1").start("streamer")
     with app.background_worker():
         assert wait_until(lambda: app.get("s-1").waiting_event == "go", TIMEOUT)
         heard = len(server.requests)

@@ -65,8 +65,8 @@ def _emitted(handle: perdure.Handle, **options: Any) -> list[Any]:
 def test_followers_and_queries_get_secrets_back(make_app: MakeApp, store_url: str,
                                                 key_dir: Path) -> None:
     app = register(make_app())
-    handle = app.start("holder", Secret(CANARY), object_id="reader-1")
-    whole = app.start("whole", "quiet words", object_id="reader-2")
+    handle = app.options(object_id="reader-1").start("holder", Secret(CANARY))
+    whole = app.options(object_id="reader-2").start("whole", "quiet words")
     with app.background_worker():
         perdure_wait(app, "reader-1")
         app.send("reader-1", "reply", {"key": Secret(CANARY)})
@@ -130,7 +130,7 @@ def test_a_fork_opens_the_originals_sealed_values(make_app: MakeApp) -> None:
     followers open them with the original's key, and what the fork seals afterwards is
     under its own."""
     app = register(make_app())
-    handle = app.start("holder", Secret(CANARY), object_id="orig-s")
+    handle = app.options(object_id="orig-s").start("holder", Secret(CANARY))
     with app.background_worker():
         perdure_wait(app, "orig-s")
     at = next(r.seq for r in app.history("orig-s") if r.kind == "emitted")
@@ -153,7 +153,7 @@ def test_a_fork_opens_the_originals_sealed_values(make_app: MakeApp) -> None:
 def test_a_changed_byte_is_an_integrity_failure_for_readers(make_app: MakeApp,
                                                             raw: RawSQL) -> None:
     app = register(make_app())
-    handle = app.start("holder", Secret(CANARY), object_id="broken-1")
+    handle = app.options(object_id="broken-1").start("holder", Secret(CANARY))
     with app.background_worker():
         perdure_wait(app, "broken-1")
     rec = next(r for r in app.history("broken-1") if r.kind == "emitted")

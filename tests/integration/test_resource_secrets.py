@@ -80,7 +80,7 @@ def test_resource_credentials_are_sealed_and_restored(make_app: MakeApp, raw: Ra
         return {"env": env["API_KEY"] == Secret(TOKEN) and env["OTHER"] == Secret(PASSWORD),
                 "status": reply.status_code, "session": row[0]}
 
-    handle = app.start("creds", object_id="creds-1")
+    handle = app.options(object_id="creds-1").start("creds")
     with app.background_worker():
         result = handle.result(timeout=20)
     assert result == {"env": True, "status": 200, "session": "sealed-session"}
@@ -137,7 +137,7 @@ def test_a_secret_from_an_environment_stays_sealed_where_it_travels(
         return {"same": carried["token"] == Secret(TOKEN), "mode": env["MODE"],
                 "kept": isinstance(env["TOKEN"], Secret)}
 
-    handle = app.start("devserver", object_id="dev-1")
+    handle = app.options(object_id="dev-1").start("devserver")
     with app.background_worker():
         result = handle.result(timeout=30)
     assert result == {"same": True, "mode": "plain-mode", "kept": True}

@@ -54,7 +54,7 @@ def test_resources_come_back_after_dormancy_with_a_report(make_app: AppFactory,
         out.flush()
         return {"dir": str(where), "env": env["MODE"], "pos": out.tell()}
 
-    handle = app.start("holder", object_id="holder-1")
+    handle = app.options(object_id="holder-1").start("holder")
     with app.background_worker():
         result = handle.result(timeout=15)
     assert result["env"] == "test" and result["dir"] == str(work)
@@ -112,7 +112,7 @@ def test_a_failed_restore_rolls_back_and_retries_with_backoff(make_app: AppFacto
         await run.sleep(0.05)
         return got
 
-    handle = app.start("four", object_id="four-1")
+    handle = app.options(object_id="four-1").start("four")
     with app.background_worker():
         import time
 
@@ -163,7 +163,7 @@ def test_an_unknown_descriptor_version_parks(make_app: AppFactory) -> None:
         await run.sleep(0.01)
         return got
 
-    handle = app.start("versioned", object_id="ver-1")
+    handle = app.options(object_id="ver-1").start("versioned")
     with app.background_worker(), pytest.raises(perdure.AgentParkedError):
         handle.result(timeout=10)
     [parked] = _bodies(app, "ver-1", perdure.Kind.PARKED)
@@ -193,7 +193,7 @@ def test_stale_file_invalidates_recorded_steps(make_app: AppFactory, tmp_path: P
         await run.sleep(0.2)
         return result
 
-    handle = app.start("analyst", object_id="an-1")
+    handle = app.options(object_id="an-1").start("analyst")
     with app.background_worker():
         import time
 
@@ -239,7 +239,7 @@ def test_stale_policy_park_or_fail(make_app: AppFactory, policy: str) -> None:
         await run.sleep(0.01)
         return "done"
 
-    handle = app.start("checked", object_id=f"ck-{policy}")
+    handle = app.options(object_id=f"ck-{policy}").start("checked")
     expected = perdure.AgentParkedError if policy == "park" else perdure.AgentFailedError
     with app.background_worker(), pytest.raises(expected) as caught:
         handle.result(timeout=10)
@@ -292,7 +292,7 @@ def test_cli_show_prints_the_report_and_masks_secrets(make_app: AppFactory, stor
         await run.sleep(0.01)
         return "ok"
 
-    handle = app.start("secretive", object_id="sec-1")
+    handle = app.options(object_id="sec-1").start("secretive")
     with app.background_worker():
         assert handle.result(timeout=10) == "ok"
     base = [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir)]
@@ -330,8 +330,8 @@ def test_sync_agent_holding_and_release(make_app: AppFactory, tmp_path: Path) ->
         await run.sleep(0.02)
         return name
 
-    first = app.start("sync_holder", object_id="sync-1")
-    second = app.start("block_holder", object_id="block-1")
+    first = app.options(object_id="sync-1").start("sync_holder")
+    second = app.options(object_id="block-1").start("block_holder")
     with app.background_worker():
         assert first.result(timeout=10) == [str(tmp_path / "sync"), str(tmp_path / "x")]
         assert second.result(timeout=10) == "block"
@@ -353,7 +353,7 @@ def test_a_program_missing_here_moves_the_object(make_app: AppFactory) -> None:
         await run.resource("tool", Subprocess(["no-such-program-perdure-test", "--serve"]))
         return "ran"
 
-    app.start("needs_tool", object_id="tool-1")
+    app.options(object_id="tool-1").start("needs_tool")
     with app.background_worker():
         import time
 
@@ -386,7 +386,7 @@ def test_a_malformed_descriptor_parks_with_a_reason(make_app: AppFactory,
         await run.sleep(0.01)
         return "unreachable"
 
-    handle = app.start("broken", object_id="broken-1")
+    handle = app.options(object_id="broken-1").start("broken")
     with app.background_worker(), pytest.raises(perdure.AgentParkedError):
         handle.result(timeout=10)
     report = _bodies(app, "broken-1", perdure.Kind.RESTORE_REPORT)[-1]
@@ -419,7 +419,7 @@ def test_every_execution_state_body_decodes_to_its_bytes(make_app: AppFactory,
         await run.sleep(0.01)
         return 1
 
-    handle = app.start("all_kinds", object_id="kinds-1")
+    handle = app.options(object_id="kinds-1").start("all_kinds")
     with app.background_worker():
         assert handle.result(timeout=10) == 1
     written = set()

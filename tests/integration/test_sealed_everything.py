@@ -85,7 +85,7 @@ def test_everything_an_encrypt_all_agent_writes_is_sealed(
     server.script(ScriptedReply(text=f"first reply {CANARY}"),
                   ScriptedReply(text=f"streamed reply {CANARY}", chunk_chars=5))
     topic = f"topic {CANARY}"
-    handle = app.start("sealed_asker", topic, object_id="seal-1")
+    handle = app.options(object_id="seal-1").start("sealed_asker", topic)
     runner = CliRunner()
     base = ["--store", store_url, "--key-dir", str(key_dir)]
 

@@ -83,7 +83,7 @@ def test_secrets_are_sealed_and_opened_for_the_agent(make_app: MakeApp, raw: Raw
     in an event: none in clear in the store; the agent and the caller get Secrets."""
     app = make_app()
     register(app)
-    handle = app.start("keeper", Secret(CANARY), "visible-label", object_id="k1")
+    handle = app.options(object_id="k1").start("keeper", Secret(CANARY), "visible-label")
     with app.background_worker():
         wait_for_status(app, "k1", "dormant")
         app.send("k1", "creds", {"token": Secret(CANARY), "user": "ada"})
@@ -104,7 +104,7 @@ def test_an_agent_that_encrypts_all_leaves_nothing_in_clear(make_app: MakeApp,
     strings; names, kinds and times stay readable (and ``verify`` works)."""
     app = make_app()
     register(app)
-    handle = app.start("all_sealed", f"plain-{CANARY}", object_id="a1")
+    handle = app.options(object_id="a1").start("all_sealed", f"plain-{CANARY}")
     with app.background_worker():
         wait_for_status(app, "a1", "dormant")
         app.send("a1", "note", f"note-{CANARY}")
@@ -127,7 +127,7 @@ def test_a_step_error_quoting_a_secret_is_redacted(make_app: MakeApp, raw: RawSQ
     async def leaker(run: perdure.Run, key: Secret[str]) -> None:
         await run.step(leaky, key, retry=perdure.RetryPolicy(max_attempts=1))
 
-    handle = app.start("leaker", Secret(CANARY), object_id="l1")
+    handle = app.options(object_id="l1").start("leaker", Secret(CANARY))
     with app.background_worker(), pytest.raises(AgentFailedError) as failed:
         handle.result(timeout=10)
     assert CANARY not in str(failed.value)
@@ -141,7 +141,7 @@ def test_a_node_without_the_key_verifies_but_does_not_run(make_app: MakeApp,
     note saying which key it needs; memory is untouched; a node with the key runs it."""
     app = make_app()
     register(app)
-    app.start("keeper", Secret(CANARY), "x", object_id="n1")
+    app.options(object_id="n1").start("keeper", Secret(CANARY), "x")
     stranger = make_app(data_keys=DataKeys([new_data_key()]))
     register(stranger)
     records = len(stranger.history("n1"))
@@ -167,7 +167,7 @@ def test_rotation_rewraps_without_rewriting_memory(make_app: MakeApp, raw: RawSQ
     hashes; with the old key gone, the object still opens."""
     app = make_app()
     register(app)
-    handle = app.start("keeper", Secret(CANARY), "r", object_id="r1")
+    handle = app.options(object_id="r1").start("keeper", Secret(CANARY), "r")
     with app.background_worker():
         wait_for_status(app, "r1", "dormant")
     hashes = [r.hash for r in app.history("r1")]
@@ -194,7 +194,7 @@ def test_a_tampered_data_key_parks_the_object(make_app: MakeApp, raw: RawSQL) ->
     with that reason; it never runs with a wrong key."""
     app = make_app()
     register(app)
-    handle = app.start("keeper", Secret(CANARY), "t", object_id="t1")
+    handle = app.options(object_id="t1").start("keeper", Secret(CANARY), "t")
     wrapped = raw.one("SELECT wrapped FROM data_keys WHERE object_id = ?", ("t1",))[0]
     flipped = wrapped[:-3] + bytes([wrapped[-3] ^ 0x40]) + wrapped[-2:]
     raw.execute("UPDATE data_keys SET wrapped = ? WHERE object_id = ?", (flipped, "t1"))
@@ -208,7 +208,7 @@ def test_a_tampered_ciphertext_fails_verification(make_app: MakeApp, raw: RawSQL
     no node runs the object."""
     app = make_app()
     register(app)
-    handle = app.start("keeper", Secret(CANARY), "c", object_id="c1")
+    handle = app.options(object_id="c1").start("keeper", Secret(CANARY), "c")
     body = raw.one("SELECT body FROM records WHERE object_id = ? AND seq = 1", ("c1",))[0]
     at = body.index(b'"data":"') + 20
     changed = body[:at] + (b"A" if body[at:at + 1] != b"A" else b"B") + body[at + 1:]
@@ -233,13 +233,13 @@ def test_delegation_and_repeated_starts_keep_secrets(make_app: MakeApp, raw: Raw
         got = await (await run.delegate("child", key)).result()
         return bool(got == key and isinstance(got, Secret))
 
-    handle = app.start("parent", Secret(CANARY), object_id="p1")
+    handle = app.options(object_id="p1").start("parent", Secret(CANARY))
     with app.background_worker():
         assert handle.result(timeout=10) is True
     assert CANARY.encode() not in stored_bytes(raw)
     assert raw.one("SELECT count(*) FROM data_keys")[0] == 2
-    assert app.start("parent", Secret(CANARY), object_id="p1").differs is None
-    differs = app.start("parent", Secret("another-secret-value"), object_id="p1").differs
+    assert app.options(object_id="p1").start("parent", Secret(CANARY)).differs is None
+    differs = app.options(object_id="p1").start("parent", Secret("another-secret-value")).differs
     assert differs is not None and "a secret differs" in differs
     assert CANARY not in differs and "another-secret-value" not in differs
 
@@ -248,11 +248,11 @@ def test_reserved_keys_are_refused(make_app: MakeApp) -> None:
     """A payload that holds perdure's reserved keys itself is refused, never stored."""
     app = make_app()
     register(app)
-    app.start("keeper", Secret(CANARY), "x", object_id="v1")
+    app.options(object_id="v1").start("keeper", Secret(CANARY), "x")
     with pytest.raises(SerializationError, match="reserves"):
         app.send("v1", "creds", {"perdure:sealed": {"v": 1}})
     with pytest.raises(SerializationError, match="reserves"):
-        app.start("keeper", {"perdure:secret": "x"}, "y", object_id="v2")
+        app.options(object_id="v2").start("keeper", {"perdure:secret": "x"}, "y")
 
 
 def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
@@ -262,7 +262,7 @@ def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
     without the key says so in one line when it must seal (a send)."""
     app = make_app()
     register(app)
-    handle = app.start("keeper", Secret(CANARY), "cli", object_id="s1")
+    handle = app.options(object_id="s1").start("keeper", Secret(CANARY), "cli")
     with app.background_worker():
         wait_for_status(app, "s1", "dormant")
         app.send("s1", "creds", {"token": Secret(CANARY)})
@@ -289,7 +289,7 @@ def test_cli_output_never_shows_a_secret(make_app: MakeApp, store_url: str,
     assert stranger.returncode == 0, stranger.stderr
     assert stranger.stdout == outputs[2].stdout
     # Sending to an encrypt-all object needs the key: one line saying which.
-    app.start("all_sealed", "x", object_id="s2")
+    app.options(object_id="s2").start("all_sealed", "x")
     stranger = cli("--data-keys", "env:OTHER_KEK", "send", "s2", "note", '"hi"', env=env)
     assert stranger.returncode == 1
     lines = stranger.stderr.strip().splitlines()
@@ -310,7 +310,7 @@ def test_encrypt_all_without_arguments_and_its_errors(make_app: MakeApp, raw: Ra
         text = await run.wait_for("doc")
         await run.step(fails, text, retry=perdure.RetryPolicy(max_attempts=1))
 
-    handle = app.start("quiet", object_id="q1")
+    handle = app.options(object_id="q1").start("quiet")
     app.send("q1", "doc", f"report {CANARY}")
     assert CANARY.encode() not in stored_bytes(raw)
     with app.background_worker(), pytest.raises(AgentFailedError) as failed:
@@ -325,7 +325,7 @@ def test_cli_rotates_the_data_key(make_app: MakeApp, store_url: str, key_dir: Pa
     records are untouched and ``keys data-key`` shows where every data key stands."""
     app = make_app()
     register(app)
-    app.start("keeper", Secret(CANARY), "x", object_id="cr1")
+    app.options(object_id="cr1").start("keeper", Secret(CANARY), "x")
     hashes = [r.hash for r in app.history("cr1")]
     old = raw.one("SELECT key_id FROM data_keys WHERE object_id = ?", ("cr1",))[0]
 
@@ -366,8 +366,8 @@ def test_plain_def_agents_and_gather_branches_get_secrets(make_app: MakeApp,
         await run.sleep(0.05)
         return bool(one == two == key)
 
-    first = app.start("plain", Secret(CANARY), object_id="d1")
-    second = app.start("branches", Secret(CANARY), object_id="g1")
+    first = app.options(object_id="d1").start("plain", Secret(CANARY))
+    second = app.options(object_id="g1").start("branches", Secret(CANARY))
     with app.background_worker():
         assert first.result(timeout=10) is True
         assert second.result(timeout=10) is True
@@ -380,7 +380,7 @@ def test_a_deleted_data_key_is_reported_not_replaced(make_app: MakeApp, raw: Raw
     all), so restoring the row from a backup brings the object back."""
     app = make_app()
     register(app)
-    app.start("all_sealed", "text", object_id="x1")
+    app.options(object_id="x1").start("all_sealed", "text")
     row = raw.one("SELECT key_id, wrapped FROM data_keys WHERE object_id = ?", ("x1",))
     raw.execute("DELETE FROM data_keys WHERE object_id = ?", ("x1",))
     with app.background_worker():
@@ -437,7 +437,7 @@ def test_cli_sends_a_secret_from_stdin(make_app: MakeApp, store_url: str, key_di
         return [isinstance(first, Secret) and first.reveal() == CANARY,
                 isinstance(second, Secret) and second.reveal() == {"pin": CANARY}]
 
-    handle = app.start("receiver", object_id="cs1")
+    handle = app.options(object_id="cs1").start("receiver")
 
     def send(event: str, text: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

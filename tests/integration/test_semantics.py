@@ -330,7 +330,7 @@ def test_http_and_sdk_errors_reach_the_agent_as_themselves_on_first_run_and_repl
         return {"handled": handled, "go": go, "branches": [s["branch"] for s in seen]}
 
     first.agent(name="http_errors")(http_errors)
-    handle = first.start("http_errors", base, object_id="errors-1")
+    handle = first.options(object_id="errors-1").start("http_errors", base)
     with running(first):
         assert wait_until(lambda: handle.info().waiting_event == "go", timeout=20)
     hits = list(http_server.hits)
@@ -426,7 +426,7 @@ def test_transport_errors_reach_the_agent_as_themselves_on_first_run_and_replay(
         return [s["branch"] for s in seen]
 
     first.agent(name="transport")(transport)
-    handle = first.start("transport", refused, slow, object_id="transport-1")
+    handle = first.options(object_id="transport-1").start("transport", refused, slow)
     with running(first):
         assert wait_until(lambda: handle.info().waiting_event == "go", timeout=30)
     second = make_app(node_id="transport-replay")
@@ -524,7 +524,7 @@ def test_custom_exceptions_with_several_and_keyword_only_arguments_come_back_as_
 
     agent: Callable[..., Any] = custom_async if style == "async" else custom_sync
     first.agent(name="custom")(agent)
-    handle = first.start("custom", object_id=f"custom-{style}")
+    handle = first.options(object_id=f"custom-{style}").start("custom")
     with running(first):
         assert wait_until(lambda: handle.info().waiting_event == "go", timeout=20)
     second = make_app(node_id=f"custom-replay-{style}")
@@ -575,7 +575,7 @@ def test_a_type_that_cannot_be_rebuilt_gives_the_same_stand_in_every_time(
         return str(seen[-1]["branch"])
 
     first.agent(name="local")(local)
-    handle = first.start("local", object_id="local-1")
+    handle = first.options(object_id="local-1").start("local")
     with running(first):
         assert wait_until(lambda: handle.info().waiting_event == "go", timeout=20)
     second = make_app(node_id="local-replay")
@@ -617,7 +617,7 @@ def test_cancel_during_a_slow_step_stops_before_the_next_step(make_app: AppFacto
             await run.step(later, i, name=f"later-{i}")
         return "finished"
 
-    handle = app.start("slow_then_more", object_id="cancel-slow")
+    handle = app.options(object_id="cancel-slow").start("slow_then_more")
     with running(app):
         assert inside.wait(20)
         app.cancel("cancel-slow")
@@ -651,7 +651,7 @@ def test_cancel_while_the_last_step_runs_ends_cancelled_not_completed(
     async def returns_after_last(run: perdure.Run) -> str:
         return await run.step(last, name="last")
 
-    handle = app.start("returns_after_last", object_id="cancel-last")
+    handle = app.options(object_id="cancel-last").start("returns_after_last")
     with running(app):
         assert inside.wait(20)
         app.cancel("cancel-last")
@@ -683,13 +683,13 @@ def test_cancel_after_the_last_step_refuses_the_completion(make_app: AppFactory)
 
     @app.agent(name="waiting_parent")
     async def waiting_parent(run: perdure.Run) -> str:
-        child = await run.delegate(slow_return, object_id="cancel-return")
+        child = await run.options(object_id="cancel-return").delegate(slow_return)
         try:
             return str(await child)
         except perdure.ChildFailedError as exc:
             return f"child {exc.outcome}"
 
-    parent = app.start("waiting_parent", object_id="cancel-return-parent")
+    parent = app.options(object_id="cancel-return-parent").start("waiting_parent")
     with running(app):
         assert reached.wait(20)
         app.cancel("cancel-return")
@@ -728,7 +728,7 @@ def test_cancel_while_agent_code_runs_between_steps_stops_before_the_next_step(
         await asyncio.sleep(0.01)  # the flags the last commit reported are now stale
         return await run.step(record, "second", name="second")
 
-    handle = app.start("thinks_between", object_id="cancel-between")
+    handle = app.options(object_id="cancel-between").start("thinks_between")
     with running(app):
         assert reached.wait(20)
         app.cancel("cancel-between")
@@ -759,7 +759,7 @@ def test_cancel_while_dormant_ends_cancelled_and_runs_nothing_more(
         await run.wait_for("go")
         return await run.step(record, "after", name="after")
 
-    handle = app.start("dormant_one", object_id="cancel-dormant")
+    handle = app.options(object_id="cancel-dormant").start("dormant_one")
     with running(app):
         assert wait_until(lambda: handle.info().waiting_event == "go", timeout=20)
         assert handle.status() is perdure.Status.DORMANT
@@ -795,7 +795,7 @@ def test_cancel_of_a_parked_object_ends_it_cancelled(make_app: AppFactory) -> No
         await run.step(record, "b", name="b")  # another step where memory holds "a"
         return str(await run.wait_for("go"))
 
-    handle = before.start("changing", object_id="parked-1")
+    handle = before.options(object_id="parked-1").start("changing")
     with running(before):
         assert wait_until(lambda: handle.info().waiting_event == "go", timeout=20)
     after.send("parked-1", "go", 1)
@@ -855,7 +855,7 @@ def _cancel_at_random_moments(make_app: AppFactory, objects: int, *, seed: int) 
             starts[oid] = []
             first_started[oid] = threading.Event()
             pauses = [rng.uniform(0.0, 0.004) for _ in range(400)]
-            handle = app.start("ticks", pauses, object_id=oid)
+            handle = app.options(object_id=oid).start("ticks", pauses)
             assert first_started[oid].wait(20)
             time.sleep(rng.uniform(0.0, 0.03))
             app.cancel(oid)
@@ -923,7 +923,7 @@ def test_once_a_commit_reported_the_cancel_no_step_starts(
         for n in range(5):
             oid = f"{shape}-{n}"
             entered[oid], gates[oid] = threading.Event(), threading.Event()
-            handle = app.start(agent, object_id=oid)
+            handle = app.options(object_id=oid).start(agent)
             assert entered[oid].wait(20)
             app.cancel(oid)
             gates[oid].set()
@@ -1008,7 +1008,7 @@ def _check_children_follow(make_app: AppFactory, how: str, *, gap: bool) -> None
     child = f"{oid}.0"
     gates[oid], entered[oid] = threading.Event(), threading.Event()
     deadline = 1.5 if how.startswith("deadline") else None
-    handle = app.start("parent", how, gap, object_id=oid, deadline=deadline)
+    handle = app.options(object_id=oid, deadline=deadline).start("parent", how, gap)
     expected = {"deadline": perdure.Status.FAILED, "deadline-in-step": perdure.Status.FAILED,
                 "failure": perdure.Status.FAILED, "completion": perdure.Status.COMPLETED,
                 "cancel": perdure.Status.CANCELLED, "cancel-in-step": perdure.Status.CANCELLED}
@@ -1058,7 +1058,7 @@ def test_a_busy_child_stops_soon_after_its_parents_deadline(make_app: AppFactory
     async def boss(run: perdure.Run) -> Any:
         return await (await run.delegate(busy))
 
-    handle = app.start("boss", object_id="boss-deadline", deadline=1.0)
+    handle = app.options(object_id="boss-deadline", deadline=1.0).start("boss")
     with running(app):
         assert wait_until(lambda: handle.info().terminal, timeout=20)
         assert wait_until(lambda: _exists(app, "boss-deadline.0")
@@ -1085,7 +1085,7 @@ def test_with_cancel_children_off_a_child_runs_on_after_its_parents_deadline(
     async def parent(run: perdure.Run) -> Any:
         return await (await run.delegate(lingering))
 
-    handle = app.start("parent", object_id="keep-going", deadline=1.0)
+    handle = app.options(object_id="keep-going", deadline=1.0).start("parent")
     with running(app):
         assert wait_until(lambda: handle.info().terminal, timeout=20)
         assert handle.status() is perdure.Status.FAILED
@@ -1110,7 +1110,7 @@ def test_a_cancel_reaches_grandchildren(make_app: AppFactory) -> None:
     async def top(run: perdure.Run) -> Any:
         return await (await run.delegate(middle))
 
-    handle = app.start("top", object_id="gen")
+    handle = app.options(object_id="gen").start("top")
     with running(app):
         assert wait_until(lambda: _exists(app, "gen.0.0")
                           and app.get("gen.0.0").waiting_event == "never", timeout=20)
@@ -1138,7 +1138,7 @@ def test_a_store_hiccup_after_the_parents_end_neither_loses_the_child_cancel_nor
         entered: dict[str, threading.Event] = {}
         _register_family(app, gates, entered)
         oid = f"hiccup-{how}"
-        handle = app.start("parent", how, True, object_id=oid)
+        handle = app.options(object_id=oid).start("parent", how, True)
         with running(app):
             assert wait_until(lambda: handle.info().terminal, timeout=20)
             followed = wait_until(lambda: _exists(app, f"{oid}.0")
@@ -1169,9 +1169,9 @@ def test_a_child_whose_delegation_was_never_recorded_is_cancelled_with_its_paren
 
         @app.agent(name="parent")
         async def parent(run: perdure.Run) -> Any:
-            return await (await run.delegate(lingering, object_id="half-child"))
+            return await (await run.options(object_id="half-child").delegate(lingering))
 
-        handle = app.start("parent", object_id="half")
+        handle = app.options(object_id="half").start("parent")
         with running(app):
             assert wait_until(lambda: store.failed == 1, timeout=20)
             app.cancel("half")
@@ -1201,7 +1201,7 @@ def _register_claimants(app: perdure.App) -> None:
     @app.agent(name="claimant")
     async def claimant(run: perdure.Run, child_id: str, catch: bool, agent: str) -> str:
         try:
-            child = await run.delegate(agent, object_id=child_id)
+            child = await run.options(object_id=child_id).delegate(agent)
         except perdure.ObjectConflictError as exc:
             if not catch:
                 raise
@@ -1219,14 +1219,14 @@ def test_a_second_parent_delegating_to_the_same_id_gets_a_conflict(
     catch it fails with it."""
     app = make_app()
     _register_claimants(app)
-    owner = app.start("claimant", "shared", True, "waits", object_id="owner")
+    owner = app.options(object_id="owner").start("claimant", "shared", True, "waits")
     with running(app):
         assert wait_until(lambda: _exists(app, "shared")
                           and app.get("shared").waiting_event == "go", timeout=20)
         assert wait_until(lambda: owner.status() is perdure.Status.DORMANT, timeout=20)
-        second = app.start("claimant", "shared", True, "waits", object_id="second")
+        second = app.options(object_id="second").start("claimant", "shared", True, "waits")
         assert wait_until(lambda: second.info().waiting_event == "go", timeout=20)
-        blunt = app.start("claimant", "shared", False, "waits", object_id="blunt")
+        blunt = app.options(object_id="blunt").start("claimant", "shared", False, "waits")
         with pytest.raises(perdure.AgentFailedError, match="ObjectConflictError"):
             blunt.result(timeout=20)
     second.send("go", 1)
@@ -1254,24 +1254,24 @@ def test_delegating_to_an_id_taken_otherwise_is_a_conflict(
 
     @app.agent(name="two_children")
     async def two_children(run: perdure.Run) -> str:
-        await run.delegate("other", object_id="twin")
+        await run.options(object_id="twin").delegate("other")
         try:
-            await run.delegate("waits", object_id="twin")
+            await run.options(object_id="twin").delegate("waits")
         except perdure.ObjectConflictError:
             return "conflict"
         return "no conflict"
 
     with running(app):
         if taken_by == "started on its own":
-            solo = app.start("waits", object_id="solo")
+            solo = app.options(object_id="solo").start("waits")
             assert wait_until(lambda: solo.info().waiting_event == "go", timeout=20)
-            handle = app.start("claimant", "solo", False, "waits", object_id="adopter")
+            handle = app.options(object_id="adopter").start("claimant", "solo", False, "waits")
             with pytest.raises(perdure.AgentFailedError, match="ObjectConflictError"):
                 handle.result(timeout=20)
             assert app.get("solo").parent_id is None
             assert not solo.info().terminal
         else:
-            handle = app.start("two_children", object_id="twins")
+            handle = app.options(object_id="twins").start("two_children")
             assert handle.result(timeout=20) == "conflict"
             assert app.get("twin").agent == "other"
 
@@ -1299,10 +1299,10 @@ def test_a_replayed_delegation_finds_its_own_child_and_gets_its_result(
 
         @app.agent(name="mom")
         async def mom(run: perdure.Run) -> str:
-            child = await run.delegate(kid, object_id="mom-kid")
+            child = await run.options(object_id="mom-kid").delegate(kid)
             return f"got {await child}"
 
-        handle = app.start("mom", object_id="mom")
+        handle = app.options(object_id="mom").start("mom")
         with running(app):
             assert handle.result(timeout=30) == "got kid result"
         assert store.failed == 1, "the delegation's first commit was lost"
@@ -1393,9 +1393,9 @@ def test_patched_is_decided_once_per_object_and_deprecate_patch_replays_past_its
     log: list[str] = []
     _register_versions(code_a, code_b, code_c, log)
 
-    old = code_a.start("flow", "old", object_id="old")
-    stuck = code_a.start("flow", "stuck", object_id="stuck")
-    early = code_a.start("flow", "early", object_id="early")
+    old = code_a.options(object_id="old").start("flow", "old")
+    stuck = code_a.options(object_id="stuck").start("flow", "stuck")
+    early = code_a.options(object_id="early").start("flow", "early")
     code_a.send("old", "start", "s")
     code_a.send("stuck", "start", "s")
     with running(code_a):
@@ -1403,7 +1403,7 @@ def test_patched_is_decided_once_per_object_and_deprecate_patch_replays_past_its
                           and stuck.info().waiting_event == "go"
                           and early.info().waiting_event == "start", timeout=20)
 
-    new = code_b.start("flow", "new", object_id="new")
+    new = code_b.options(object_id="new").start("flow", "new")
     for oid in ("new", "early"):
         code_b.send(oid, "start", "s")
     for oid in ("old", "new", "early"):
@@ -1429,7 +1429,7 @@ def test_patched_is_decided_once_per_object_and_deprecate_patch_replays_past_its
     reports = {r.object_id: r for r in code_c.replay_check(["new", "early", "stuck"])}
     assert reports["new"].ok and reports["early"].ok
     assert not reports["stuck"].ok and reports["stuck"].verdict == "diverges"
-    fresh = code_c.start("flow", "fresh", object_id="fresh")
+    fresh = code_c.options(object_id="fresh").start("flow", "fresh")
     for oid in ("new", "early"):
         code_c.send(oid, "go2", "g2")
     code_c.send("fresh", "start", "s")
@@ -1461,15 +1461,15 @@ def test_one_parent_delegating_twice_to_one_id_gets_a_conflict(make_app: AppFact
 
     @app.agent(name="twice_parent")
     async def twice_parent(run: perdure.Run) -> str:
-        first = await run.delegate("twice_child", object_id="only-child")
+        first = await run.options(object_id="only-child").delegate("twice_child")
         try:
-            await run.delegate("twice_child", object_id="only-child")
+            await run.options(object_id="only-child").delegate("twice_child")
         except perdure.ObjectConflictError as exc:
             second = f"conflict: {'already at command #0' in str(exc)}"
         return f"{await first} / {second}"
 
     with running(app):
-        assert app.start("twice_parent", object_id="twice").result(timeout=20) == (
+        assert app.options(object_id="twice").start("twice_parent").result(timeout=20) == (
             "child done / conflict: True")
     assert [r.body["child_id"] for r in records_of(app, "twice", perdure.Kind.DELEGATED)] == [
         "only-child"]

@@ -259,21 +259,21 @@ class ObjectsMachine(RuleBasedStateMachine):
             old = next(iter(self.model))
             before = self.app.get(old).records
             if self.app.get(old).agent == "chain":  # the same agent: that object again
-                assert self.app.start("chain", 9, 0.0, object_id=old).object_id == old
+                assert self.app.options(object_id=old).start("chain", 9, 0.0).object_id == old
             else:  # another agent's id: refused
                 with pytest.raises(ObjectConflictError):
-                    self.app.start("chain", 9, 0.0, object_id=old)
+                    self.app.options(object_id=old).start("chain", 9, 0.0)
             assert self.app.get(old).records == before
         oid = f"obj-{self.counter}"
         self.counter += 1
         if kind == "chain":
-            self.app.start("chain", n, 0.0, object_id=oid)
+            self.app.options(object_id=oid).start("chain", n, 0.0)
         elif kind == "sleepy":
-            self.app.start("chain", n, 0.15, object_id=oid)
+            self.app.options(object_id=oid).start("chain", n, 0.15)
         elif kind == "waiter":
-            self.app.start("waiter", object_id=oid)
+            self.app.options(object_id=oid).start("waiter")
         else:
-            self.app.start("sync_chain", n, object_id=oid)
+            self.app.options(object_id=oid).start("sync_chain", n)
         self.model[oid] = Expected("waiter" if kind == "waiter" else "chain", n)
         return oid
 

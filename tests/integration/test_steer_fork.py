@@ -33,7 +33,7 @@ def test_a_fork_replays_its_prefix_and_runs_the_rest(make_app: Callable[..., per
     app = register(make_app())
     marks = str(tmp_path / "marks")
     with app.background_worker():
-        assert app.start("pipeline", marks, object_id="orig").result(timeout=10) == [
+        assert app.options(object_id="orig").start("pipeline", marks).result(timeout=10) == [
             "a", "b", "c"]
     assert _lines(marks) == ["a", "b", "c"]
     original = app.history("orig")
@@ -73,7 +73,7 @@ def test_a_fork_runs_with_current_code(make_app: Callable[..., perdure.App],
     app = register(make_app())
     marks = str(tmp_path / "marks")
     with app.background_worker():
-        app.start("pipeline", marks, object_id="v1").result(timeout=10)
+        app.options(object_id="v1").start("pipeline", marks).result(timeout=10)
     at = _seq_of(app, "v1", "step_done", "b")
     fork = app.fork("v1", at=at)
     fixed = make_app()
@@ -95,8 +95,8 @@ def test_fork_points_that_are_refused(make_app: Callable[..., perdure.App],
     app = register(make_app())
     marks = str(tmp_path / "marks")
     with app.background_worker():
-        app.start("careful", marks, object_id="pay").result(timeout=10)
-        app.start("brancher", marks, object_id="gather").result(timeout=10)
+        app.options(object_id="pay").start("careful", marks).result(timeout=10)
+        app.options(object_id="gather").start("brancher", marks).result(timeout=10)
     started = _seq_of(app, "pay", "step_started", "pay")
     with pytest.raises(perdure.ForkError,
                        match=f"fork at #{started - 1} or #{started + 1}"):
@@ -142,7 +142,7 @@ def test_a_child_still_running_refuses_the_fork(make_app: Callable[..., perdure.
         return str(await child.result())
 
     with app.background_worker():
-        handle = app.start(parent, object_id="mom")
+        handle = app.options(object_id="mom").start(parent)
         from tests.integration.engine_support import wait_until
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT, timeout=10)
         delegated = next(r for r in app.history("mom") if r.kind == "delegated")
@@ -163,7 +163,7 @@ def test_a_fork_refuses_memory_that_does_not_verify(make_app: Callable[..., perd
     app = register(make_app())
     marks = str(tmp_path / "marks")
     with app.background_worker():
-        app.start("pipeline", marks, object_id="tampered").result(timeout=10)
+        app.options(object_id="tampered").start("pipeline", marks).result(timeout=10)
     seq = _seq_of(app, "tampered", "step_done", "a")
     if store_url.startswith("sqlite"):
         conn = sqlite3.connect(store_url.removeprefix("sqlite:///"))
@@ -189,7 +189,7 @@ def test_perdure_fork_on_the_command_line(make_app: Callable[..., perdure.App],
     app = register(make_app())
     marks = str(tmp_path / "marks")
     with app.background_worker():
-        app.start("pipeline", marks, object_id="cli-orig").result(timeout=10)
+        app.options(object_id="cli-orig").start("pipeline", marks).result(timeout=10)
     at = _seq_of(app, "cli-orig", "step_done", "a")
     runner = CliRunner()
     base = ["--store", store_url, "--key-dir", str(key_dir)]
@@ -213,7 +213,7 @@ def test_one_record_by_seq_on_every_store(make_app: Callable[..., perdure.App],
     for app in (register(make_app()),
                 register(perdure.App(store="memory:", key_dir=key_dir, poll_interval=0.01))):
         with app.background_worker():
-            app.start("pipeline", marks, object_id="one").result(timeout=10)
+            app.options(object_id="one").start("pipeline", marks).result(timeout=10)
         history = app.history("one")
         assert app.store.record("one", 1) == history[0]
         assert app.store.record("one", len(history)) == history[-1]
@@ -240,7 +240,7 @@ def test_a_fork_cut_short_is_finished_by_forking_again(
     app = register(make_app())
     marks = str(tmp_path / "marks")
     with app.background_worker():
-        app.start("pipeline", marks, object_id="src").result(timeout=10)
+        app.options(object_id="src").start("pipeline", marks).result(timeout=10)
     at = _seq_of(app, "src", "step_done", "b")
     new, rest, _, _ = build(app, "src", at, "half")
     assert app.store.create(new, time.time())  # ... and the process dies here

@@ -22,7 +22,7 @@ def _asking(app: perdure.App, object_id: str) -> tuple[perdure.Question, ...]:
 
 def test_a_waiting_agent_asks_and_is_answered(make_app: Callable[..., perdure.App]) -> None:
     app = register(make_app())
-    handle = app.start("asker", "Ship v2?", object_id="ask-1")
+    handle = app.options(object_id="ask-1").start("asker", "Ship v2?")
     with app.background_worker():
         assert wait_until(lambda: bool(_asking(app, "ask-1")), timeout=10)
         [question] = app.get("ask-1").asking
@@ -53,8 +53,8 @@ def test_a_waiting_agent_asks_and_is_answered(make_app: Callable[..., perdure.Ap
 def test_questions_of_sync_agents_and_gather_branches(
         make_app: Callable[..., perdure.App]) -> None:
     app = register(make_app())
-    app.start("sync_asker", object_id="sync-1")
-    app.start("gather_asker", object_id="both-1")
+    app.options(object_id="sync-1").start("sync_asker")
+    app.options(object_id="both-1").start("gather_asker")
     with app.background_worker():
         assert wait_until(lambda: len(app.questions()) == 3, timeout=10)
         by_object = {(q.object_id, q.event): q for q in app.questions()}
@@ -75,7 +75,7 @@ def _second_question_is_asked(app: perdure.App, object_id: str) -> None:
     """``twice_asker`` answered once: the second question, on the same event, is what the
     object asks, claimed once for the answer and not again; a control event (a refinement)
     that wakes it does not make the question disappear either."""
-    app.start("twice_asker", object_id=object_id)
+    app.options(object_id=object_id).start("twice_asker")
     with app.background_worker():
         assert wait_until(lambda: [q.prompt for q in _asking(app, object_id)] == ["first?"],
                           timeout=10)
@@ -119,7 +119,7 @@ def test_a_second_question_on_the_same_event_is_asked_in_memory(key_dir: Path) -
 def test_show_and_ls_say_what_the_agent_asks(make_app: Callable[..., perdure.App],
                                              store_url: str, key_dir: object) -> None:
     app = register(make_app())
-    app.start("asker", "Deploy\x1b[31m now?", object_id="ask-cli")
+    app.options(object_id="ask-cli").start("asker", "Deploy\x1b[31m now?")
     with app.background_worker():
         assert wait_until(lambda: bool(_asking(app, "ask-cli")), timeout=10)
     runner = CliRunner()
@@ -160,7 +160,7 @@ def test_a_prompt_memory_cannot_hold_is_refused(make_app: Callable[..., perdure.
         return "accepted"
 
     with app.background_worker():
-        assert app.start(bad_asker, object_id="bad").result(timeout=10) == error.__name__
+        assert app.options(object_id="bad").start(bad_asker).result(timeout=10) == error.__name__
     assert app.verify("bad").ok
 
 
@@ -187,7 +187,7 @@ def test_a_question_asked_long_before_the_head_is_found(
 
         return await run.gather(ask(), work())
 
-    handle = app.start(busy_asker, object_id="long-ask")
+    handle = app.options(object_id="long-ask").start(busy_asker)
     with app.background_worker():
         assert wait_until(lambda: sum(r.kind == "step_done"
                                       for r in app.history("long-ask")) == 80, timeout=20)
@@ -208,7 +208,7 @@ def test_a_forged_question_is_not_shown(make_app: Callable[..., perdure.App],
     """Someone with write access to the store rewrites what an agent asks: the question
     no longer vouched for by a trusted signature is left out (``verify`` names it)."""
     app = register(make_app())
-    app.start("asker", "Ship v3?", object_id="forged-ask")
+    app.options(object_id="forged-ask").start("asker", "Ship v3?")
     with app.background_worker():
         assert wait_until(lambda: bool(_asking(app, "forged-ask")), timeout=10)
     seq = app.get("forged-ask").asking[0].seq

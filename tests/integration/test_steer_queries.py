@@ -27,7 +27,7 @@ def _row_state(app: perdure.App, object_id: str) -> tuple[object, ...]:
 def test_a_query_reads_a_dormant_object_without_waking_it(
         make_app: Callable[..., perdure.App]) -> None:
     app = register(make_app())
-    handle = app.start("counter", [1, 2, 3], object_id="count-1")
+    handle = app.options(object_id="count-1").start("counter", [1, 2, 3])
     with app.background_worker():
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT, timeout=10)
     before = _row_state(app, "count-1")
@@ -87,7 +87,7 @@ def test_a_query_reads_a_running_object(make_app: Callable[..., perdure.App]) ->
                 "ended": view.ended, "args": list(view.intent.args),
                 "id": view.context.object_id}
 
-    handle = app.start(holder, object_id="run-1")
+    handle = app.options(object_id="run-1").start(holder)
     with app.background_worker():
         assert wait_until(lambda: handle.status() is perdure.Status.RUNNING
                           and len(app.history("run-1")) >= 2, timeout=10)
@@ -116,13 +116,13 @@ def test_declaring_queries_is_checked(make_app: Callable[..., perdure.App]) -> N
     clone = app.with_settings(poll_interval=0.02)
     clone.define_query(agent="counter", name="only_clone")(lambda view: 1)
     with pytest.raises(perdure.UnknownQueryError):
-        app.start("counter", [1], object_id="c").query("only_clone")
+        app.options(object_id="c").start("counter", [1]).query("only_clone")
 
 
 def test_a_query_refuses_forged_memory(make_app: Callable[..., perdure.App],
                                        store_url: str) -> None:
     app = register(make_app())
-    app.start("counter", [5], object_id="forged")
+    app.options(object_id="forged").start("counter", [5])
     with app.background_worker():
         assert wait_until(lambda: app.get("forged").status is perdure.Status.DORMANT,
                           timeout=10)
@@ -150,7 +150,7 @@ def test_a_query_refuses_forged_memory(make_app: Callable[..., perdure.App],
 def test_perdure_query_on_the_command_line(make_app: Callable[..., perdure.App],
                                            store_url: str, key_dir: Path) -> None:
     app = register(make_app())
-    app.start("counter", [2, 3], object_id="cli-q")
+    app.options(object_id="cli-q").start("counter", [2, 3])
     with app.background_worker():
         assert wait_until(lambda: app.get("cli-q").status is perdure.Status.DORMANT,
                           timeout=10)

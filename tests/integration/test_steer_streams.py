@@ -31,7 +31,7 @@ def test_emitted_events_reach_followers_once_across_a_sigkill(
         tmp_path: Path) -> None:
     app = register(make_app())
     marks = str(tmp_path / "marks")
-    handle = app.start("emitter", marks, 30.0, object_id="emit-1")
+    handle = app.options(object_id="emit-1").start("emitter", marks, 30.0)
     seen: list[StreamEvent] = []
     stop = threading.Event()
     follower = threading.Thread(
@@ -73,7 +73,7 @@ def test_perdure_tail_follows_emitted_events(make_app: Callable[..., perdure.App
     marks = str(tmp_path / "marks")
     mark_first = tmp_path / "marks"
     mark_first.write_text("ran\n")  # the blocking step does not block
-    app.start("emitter", marks, 0.0, object_id="emit-tail")
+    app.options(object_id="emit-tail").start("emitter", marks, 0.0)
     tail = subprocess.Popen(
         [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir),
          "tail", "emit-tail", "--follow", "--json", "--timeout", "60"],
@@ -111,9 +111,9 @@ def test_emit_checks_its_input(make_app: Callable[..., perdure.App]) -> None:
         return "ok"
 
     with app.background_worker():
-        assert app.start(bad_emitter, object_id="b").result(timeout=10) == [
+        assert app.options(object_id="b").start(bad_emitter).result(timeout=10) == [
             "ConfigurationError", "SerializationError", "SerializationError"]
-        assert app.start(sync_emitter, object_id="s").result(timeout=10) == "ok"
+        assert app.options(object_id="s").start(sync_emitter).result(timeout=10) == "ok"
     assert [(e.name, e.data) for e in app.handle("b").stream()
             if e.kind == "emitted"] == [("fine", [1, "two"])]
     assert [e.data for e in app.handle("s").stream() if e.kind == "emitted"] == [
@@ -148,7 +148,7 @@ def test_emitted_events_and_model_tokens_come_in_one_ordered_stream(
     text = "Durable words, streamed and kept. " * 4
     with ScriptedServer() as server:
         server.script(ScriptedReply(text=text, chunk_chars=5, chunk_delay=0.01))
-        handle = app.start(narrator, server.openai_base_url, object_id="narrate")
+        handle = app.options(object_id="narrate").start(narrator, server.openai_base_url)
         with app.background_worker():
             assert handle.result(timeout=20) == text
     events = list(handle.stream())

@@ -27,7 +27,7 @@ def test_a_step_past_its_timeout_is_retried(make_app: Callable[..., perdure.App]
     marks = Path(tmp_path / "marks")
     seconds = 3.0
     with app.background_worker():
-        handle = app.start("timed", str(marks), kind, seconds, 0.3, object_id=f"t-{kind}")
+        handle = app.options(object_id=f"t-{kind}").start("timed", str(marks), kind, seconds, 0.3)
         assert handle.result(timeout=30) == "ok"
         # Look after the first attempt could have finished its sleep, not before.
         ended = wait_until(lambda: {"cancelled", "late"} & set(_lines(marks)),
@@ -58,7 +58,7 @@ def test_a_step_that_always_times_out_fails_for_good(make_app: Callable[..., per
                                                      ) -> None:
     app = register(make_app())
     with app.background_worker():
-        handle = app.start("hopeless", 0.2, object_id="never")
+        handle = app.options(object_id="never").start("hopeless", 0.2)
         with pytest.raises(perdure.AgentFailedError, match="StepTimeoutError") as failed:
             handle.result(timeout=20)
     assert "timeout of 0.2s" in failed.value.message
@@ -89,7 +89,7 @@ def test_timeouts_are_checked(make_app: Callable[..., perdure.App]) -> None:
         return said
 
     with app.background_worker():
-        said = app.start(checker, object_id="chk").result(timeout=10)
+        said = app.options(object_id="chk").start(checker).result(timeout=10)
     assert said[-1] == "ok" and len(said) == 7
     assert all("must be a number of seconds above 0" in s or "timeout of step" in s
                for s in said[:-1])
@@ -106,7 +106,7 @@ def test_retry_a_parked_object(make_app: Callable[..., perdure.App], store_url: 
         return "v1"
 
     with app.background_worker():
-        handle = app.start(drifter, object_id="drift")
+        handle = app.options(object_id="drift").start(drifter)
         assert wait_until(lambda: handle.status() is perdure.Status.DORMANT, timeout=10)
     with pytest.raises(perdure.NotParkedError, match="not parked"):
         app.retry("drift")

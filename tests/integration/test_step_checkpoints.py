@@ -48,7 +48,7 @@ def test_batched_markers_are_few_and_a_retry_continues_from_the_last(
     async def crawler(run: perdure.Run) -> int:
         return await run.step(crawl, retry=perdure.RetryPolicy(base=0.01))
 
-    handle = app.start("crawler", object_id="crawl-1")
+    handle = app.options(object_id="crawl-1").start("crawler")
     with app.background_worker():
         assert handle.result(timeout=15) == 2000
     assert seen == [None, 1500]
@@ -91,7 +91,7 @@ def test_async_step_durable_markers(make_app: AppFactory) -> None:
     async def walker(run: perdure.Run) -> str:
         return await run.step(walk)
 
-    handle = app.start("walker", object_id="walk-1")
+    handle = app.options(object_id="walk-1").start("walker")
     with app.background_worker():
         assert handle.result(timeout=10) == "walked"
     assert durable == [{"at": 0}, {"at": 1}, {"at": 2}]

@@ -116,7 +116,7 @@ def finished(make_app: MakeApp) -> perdure.App:
     """An App whose object ``obj-1`` ran six steps to completion: seven records."""
     app = make_app()
     sum_doubles = _sum_doubles(app)
-    handle = app.start(sum_doubles, 6, object_id=OID)
+    handle = app.options(object_id=OID).start(sum_doubles, 6)
     with app.background_worker():
         assert handle.result(timeout=10) == 30
     report = app.verify(OID)
@@ -281,7 +281,7 @@ def test_tampered_dormant_object_is_parked(make_app: MakeApp,
         await run.wait_for("go", timeout=60)
         return await run.step(note, "after")
 
-    handle = app.start(waits, object_id=OID)
+    handle = app.options(object_id=OID).start(waits)
     with app.background_worker():
         deadline = time.monotonic() + 10
         while app.get(OID).status != "dormant":
@@ -365,7 +365,7 @@ def test_corrupt_pages_fail_closed(make_sqlite_app: MakeApp, sqlite_url: str,
         await run.sleep(0.3)
         return await run.step(later)
 
-    handles = [app.start(big, 100, object_id=f"big-{k}") for k in range(3)]
+    handles = [app.options(object_id=f"big-{k}").start(big, 100) for k in range(3)]
     with app.background_worker():
         deadline = time.monotonic() + 30
         while any(app.get(h.object_id).status != "dormant" for h in handles):
@@ -427,7 +427,7 @@ def sealed(make_app: MakeApp) -> tuple[perdure.App, str]:
     holds records under commit seals, and the App."""
     app = make_app()
     sum_doubles = _sum_doubles(app)
-    handles = [app.start(sum_doubles, 6, object_id=f"obj-{i}") for i in range(8)]
+    handles = [app.options(object_id=f"obj-{i}").start(sum_doubles, 6) for i in range(8)]
     with app.background_worker(concurrency=8):
         assert [h.result(timeout=20) for h in handles] == [30] * 8
     for handle in handles:

@@ -30,7 +30,7 @@ def test_rate_limit_makes_the_object_dormant_for_the_providers_delay(
         reply = await run.step(ask, question, name="ask")
         return str(reply["text"])
 
-    handle = app.start("asker", "Hi?", object_id="asker-1")
+    handle = app.options(object_id="asker-1").start("asker", "Hi?")
     with app.background_worker():
         assert handle.result(timeout=10) == "Hello!"
     history = app.history("asker-1")
@@ -62,7 +62,7 @@ def test_a_final_failure_reaches_the_agent_whole(
             return exc.failure.to_json()
         return {}
 
-    handle = app.start("lost", object_id="lost-1")
+    handle = app.options(object_id="lost-1").start("lost")
     with app.background_worker():
         failure = handle.result(timeout=10)
     assert failure["kind"] == "permanent" and failure["status"] == 404

@@ -44,7 +44,7 @@ def test_allowed_calls_run_and_their_results_go_back_to_the_model(
                              "c2"))),
         ScriptedReply(text="All done."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "plan", object_id="loop-1")
+    app.options(object_id="loop-1").start("tool_agent", server.openai_base_url, "plan")
     with app.background_worker():
         result = app.handle("loop-1").result(timeout=20)
     assert result["text"] == "All done." and result["stopped"] == "final"
@@ -70,7 +70,7 @@ def test_a_denied_call_never_runs_and_the_model_is_told_why(
             ScriptedToolCall("rm_rf", "{}", "c2"))),
         ScriptedReply(text="I could not."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "plan", object_id="loop-2")
+    app.options(object_id="loop-2").start("tool_agent", server.openai_base_url, "plan")
     with app.background_worker():
         result = app.handle("loop-2").result(timeout=20)
     assert [c[:2] for c in result["calls"]] == [["write_note", "denied"], ["rm_rf", "denied"]]
@@ -93,7 +93,7 @@ def test_a_risky_call_waits_dormant_until_a_person_approves(
                              "c1"),)),
         ScriptedReply(text="Sent."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "plan", object_id="loop-3")
+    app.options(object_id="loop-3").start("tool_agent", server.openai_base_url, "plan")
     with app.background_worker():
         assert support_wait(lambda: app.get("loop-3").status == "dormant")
         [pending] = app.approvals()
@@ -150,8 +150,8 @@ def test_limits_stop_the_loop_and_the_ledger_feeds_the_gate(
 
     call = ScriptedReply(tool_calls=(ScriptedToolCall("lookup", '{"city": "Oslo"}', "c1"),))
     server.script(call, call)
-    app.start("limited", server.openai_base_url, False, object_id="lim-1")
-    app.start("limited", server.openai_base_url, True, object_id="lim-2")
+    app.options(object_id="lim-1").start("limited", server.openai_base_url, False)
+    app.options(object_id="lim-2").start("limited", server.openai_base_url, True)
     with app.background_worker():
         assert app.handle("lim-1").result(timeout=20) == ["turns", 1, [["lookup", "done"]]]
         assert app.handle("lim-2").result(timeout=20) == ["turns", 1, [["lookup", "denied"]]]
@@ -193,7 +193,7 @@ def test_a_cost_budget_lets_calls_through_until_the_model_calls_spent_it(
 
     server.script(ask("Oslo"), ask("Rome"),
                   ScriptedReply(text="done", input_tokens=1000, output_tokens=1000))
-    app.start("spender", server.openai_base_url, object_id="cost-1")
+    app.options(object_id="cost-1").start("spender", server.openai_base_url)
     with app.background_worker():
         assert app.handle("cost-1").result(timeout=20) == [
             ["lookup", "done"], ["lookup", "denied"]]
@@ -232,7 +232,7 @@ def test_a_cap_per_object_counts_calls_let_through_across_turns(
     server.script(ask("write_note", '{"path": "/notes/a", "text": "x"}'),
                   ask("lookup", '{"city": "Oslo"}'), ask("lookup", '{"city": "Rome"}'),
                   ScriptedReply(text="ok"))
-    app.start("capped", server.openai_base_url, object_id="cap-1")
+    app.options(object_id="cap-1").start("capped", server.openai_base_url)
     with app.background_worker():
         assert app.handle("cap-1").result(timeout=20) == [
             ["write_note", "denied"], ["lookup", "done"], ["lookup", "denied"]]

@@ -57,7 +57,7 @@ def test_a_rejected_call_never_runs_and_the_model_sees_the_reason(
         make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
     server.script(_send(), ScriptedReply(text="Understood."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="rej-1")
+    app.options(object_id="rej-1").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         pending = _pending(app, "rej-1")
         app.reject("rej-1", pending.proposal_id, reason="not to bob, ever")
@@ -76,7 +76,7 @@ def test_an_edit_is_regated_and_cannot_switch_tools(
     record names the one it edits; a decision naming another tool is refused on record."""
     server.script(_send("bob"), ScriptedReply(text="Done."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="edit-1")
+    app.options(object_id="edit-1").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         pending = _pending(app, "edit-1")
         forged = encode({"proposal": pending.proposal_id, "args_hash": pending.args_hash,
@@ -114,7 +114,7 @@ def test_an_edit_that_breaks_a_rule_is_denied(
     take are denied, and nothing runs."""
     server.script(_send(), ScriptedReply(text="ok"))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="edit-2")
+    app.options(object_id="edit-2").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         pending = _pending(app, "edit-2")
         app.approve("edit-2", pending.proposal_id,
@@ -135,7 +135,7 @@ def test_only_allowed_identities_may_approve(
     server.script(_send(), ScriptedReply(text="Sent."))
     app = _app(make_app)
     alice = _app(make_app, node_id="alice")
-    app.start("strict_agent", server.openai_base_url, "go", object_id="who-1")
+    app.options(object_id="who-1").start("strict_agent", server.openai_base_url, "go")
     with app.background_worker():
         pending = _pending(app, "who-1")
         assert pending.approvers == ("alice",)
@@ -159,7 +159,7 @@ def test_an_approval_expires_and_counts_as_rejected(
         make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path) -> None:
     server.script(_send(), ScriptedReply(text="Too late."))
     app = _app(make_app)
-    app.start("strict_agent", server.openai_base_url, "go", 1.0, object_id="exp-1")
+    app.options(object_id="exp-1").start("strict_agent", server.openai_base_url, "go", 1.0)
     with app.background_worker():
         result = app.handle("exp-1").result(timeout=20)
     assert result["calls"][0][:2] == ["send_message", "expired"]
@@ -173,7 +173,7 @@ def test_the_cli_lists_approves_and_rejects(
         store_url: str, key_dir: Path) -> None:
     server.script(_send(), ScriptedReply(text="Sent."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="cli-1")
+    app.options(object_id="cli-1").start("tool_agent", server.openai_base_url, "go")
     runner = CliRunner()
     base = ["--store", store_url, "--key-dir", str(key_dir)]
     with app.background_worker():
@@ -199,7 +199,7 @@ def test_a_decision_naming_other_arguments_is_refused(
     approval) does not count: refused on record, the call still waits."""
     server.script(_send(), ScriptedReply(text="ok"))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="hash-1")
+    app.options(object_id="hash-1").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         pending = _pending(app, "hash-1")
         forged = encode({"proposal": pending.proposal_id, "args_hash": "0" * 64,
@@ -234,7 +234,7 @@ def test_hostile_model_output_is_denied_and_failures_are_told(
             ScriptedToolCall("write_note", json.dumps({"path": "/notes/x"}), "c"))),
         ScriptedReply(text="fine"))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="bad-1")
+    app.options(object_id="bad-1").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         result = app.handle("bad-1").result(timeout=20)
     assert [c[1] for c in result["calls"]] == ["denied", "denied", "denied"]
@@ -249,7 +249,7 @@ def test_the_memory_renders_in_perdure_show(
         store_url: str, key_dir: Path) -> None:
     server.script(_send(), ScriptedReply(text="ok"))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="show-1")
+    app.options(object_id="show-1").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         pending = _pending(app, "show-1")
         app.approve("show-1", pending.proposal_id)
@@ -271,7 +271,7 @@ def test_two_risky_calls_of_one_turn_wait_and_are_decided_in_any_order(
         ScriptedToolCall("send_message", json.dumps({"to": "ben", "body": "2"}), "b"))),
         ScriptedReply(text="both"))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="two-1")
+    app.options(object_id="two-1").start("tool_agent", server.openai_base_url, "go")
     with app.background_worker():
         assert wait_until(lambda: len(app.approvals()) == 2, timeout=15)
         first, second = sorted(app.approvals(), key=lambda p: p.proposal_id)

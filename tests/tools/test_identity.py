@@ -71,7 +71,7 @@ def test_a_non_approver_cannot_decide_under_any_approver_name(
     if approver_first:  # alice's node certified and its certificate in the store
         alice._ensure_node()
         assert "alice" in worker.verifier.names()
-    worker.start("strict_agent", server.openai_base_url, "go", object_id="id-1")
+    worker.options(object_id="id-1").start("strict_agent", server.openai_base_url, "go")
     bob_key = perdure.KeyFolder(folders["bob"]).node_key()
     with worker.background_worker():
         assert wait_until(lambda: any(p.object_id == "id-1" for p in worker.approvals()),
@@ -126,7 +126,7 @@ def test_a_forged_store_row_does_not_change_who_wrote_a_record(
     one_root(tmp_path / "keys-root", *((path, name) for name, path in folders.items()))
     worker = make_app(key_dir=folders["worker"])
     worker.agent(name="job")(_job)
-    worker.start("job", 1, object_id="w-1")
+    worker.options(object_id="w-1").start("job", 1)
     assert worker.verify("w-1").ok
     bob_key = perdure.KeyFolder(folders["bob"]).node_key()
     worker.store.register_node("intruder-row", public_key_bytes(bob_key), time.time())

@@ -74,7 +74,7 @@ def test_killed_between_the_models_reply_and_the_gate(
             "write_note", json.dumps({"path": "/notes/k", "text": "once"}), "c1"),)),
         ScriptedReply(text="Noted."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="kill-gate")
+    app.options(object_id="kill-gate").start("tool_agent", server.openai_base_url, "go")
     _killed_at(store_url, key_dir, tmp_path, sink, "kill-gate", "model_call")
     kinds = [r.kind for r in app.history("kill-gate")]
     assert kinds[-1] == "model_call" and "tool_proposed" not in kinds
@@ -92,7 +92,7 @@ def test_killed_between_approval_and_execution(
             "send_message", json.dumps({"to": "ops", "body": "deploy"}), "c1"),)),
         ScriptedReply(text="Sent."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="kill-appr")
+    app.options(object_id="kill-appr").start("tool_agent", server.openai_base_url, "go")
 
     def approve_when_asked() -> None:
         assert wait_until(lambda: bool(app.approvals()), timeout=30)
@@ -119,7 +119,7 @@ def test_killed_during_a_tool(
             "slow_write", json.dumps({"label": "L", "seconds": 2.5}), "c1"),)),
         ScriptedReply(text="Stored."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="kill-tool")
+    app.options(object_id="kill-tool").start("tool_agent", server.openai_base_url, "go")
     log = tmp_path / "worker.log"
     proc = start_tool_worker(store_url, key_dir, log, sink)
     try:
@@ -147,7 +147,7 @@ def test_killed_during_a_parallel_batch(
             ScriptedToolCall("lookup", json.dumps({"city": "Rome"}), "c"))),
         ScriptedReply(text="Batch done."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="kill-batch")
+    app.options(object_id="kill-batch").start("tool_agent", server.openai_base_url, "go")
     _killed_at(store_url, key_dir, tmp_path, sink, "kill-batch", "tool_result")
     assert sum(r.kind == "tool_result" for r in app.history("kill-batch")) >= 1
     result = _finish(app, "kill-batch")
@@ -171,7 +171,7 @@ def test_a_non_idempotent_tool_killed_after_it_started_is_in_doubt_never_rerun(
             "delete", json.dumps({"path": "/tmp/x"}), "c1"),)),
         ScriptedReply(text="Checked."))
     app = _app(make_app)
-    app.start("tool_agent", server.openai_base_url, "go", object_id="kill-doubt")
+    app.options(object_id="kill-doubt").start("tool_agent", server.openai_base_url, "go")
 
     def approve_when_asked() -> None:
         assert wait_until(lambda: bool(app.approvals()), timeout=30)

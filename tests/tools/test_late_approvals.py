@@ -61,7 +61,7 @@ def _asked_then_stopped(app: perdure.App, store_url: str, key_dir: Path, tmp_pat
                         ) -> perdure.PendingApproval:
     """A worker process runs ``object_id`` until its call waits for a person, then every
     worker is stopped, before the deadline."""
-    app.start("strict_agent", base_url, "go", TTL, object_id=object_id)
+    app.options(object_id=object_id).start("strict_agent", base_url, "go", TTL)
     proc = start_tool_worker(store_url, key_dir, tmp_path / "worker-1.log", sink)
     try:
         assert wait_until(lambda: any(p.object_id == object_id for p in app.approvals()),

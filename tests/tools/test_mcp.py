@@ -136,7 +136,7 @@ def test_mcp_tools_run_through_the_gate_and_a_person(
             ScriptedToolCall("erase", json.dumps({"name": "r1"}), "c2"),
             ScriptedToolCall("broken", "{}", "c3"))),
         ScriptedReply(text="done"))
-    app.start("mcp_agent", server.openai_base_url, object_id="mcp-1")
+    app.options(object_id="mcp-1").start("mcp_agent", server.openai_base_url)
     with app.background_worker():
         assert wait_until(lambda: bool(app.approvals()), timeout=30)
         [pending] = app.approvals()

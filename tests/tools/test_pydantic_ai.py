@@ -68,7 +68,7 @@ def test_a_pydantic_ai_agent_runs_through_the_gate(
         ScriptedReply(tool_calls=(ScriptedToolCall("send", json.dumps(
             {"to": "bob", "text": "5"}), "c2"),)),
         ScriptedReply(text="2+3 is 5; bob knows."))
-    app.start("pa_agent", server.openai_base_url, object_id="pa-1")
+    app.options(object_id="pa-1").start("pa_agent", server.openai_base_url)
     with app.background_worker():
         assert wait_until(lambda: bool(app.approvals()), timeout=30)
         [pending] = app.approvals()
@@ -108,7 +108,7 @@ def test_a_denied_call_is_told_to_the_pydantic_ai_agent(
         ScriptedReply(tool_calls=(ScriptedToolCall("send", json.dumps(
             {"to": "bob", "text": "hi"}), "c1"),)),
         ScriptedReply(text="I may not send messages."))
-    app.start("pa_deny", server.openai_base_url, object_id="pa-2")
+    app.options(object_id="pa-2").start("pa_deny", server.openai_base_url)
     with app.background_worker():
         assert app.handle("pa-2").result(timeout=30) == "I may not send messages."
     told = server.requests[1].body["messages"][-1]
@@ -131,7 +131,7 @@ def test_a_pydantic_ai_agent_killed_mid_turn_resumes_without_asking_twice(
         ScriptedReply(text="Both noted."))
     app = make_app()
     app.agent(name="pa_notes")(pa_support.pa_notes)
-    app.start("pa_notes", server.openai_base_url, object_id="pa-kill")
+    app.options(object_id="pa-kill").start("pa_notes", server.openai_base_url)
     mark = tmp_path / "stalled"
     log = tmp_path / "worker.log"
     proc = start_tool_worker(store_url, key_dir, log, sink,

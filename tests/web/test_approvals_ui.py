@@ -336,8 +336,8 @@ def test_a_damaged_object_leaves_the_inbox_listing_the_others(
     app = served.app
     try:
         with app.background_worker():
-            hurt = app.start("assistant", model.openai_base_url, object_id="hurt")
-            fine = app.start("assistant", model.openai_base_url, object_id="fine")
+            hurt = app.options(object_id="hurt").start("assistant", model.openai_base_url)
+            fine = app.options(object_id="fine").start("assistant", model.openai_base_url)
             _waiting(served, hurt.object_id)
             pid = _waiting(served, fine.object_id)
         db = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))

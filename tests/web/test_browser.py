@@ -104,7 +104,7 @@ def shoot(tab: Any, name: str, *, full_page: bool = False) -> None:
 
 def test_answer_send_cancel_in_the_browser(stack: Served, page: Any) -> None:
     app = stack.app
-    lunch = app.start("asker", "lunch", labels={"team": "kitchen"})
+    lunch = app.options(labels={"team": "kitchen"}).start("asker", "lunch")
     dinner = app.start("asker", "dinner")
     nap = app.start("sleeper", 3600.0)
     family = app.start("parent")

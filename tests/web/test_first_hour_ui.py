@@ -58,7 +58,7 @@ def _browser(stack: Served, width: int) -> Iterator[Any]:
 
 def _chosen(stack: Served, tmp_path: Path, tab: Any) -> str:
     """A ``chooser`` object answered by clicking its ``blue`` button in the inbox; its id."""
-    handle = stack.app.start("chooser", str(tmp_path / "wd"), object_id="choose-1")
+    handle = stack.app.options(object_id="choose-1").start("chooser", str(tmp_path / "wd"))
     wait_until(lambda: stack.app.get(handle.object_id).status == Status.DORMANT
                and stack.app.get(handle.object_id).waiting_event == "pick", timeout=30)
     tab.goto(stack.url + "/inbox")
@@ -88,7 +88,7 @@ def test_result_colours_choices_and_cuts(stack: Served, tmp_path: Path) -> None:
                     "rgb(138, 28, 28)", kind
         assert tab.locator("tr.trouble").count() == 0
 
-        stack.app.start("asker", "x" * 3000, object_id="ask-long")
+        stack.app.options(object_id="ask-long").start("asker", "x" * 3000)
         tab.goto(f"{stack.url}/objects/ask-long")
         args = tab.locator("table.kv tr", has_text="arguments").first.inner_text()
         assert args.rstrip().endswith("…") and len(args) < 2100

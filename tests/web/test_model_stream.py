@@ -47,7 +47,7 @@ def test_the_stream_of_a_model_call(served: Served, model_server: ScriptedServer
             await client.aclose()
         return reply.text
 
-    handle = app.start("streamer", object_id="talker")
+    handle = app.options(object_id="talker").start("streamer")
     docs: list[dict[str, Any]] = []
     ended = threading.Event()
 

@@ -35,10 +35,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_paging_and_filters(served: Served) -> None:
     app = served.app
-    made = [app.start("sleeper", 3600.0, object_id=f"obj-{n:03d}",
-                      labels={"batch": "odd" if n % 2 else "even"}).object_id
+    made = [app.options(
+        object_id=f"obj-{n:03d}", labels={"batch": "odd" if n % 2 else "even"}).start(
+        "sleeper", 3600.0).object_id
             for n in range(75)]
-    asked = app.start("asker", "q", object_id="question-1").object_id
+    asked = app.options(object_id="question-1").start("asker", "q").object_id
     queries = Queries(app.store)
     seen: list[str] = []
     cursor = None
@@ -198,7 +199,7 @@ def test_a_long_memory_shows_its_intent_and_newest_records(
     monkeypatch.setattr(_server, "_TAIL", 2)
     app = served.app
     with app.background_worker():
-        oid = app.start("asker", "long", object_id="long-1").object_id
+        oid = app.options(object_id="long-1").start("asker", "long").object_id
         wait_until(lambda: app.get(oid).status is Status.DORMANT)
         app.refine(oid, goal={"why": "longer"})
         app.send(oid, "answer", 42)
@@ -223,7 +224,7 @@ def test_damaged_memory_is_shown_not_served(sqlite_url: str, key_dir: Path) -> N
     try:
         app = served.app
         with app.background_worker():
-            oid = app.start("asker", "x", object_id="hurt").object_id
+            oid = app.options(object_id="hurt").start("asker", "x").object_id
             wait_until(lambda: app.get(oid).status is Status.DORMANT)
         db = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
         db.execute("UPDATE records SET body = X'ff00fe' WHERE object_id = ? AND seq = 2",

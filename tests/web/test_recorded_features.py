@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 def test_questions_emits_and_restores(served: Served, tmp_path: Path) -> None:
     app = served.app
     with app.background_worker():
-        handle = app.start("chooser", str(tmp_path / "wd"), object_id="chooser-1")
+        handle = app.options(object_id="chooser-1").start("chooser", str(tmp_path / "wd"))
         wait_until(lambda: bool(app.get("chooser-1").asking), 30)
         records = app.history("chooser-1")
         with closing(served.login(name="cy")) as client:

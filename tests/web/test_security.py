@@ -31,7 +31,7 @@ def _snapshot(app: perdure.App, object_id: str) -> tuple[object, ...]:
 
 
 def _target(served: Served) -> str:
-    return served.app.start("sleeper", 3600.0, object_id="target-1").object_id
+    return served.app.options(object_id="target-1").start("sleeper", 3600.0).object_id
 
 
 def _refused(caplog: pytest.LogCaptureFixture, why: str) -> bool:
@@ -295,8 +295,8 @@ def test_a_password_logs_in_with_its_role(tmp_path: Path) -> None:
 
 def test_hostile_values_are_shown_escaped(served: Served) -> None:
     evil = "<script>alert(1)</script>"
-    oid = served.app.start("asker", evil, object_id=evil,
-                           labels={"k": "<img src=x onerror=alert(2)>"}).object_id
+    oid = served.app.options(object_id=evil, labels={"k": "<img src=x onerror=alert(2)>"}).start(
+        "asker", evil).object_id
     with closing(served.login()) as client:
         for path in ("/objects", f"/objects/{evil}", "/inbox", f"/objects?q={evil}"):
             page = client.get(path)

@@ -441,7 +441,7 @@ def start(obj: _Ctx, agent: str, args_json: str, kwargs_json: str, object_id: st
     if not isinstance(kwargs, dict):
         _fail("--kwargs must be a JSON object")
     app = obj.app(need_agents=True)
-    handle = app.start(agent, *args, object_id=object_id, deadline=deadline, **kwargs)
+    handle = app.options(object_id=object_id, deadline=deadline).start(agent, *args, **kwargs)
     created = handle.created
     differs = handle.differs
     if differs:

@@ -148,8 +148,8 @@ class _LlmStory:
 
         self.say(f"1. Start object {self.object_id} (agent {LLM_AGENT!r}: outline, draft, "
                  "summary, each a streamed run.model call)")
-        self.app.start(LLM_AGENT, self.model, base_url, server is not None,
-                       object_id=self.object_id)
+        self.app.options(object_id=self.object_id).start(
+            LLM_AGENT, self.model, base_url, server is not None)
         worker_a = self.start_worker("A")
         self.until("waiting for the draft to stream",
                    lambda recs: len({r.seq for r in recs if r.kind == Kind.MODEL_CHUNKS

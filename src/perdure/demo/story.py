@@ -162,7 +162,7 @@ class _Story:
 
         self.say(f"1. Start object {self.object_id} (agent {AGENT!r}) and a worker to run "
                  "it")
-        self.app.start(AGENT, object_id=self.object_id)
+        self.app.options(object_id=self.object_id).start(AGENT)
         worker_a = self.start_worker("A")
 
         def analysed(records: list[Record]) -> int:

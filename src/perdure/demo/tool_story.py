@@ -140,8 +140,8 @@ class _AgentStory:
 
         self.say(f"1. Start {self.object_id} (agent {HOUSEKEEPER!r}) and worker A: "
                  "low-risk tools run on their own")
-        self.app.start(HOUSEKEEPER, self.model, base_url, server is not None,
-                       object_id=self.object_id)
+        self.app.options(object_id=self.object_id).start(
+            HOUSEKEEPER, self.model, base_url, server is not None)
         worker_a = self.start_worker("A")
         self.until("waiting for the first approval request", lambda: bool(self.pending()),
                    timeout=60)

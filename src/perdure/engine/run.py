@@ -33,6 +33,7 @@ from perdure.engine.commands import resources as resource_commands
 from perdure.engine.commands.lineage import (
     CHILD_EVENT,
     ChildHandle,
+    ChildStarter,
     Spawn,
     child_finished_body,
 )
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHILD_EVENT",
     "ChildHandle",
+    "ChildStarter",
     "DeadlineExceeded",
     "Park",
     "Run",
@@ -263,6 +265,7 @@ class Run:
     patched = intent_commands.patched
     deprecate_patch = intent_commands.deprecate_patch
     delegate = lineage.delegate
+    options = lineage.options
     join = lineage.join
     gather = lineage.gather
     model = model_command.model

@@ -17,11 +17,12 @@ from perdure.core.intent import Context, Intent
 
 if TYPE_CHECKING:
     from perdure.engine.commands.agent_loop import AgentResult
+    from perdure.engine.commands.lineage import ChildStarter
     from perdure.engine.run import Run
     from perdure.llm import ModelClient, ModelReply, ModelRequest
     from perdure.resources import Resource
 
-__all__ = ["SyncChildHandle", "SyncRun", "is_async"]
+__all__ = ["SyncChildHandle", "SyncChildStarter", "SyncRun", "is_async"]
 
 T = TypeVar("T")
 
@@ -100,11 +101,15 @@ class SyncRun:
         """See ``Run.refine``."""
         return self._call(self._run.refine(**changes))
 
-    def delegate(self, agent: Callable[..., Any] | str, *args: Any,
-                 object_id: str | None = None, **kwargs: Any) -> SyncChildHandle:
+    def delegate(self, agent: Callable[..., Any] | str, /, *args: Any,
+                 **kwargs: Any) -> SyncChildHandle:
         """See ``Run.delegate``; the handle's ``result()`` waits without ``await``."""
-        handle = self._call(self._run.delegate(agent, *args, object_id=object_id, **kwargs))
+        handle = self._call(self._run.delegate(agent, *args, **kwargs))
         return SyncChildHandle(self, handle.child_id)
+
+    def options(self, *, object_id: str | None = None) -> SyncChildStarter:
+        """See ``Run.options``: ``run.options(object_id="kid").delegate(agent, ...)``."""
+        return SyncChildStarter(self, self._run.options(object_id=object_id))
 
     def join(self, *children: SyncChildHandle | str) -> list[Any]:
         """See ``Run.join``."""
@@ -140,6 +145,22 @@ class SyncRun:
     def checkpoint_resources(self, *names: str) -> int:
         """See ``Run.checkpoint_resources``."""
         return self._call(self._run.checkpoint_resources(*names))
+
+
+class SyncChildStarter:
+    """Delegates child objects with options, for a plain ``def`` agent (``SyncRun.options``)."""
+
+    __slots__ = ("_run", "_starter")
+
+    def __init__(self, run: SyncRun, starter: ChildStarter) -> None:
+        self._run = run
+        self._starter = starter
+
+    def delegate(self, agent: Callable[..., Any] | str, /, *args: Any,
+                 **kwargs: Any) -> SyncChildHandle:
+        """``run.delegate(agent, *args, **kwargs)`` with these options."""
+        handle = self._run._call(self._starter.delegate(agent, *args, **kwargs))
+        return SyncChildHandle(self._run, handle.child_id)
 
 
 class SyncChildHandle:

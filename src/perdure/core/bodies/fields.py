@@ -95,6 +95,13 @@ class BodyReader:
             raise self._wrong(key, value, "an integer")
         return value
 
+    def nullable_integer(self, key: str) -> int | None:
+        """An integer or null (the key must be there)."""
+        value = self.value(key)
+        if value is not None and type(value) is not int:
+            raise self._wrong(key, value, "an integer or null")
+        return value
+
     def optional_integer(self, key: str) -> int | None:
         """An integer, or ``None`` when the key is absent."""
         return self.integer(key) if key in self._body else None
@@ -136,6 +143,14 @@ class BodyReader:
     def optional_position(self, key: str) -> Position | None:
         """A command position, or ``None`` when the key is absent."""
         return self.position(key) if key in self._body else None
+
+    def const_flag(self, key: str, expected: bool) -> bool:
+        """``key`` must hold exactly the boolean ``expected`` (a key written only when
+        true)."""
+        value = self.value(key)
+        if value is not expected:
+            raise MalformedBodyError(f"{self._name(key)!r} is {value!r}, not {expected!r}")
+        return bool(value)
 
     def const(self, key: str, expected: str) -> str:
         """``key`` must hold exactly ``expected``."""

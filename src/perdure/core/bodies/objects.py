@@ -6,9 +6,10 @@ stored body (see ``perdure.core.bodies``). Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from dataclasses import fields as dataclass_fields
+from typing import Any, ClassVar
 
 from perdure.core.bodies.fields import JSON, Body, BodyReader, MalformedBodyError, Position, put
 from perdure.core.bodies.waits import OUTCOMES
@@ -19,42 +20,83 @@ __all__ = ["CapabilityMissing", "Instantiated", "IntentRefined", "Nondeterminism
            "Terminated"]
 
 
-def _read_intent(fields: BodyReader, key: str) -> Intent:
-    """An intent as ``Intent.to_body`` writes it, every key present."""
+def _read_budget(fields: BodyReader, key: str) -> dict[str, Any] | None:
+    """A budget as ``budget_body`` writes it (``tokens`` and ``cost``, each null when
+    unset, and ``lineage: true`` for a lineage budget), or ``None`` when the key is
+    absent (an intent without a budget leaves it out)."""
+    if not fields.has(key):
+        return None
     nested = fields.nested(key)
-    intent = Intent(
-        agent=nested.text("agent"),
-        version=nested.text("version"),
-        args=tuple(nested.array("args")),
-        kwargs=nested.mapping("kwargs"),
-        deadline=nested.nullable_number("deadline"),
-        # A refinement may set a float here: kept as it is, like every number.
-        max_failures=cast("int | None", nested.nullable_number("max_failures")),
-        requires=nested.texts("requires"),
-        goal=nested.mapping("goal"),
-        version_no=nested.integer("version_no"),
-    )
+    tokens = nested.nullable_integer("tokens")
+    cost = nested.nullable_text("cost")
+    if tokens is None and cost is None:
+        raise MalformedBodyError(f"{key!r} sets neither tokens nor cost (no budget leaves "
+                                 "the key out)")
+    budget: dict[str, Any] = {"tokens": tokens, "cost": cost}
+    if nested.has("lineage"):
+        budget["lineage"] = nested.const_flag("lineage", True)
+    nested.finish()
+    return budget
+
+
+# How each key of an intent is read, one entry per field of ``Intent`` (checked below):
+# a field added to ``Intent`` is written by ``Intent.to_body`` at once, so it must be read
+# here too, or every record holding it would fail to decode.
+_INTENT_KEYS: dict[str, Callable[[BodyReader, str], Any]] = {
+    "agent": BodyReader.text,
+    "version": BodyReader.text,
+    "args": lambda fields, key: tuple(fields.array(key)),
+    "kwargs": BodyReader.mapping,
+    "deadline": BodyReader.nullable_number,
+    # A refinement may set a float here: kept as it is, like every number.
+    "max_failures": BodyReader.nullable_number,
+    "requires": BodyReader.texts,
+    "goal": BodyReader.mapping,
+    "version_no": BodyReader.integer,
+    "budget": _read_budget,
+}
+
+
+def _context_labels(fields: BodyReader, key: str) -> dict[str, str]:
+    labels = fields.mapping(key)
+    if not all(type(value) is str for value in labels.values()):
+        raise MalformedBodyError(f"'context.{key}' holds a value that is not a string")
+    return labels
+
+
+# How each key of a context is read, one entry per field of ``Context`` (checked below).
+_CONTEXT_KEYS: dict[str, Callable[[BodyReader, str], Any]] = {
+    "object_id": BodyReader.text,
+    "trace_id": BodyReader.text,
+    "parent_id": BodyReader.nullable_text,
+    "root_id": BodyReader.nullable_text,
+    "depth": BodyReader.integer,
+    "tenant": BodyReader.nullable_text,
+    "trust_scope": BodyReader.text,
+    "labels": _context_labels,
+    "forked_from": BodyReader.optional_mapping,
+}
+
+assert set(_INTENT_KEYS) == {f.name for f in dataclass_fields(Intent)}, \
+    "every field of Intent is read from an intent body"
+assert set(_CONTEXT_KEYS) == {f.name for f in dataclass_fields(Context)}, \
+    "every field of Context is read from a context body"
+
+
+def _read_intent(fields: BodyReader, key: str) -> Intent:
+    """An intent as ``Intent.to_body`` writes it: every key present but ``budget``,
+    which only an intent with a budget holds."""
+    nested = fields.nested(key)
+    intent = Intent(**{name: read(nested, name) for name, read in _INTENT_KEYS.items()})
     nested.finish()
     return intent
 
 
 def _read_context(fields: BodyReader, key: str) -> Context:
-    """A context as ``Context.to_body`` writes it, every key present."""
+    """A context as ``Context.to_body`` writes it: every key present but
+    ``forked_from``, which only a fork's holds."""
     nested = fields.nested(key)
-    labels = nested.mapping("labels")
-    if not all(type(value) is str for value in labels.values()):
-        raise MalformedBodyError(f"'{key}.labels' holds a value that is not a string")
-    context = Context(
-        object_id=nested.text("object_id"),
-        trace_id=nested.text("trace_id"),
-        parent_id=nested.nullable_text("parent_id"),
-        root_id=nested.nullable_text("root_id"),
-        depth=nested.integer("depth"),
-        tenant=nested.nullable_text("tenant"),
-        trust_scope=nested.text("trust_scope"),
-        labels=labels,
-        forked_from=nested.optional_mapping("forked_from"),
-    )
+    context = Context(**{name: read(nested, name) for name, read in _CONTEXT_KEYS.items()})
     nested.finish()
     return context
 

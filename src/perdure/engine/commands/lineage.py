@@ -1,4 +1,4 @@
-"""Children and branches: ``run.delegate``, ``run.join``, ``run.gather`` and ``ChildHandle``.
+"""Children and branches: ``run.delegate`` and ``run.options``, ``run.join``, ``run.gather``.
 
 ``delegate``: the replay rule is that a ``delegated`` record at the position names
 the child, which is not created again; the execution rule creates the child (on
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import ChildFinished, Delegated, Dormant
@@ -43,11 +44,13 @@ if TYPE_CHECKING:
 __all__ = [
     "CHILD_EVENT",
     "ChildHandle",
+    "ChildStarter",
     "Spawn",
     "child_finished_body",
     "delegate",
     "gather",
     "join",
+    "options",
 ]
 
 CHILD_EVENT = "perdure:child"  # a child's terminal signal in its parent's inbox
@@ -93,16 +96,46 @@ class ChildHandle:
         return self.result().__await__()
 
 
-async def delegate(self: Run, agent: Callable[..., Any] | str, *args: Any,
-                   object_id: str | None = None, **kwargs: Any) -> ChildHandle:
+@dataclass(frozen=True, slots=True)
+class ChildStarter:
+    """Delegates child objects with options (``run.options(object_id=...)``): every
+    argument of ``delegate`` goes to the child's agent."""
+
+    run: Run
+    object_id: str | None = None
+
+    async def delegate(self, agent: Callable[..., Any] | str, /, *args: Any,
+                       **kwargs: Any) -> ChildHandle:
+        """``run.delegate(agent, *args, **kwargs)`` with these options."""
+        return await _delegate(self.run, agent, args, kwargs, self.object_id)
+
+
+def options(self: Run, *, object_id: str | None = None) -> ChildStarter:
+    """How to delegate child objects: ``await run.options(object_id="kid").delegate(
+    agent, *args, **kwargs)`` names the child ``object_id`` (``None``: ``<this
+    id>.<position>``). An unknown option is a ``TypeError``, a bad id a
+    ``ConfigurationError``, here."""
+    if object_id is not None:
+        check_object_id(object_id, "child object id")
+    return ChildStarter(self, object_id)
+
+
+async def delegate(self: Run, agent: Callable[..., Any] | str, /, *args: Any,
+                   **kwargs: Any) -> ChildHandle:
     """Create a child object running ``agent(*args, **kwargs)``, on any node.
 
     The child has its own intent, context and memory, with this object as parent
     (and the same root and trace). ``await child`` (or ``await child.result()``)
     makes this object dormant until the child terminates, then returns its result
-    or raises ``ChildFailedError``. Its id is ``object_id`` or
-    ``<this id>.<position>``, the same on every replay.
+    or raises ``ChildFailedError``. Its id is ``<this id>.<position>``, the same on
+    every replay, or the one given with ``run.options(object_id=...).delegate(...)``.
+    Every argument goes to the child's agent, whatever its name.
     """
+    return await _delegate(self, agent, args, kwargs, None)
+
+
+async def _delegate(self: Run, agent: Callable[..., Any] | str, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], object_id: str | None) -> ChildHandle:
     name = agent if isinstance(agent, str) else str(
         getattr(agent, "__perdure_agent__", None) or qualname(agent))
     if object_id is not None:

@@ -1,7 +1,7 @@
 """Budgets of ``run.model``: reserve before a call, settle by call, all from memory.
 
 An object's budget lives in its intent (``Intent.budget``: ``{"tokens", "cost"}``, set
-by ``App.start(..., budget=...)`` and changed by ``App.refine(id, budget=...)``), so a
+by ``App.options(budget=...).start(...)`` and changed by ``App.refine(id, budget=...)``), so a
 refinement is recorded like any other and a replay reads the same budget at the same
 place. What is spent is never kept anywhere else: it is the ``perdure.llm.Ledger`` of
 the object's memory, one settled charge per recorded ``model_call`` (keyed by the call's
