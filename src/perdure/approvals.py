@@ -29,6 +29,7 @@ from perdure.errors import (
     ApprovalError,
     ConfigurationError,
 )
+from perdure.keys.client import lookup_id
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -56,7 +57,7 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
            reason: str = "", edit: Mapping[str, Any] | None = None) -> PendingApproval:
     """Send ``decision`` (``approve``, ``reject`` or ``edit``) on a pending proposal; the
     proposal decided. ``ApprovalError`` when no such proposal waits, or it was decided."""
-    app._lookup(object_id)
+    lookup_id(object_id)
     if not isinstance(reason, str):
         raise ConfigurationError("reason must be text")
     if decision == "edit" and not isinstance(edit, Mapping):
@@ -80,7 +81,7 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
     # this one was refused) can still decide.
     dedupe = f"approval:{proposal_id}:{target.args_hash[:16]}:{app.node_id}"
     sent = app.store.send(object_id, APPROVAL_EVENT, data, dedupe, now,
-                          app._seal(object_id, APPROVAL_EVENT, data, dedupe))
+                          app.client.seal_event(object_id, APPROVAL_EVENT, data, dedupe))
     if not sent:
         raise ApprovalError(f"proposal {proposal_id!r} of object {object_id!r} was already "
                             f"decided by this client ({app.node_id}); a decision cannot be "

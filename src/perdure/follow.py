@@ -161,9 +161,8 @@ class _Cursor:
 def _reader(app: App, opened: bool) -> Callable[[list[Record]], list[Record]]:
     if not opened:
         return lambda records: records
-    from perdure.keys.opener import RecordOpener
 
-    return RecordOpener(app).records
+    return app.client.opener(app.open_sealed).records
 
 
 def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",

@@ -32,7 +32,6 @@ from perdure.errors import (
     SealBrokenError,
 )
 from perdure.info import ObjectInfo
-from perdure.keys.opener import RecordOpener
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -124,7 +123,7 @@ class MemoryNotes:
         """``records`` opened where the App may (a sealed prompt); a sealed value that
         does not decrypt stays sealed, with a warning (``verify`` names the record)."""
         try:
-            return RecordOpener(self._app).records(records)
+            return self._app.client.opener(self._app.open_sealed).records(records)
         except SealBrokenError as exc:
             log.warning("%s; its question is shown sealed", exc,
                         extra={"action": "seal_broken"})

@@ -49,7 +49,7 @@ def record_action(app: App, object_id: str, who: Principal, action: str, *,
             "via": "dashboard", "at": time.time(), **details}
     data = encode({ACTION_NOTE: note}, what="action note", max_depth=MAX_DEPTH)
     return app.store.send(object_id, REFINE_EVENT, data, dedupe_key, time.time(),
-                          app._seal(object_id, REFINE_EVENT, data, dedupe_key))
+                          app.client.seal_event(object_id, REFINE_EVENT, data, dedupe_key))
 
 
 # -- what the API of today does ------------------------------------------------------
