@@ -140,7 +140,6 @@ def _private_reaches(path: Path) -> Iterator[tuple[int, str]]:
             yield node.lineno, f"reaches the private member .{node.attr}"
 
 
-@pytest.mark.xfail(strict=True, reason="engine, keys, web reach up until the extractions")
 def test_layers_import_only_downwards() -> None:
     """No module imports a layer above its own, and no edge reaches another's privates."""
     problems = _problems()

@@ -291,6 +291,12 @@ class Run:
             raise Suspend([], ready_at=self._clock(), status=Status.READY,
                           reason="node stopping")
 
+    def next_position(self) -> str:
+        """The position the agent's next command will take (``"7"``, or ``"5.1.0"`` in a
+        gathered branch), without taking it: an adapter names what it is about to record
+        (a model call whose tool calls follow) by it."""
+        return str(self._key(consume=False))
+
     def _key(self, *, consume: bool = True) -> int | str:
         at = branch.get()
         if at is None:
