@@ -91,6 +91,8 @@ __all__ = [
     "object_parts",
     "origin",
     "question",
+    "refused",
+    "refused_while_waiting",
     "restores",
     "short_type",
     "timeline",
@@ -148,12 +150,13 @@ def clip(text: str, limit: int) -> str:
 
 
 _TROUBLE = frozenset({Kind.STEP_FAILED, Kind.STEP_IN_DOUBT, Kind.MODEL_FAILED,
-                      Kind.NONDETERMINISM})
+                      Kind.NONDETERMINISM, Kind.EVENT_REFUSED})
 
 
 def troubled(record: Record) -> bool:
     """Whether ``record`` tells of something that went wrong (a failure, a step in doubt,
-    divergence, an object that ended failed): what displays draw in the error colour."""
+    divergence, a refused event, an object that ended failed): what displays draw in the
+    error colour."""
     if record.kind in _TROUBLE:
         return True
     if record.kind == Kind.TERMINATED:
@@ -407,6 +410,19 @@ def tool_trail(records: Sequence[Record]) -> list[TimelineRow]:
     (policy, rule, risk, who may approve), who decided (identity and key) and how the
     call ended."""
     return timeline([r for r in records if r.kind in _TOOL_KINDS])
+
+
+def refused(records: Sequence[Record]) -> list[TimelineRow]:
+    """The events memory says were refused (each with its reason, whole): an answer, a
+    decision or a note whose sender's key the object's workers do not accept."""
+    return timeline([r for r in records if r.kind == Kind.EVENT_REFUSED])
+
+
+def refused_while_waiting(records: Sequence[Record]) -> list[TimelineRow]:
+    """The events refused since the object last went dormant: what was sent to its
+    current wait and did not count."""
+    last = max((r.seq for r in records if r.kind == Kind.DORMANT), default=0)
+    return refused([r for r in records if r.seq > last])
 
 
 def restores(records: Sequence[Record]) -> list[TimelineRow]:

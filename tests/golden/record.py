@@ -101,7 +101,7 @@ def _dump(app: perdure.App, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     for old in golden_files(out):
         old.unlink()
-    keys = app.store.public_keys()
+    keys = {name: found[-1] for name, found in app.verifier.names().items() if found}
     written = []
     for info in sorted(app.list(limit=10_000), key=lambda i: i.object_id):
         records = app.history(info.object_id)

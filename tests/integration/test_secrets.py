@@ -414,7 +414,7 @@ def test_a_signed_record_with_a_broken_sealed_value_parks(make_app: MakeApp) -> 
     raw_bytes = bytearray(base64.b64decode(args[0][SEALED]["data"]))
     raw_bytes[-1] ^= 0x01
     args[0][SEALED]["data"] = base64.b64encode(bytes(raw_bytes)).decode()
-    new = instantiate(definition, args, kwargs, object_id="b1", signer=app._ensure_node(),
+    new = instantiate(definition, args, kwargs, object_id="b1", signer=app.client.certified(),
                       policy_ref=app.policy.ref, now=time.time())
     assert app.store.create(new, time.time())
     assert app.verify("b1").ok  # signed by a trusted node: the chain is fine

@@ -125,7 +125,8 @@ def test_opening_twice_is_a_no_op(expected: tuple[int, Catalog]) -> None:
     signer = make_signer()
     with fresh_database(migrated=False) as url:
         first = open_store(url)
-        first.register_node(signer.node_id, public_bytes(signer.private_key), NOW)
+        first.heartbeat(signer.node_id, public_bytes(signer.private_key), [], [], NOW,
+                        NOW + 60)
         chain = Chain("obj-1", signer)
         assert first.create(chain.new_object(), NOW)
         applied = _applied(url)
@@ -138,7 +139,7 @@ def test_opening_twice_is_a_no_op(expected: tuple[int, Catalog]) -> None:
         third = open_store(url)
         try:
             assert third.records("obj-1") == chain.records
-            assert third.public_keys() == {signer.node_id: public_bytes(signer.private_key)}
+            assert [n.node_id for n in third.live_nodes(NOW)] == [signer.node_id]
         finally:
             third.close()
         assert _applied(url) == applied == [(v, n) for v, n, _ in load_migrations("postgres")]
@@ -156,7 +157,7 @@ CHILD = textwrap.dedent(
     time.sleep(max(0.0, start - time.time()))
     store = open_store(url)
     signer = make_signer(name)
-    store.register_node(name, public_bytes(signer.private_key), NOW)
+    store.heartbeat(name, public_bytes(signer.private_key), [], [], NOW, NOW + 60)
     assert store.create(Chain(name, signer).new_object(), NOW)
     store.close()
     print("ok")
@@ -188,6 +189,6 @@ def test_concurrent_first_opens_all_succeed(expected: tuple[int, Catalog]) -> No
         try:
             assert sorted(row.object_id for row in store.list()) == [
                 f"node-{k}" for k in range(count)]
-            assert len(store.public_keys()) == count
+            assert len(store.live_nodes(NOW)) == count
         finally:
             store.close()

@@ -87,9 +87,5 @@ def open_again(place: str, store: Store) -> Iterator[Callable[[], Store]]:
 
 @pytest.fixture
 def signer(store: Store) -> Signer:
-    """A node identity registered in ``store``."""
-    from perdure.keys.folder import public_bytes
-
-    node = make_signer("node-a")
-    store.register_node(node.node_id, public_bytes(node.private_key), 0.0)
-    return node
+    """A node identity signing the test's records (the store holds no key of it)."""
+    return make_signer("node-a")

@@ -21,7 +21,6 @@ from perdure.core.chain import Signer
 from perdure.errors import (
     IntegrityError,
     LeaseLostError,
-    NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
 )
@@ -65,27 +64,6 @@ def _dormant(store: Store, chain: Chain, claim: Claim, *, ready_at: float | None
 
 
 # -- nodes ------------------------------------------------------------------------------
-
-
-def test_register_node_lists_public_keys(store: Store) -> None:
-    """Registered nodes appear in ``public_keys`` with their raw key; re-registering is a no-op."""
-    a, b = make_signer("node-a"), make_signer("node-b")
-    store.register_node("node-a", public_bytes(a.private_key), NOW)
-    store.register_node("node-b", public_bytes(b.private_key), NOW)
-    store.register_node("node-a", public_bytes(a.private_key), NOW + 1)
-    assert store.public_keys() == {
-        "node-a": public_bytes(a.private_key),
-        "node-b": public_bytes(b.private_key),
-    }
-
-
-def test_register_node_refuses_a_different_key(store: Store) -> None:
-    """A node id already registered with one key cannot be registered with another."""
-    a, impostor = make_signer("node-a"), make_signer("node-a")
-    store.register_node("node-a", public_bytes(a.private_key), NOW)
-    with pytest.raises(NodeIdentityError, match="node-a"):
-        store.register_node("node-a", public_bytes(impostor.private_key), NOW)
-    assert store.public_keys() == {"node-a": public_bytes(a.private_key)}
 
 
 def test_a_node_is_live_until_its_heartbeat_runs_out(store: Store) -> None:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import pytest
 
 from perdure.errors import LeaseLostError
-from perdure.keys.folder import public_bytes
 from perdure.stores import Claim, Store, open_store
 from tests.pg import fresh_database, needs_server
 from tests.stores.builders import Chain, make_signer
@@ -36,7 +35,6 @@ def pg() -> Iterator[tuple[str, Store]]:
 
 def _fill(store: Store, count: int) -> list[str]:
     signer = make_signer("node-a")
-    store.register_node("node-a", public_bytes(signer.private_key), time.time())
     base = time.time() - 60
     ids = [f"obj-{index:02d}" for index in range(count)]
     for index, object_id in enumerate(ids):
@@ -110,7 +108,6 @@ def test_a_duplicate_record_refuses_only_its_append(pg: tuple[str, Store]) -> No
 
     url, store = pg
     signer = make_signer("node-a")
-    store.register_node("node-a", public_bytes(signer.private_key), time.time())
     now = time.time()
     chains = {oid: Chain(oid, signer) for oid in ("a", "dup", "c", "eater")}
     for chain in chains.values():
@@ -152,7 +149,6 @@ def test_a_batch_notifies_the_objects_it_makes_runnable(pg: tuple[str, Store]) -
 
     _url, store = pg
     signer = make_signer("node-a")
-    store.register_node("node-a", public_bytes(signer.private_key), time.time())
     now = time.time()
     names = ("now", "later", "held", "stale", "child", "parent")
     chains = {oid: Chain(oid, signer) for oid in names}

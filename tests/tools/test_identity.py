@@ -91,7 +91,8 @@ def test_a_non_approver_cannot_decide_under_any_approver_name(
             # By hand: bob's key seals a decision as the approver, and a store row
             # claims the approver's name for bob's key.
             if not approver_first:
-                worker.store.register_node(name, public_key_bytes(bob_key), time.time())
+                now = time.time()
+                worker.store.heartbeat(name, public_key_bytes(bob_key), [], [], now, now + 60)
             payload = encode({"proposal": pending.proposal_id, "args_hash": pending.args_hash,
                               "tool": pending.tool, "decision": "approve", "reason": ""})
             seal, _ = seal_event(bob_key.sign, name, "id-1", APPROVAL_EVENT, payload,
@@ -129,8 +130,9 @@ def test_a_forged_store_row_does_not_change_who_wrote_a_record(
     worker.options(object_id="w-1").start("job", 1)
     assert worker.verify("w-1").ok
     bob_key = perdure.KeyFolder(folders["bob"]).node_key()
-    worker.store.register_node("intruder-row", public_key_bytes(bob_key), time.time())
-    worker.store.register_node("worker-2", public_key_bytes(bob_key), time.time())
+    now = time.time()
+    for name in ("intruder-row", "worker-2", "worker"):  # rows people read, trusted by none
+        worker.store.heartbeat(name, public_key_bytes(bob_key), [], [], now, now + 60)
     reader = make_app(key_dir=folders["bob"])
     assert reader.verify("w-1").ok  # attribution comes from the worker's certificate
     forged = [r._replace(signature=Signer("worker", bob_key).sign(bytes.fromhex(r.hash)))

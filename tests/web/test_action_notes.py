@@ -1,15 +1,20 @@
 """Notes of who acted, in memory, on both stores: folded before a cancel ends the object
-(a paused one too), and refused into memory when sealed by a key the workers do not
-trust."""
+(a paused one too); refused at the sender whose key the workers do not trust, and
+refused into memory when sealed by such a key all the same."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 import perdure
+from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.lifecycle import Status
+from perdure.core.trust import seal_event
+from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
 from perdure.web import _actions as actions
 from perdure.web._auth import Principal
 from tests.web.agents import app as agents_app
@@ -63,8 +68,18 @@ def test_a_note_from_an_untrusted_key_is_refused(store_url: str, key_dir: Path,
         with app.background_worker():
             oid = app.start("asker", "who").object_id
             wait_until(lambda: app.get(oid).status is Status.DORMANT)
-            actions.record_action(stranger, oid, Principal("eve", "operator", "token"),
-                                  "send", event="answer")
+            eve = Principal("eve", "operator", "token")
+            with pytest.raises(perdure.ConfigurationError,
+                               match="its workers would refuse what this key signs"):
+                actions.record_action(stranger, oid, eve, "send", event="answer")
+            assert app.store.pending_events(oid) == []  # refused at the sender: nothing sent
+            # Sealed past that check (an older sender): the workers refuse it into memory.
+            data = encode({ACTION_NOTE: {"action": "send", "by": "eve"}},
+                          what="action note", max_depth=MAX_DEPTH)
+            signer = stranger._ensure_node()
+            seal, _ = seal_event(signer.sign, signer.node_id, oid, REFINE_EVENT, data, None,
+                                 os.urandom(12).hex())
+            app.store.send(oid, REFINE_EVENT, data, None, time.time(), seal)
             wait_until(lambda: any(r.kind == "event_refused" for r in app.history(oid)))
         assert actions_noted(app, oid) == []
         assert app.get(oid).status is Status.DORMANT

@@ -175,6 +175,36 @@ def test_a_dashboard_not_allowed_to_decide_is_refused(served: Served,
         assert agents.outbox(outbox) == []
 
 
+def test_a_dashboard_whose_key_the_workers_refuse_decides_nothing(
+        served: Served, store_url: str, tmp_path: Path, model: ScriptedServer,
+        outbox: str) -> None:
+    """A dashboard on the same store whose key folder holds a root of its own: its
+    approve and reject say the object's workers would refuse its key (not that memory
+    is forged), show no "approved", and write nothing."""
+    app = served.app
+    foreign = serve(store_url, tmp_path / "foreign-keys")
+    try:
+        with app.background_worker():
+            held = app.start("assistant", model.openai_base_url)
+            pid = _waiting(served, held.object_id)
+            head = app.get(held.object_id).records
+            with closing(foreign.login(name="eve")) as client:
+                csrf = csrf_of(client.get("/inbox").text)
+                for verdict, extra in (("approve", {}), ("reject", {"reason": "no"})):
+                    client.post(f"/inbox/{verdict}", data={
+                        "csrf": csrf, "object_id": held.object_id, "proposal_id": pid,
+                        **extra})
+                    said = html.unescape(client.get("/inbox").text)
+                    assert "its workers would refuse what this key signs" in said
+                    assert "approved" not in said and "rejected" not in said
+            assert app.store.pending_events(held.object_id) == []  # nothing sent, no note
+            assert app.get(held.object_id).records == head
+            assert [p.proposal_id for p in app.approvals()] == [pid]
+    finally:
+        stop_serving(foreign)
+    assert agents.outbox(outbox) == []
+
+
 def test_an_allowed_dashboard_decides(store_url: str, key_dir: Path,
                                       model: ScriptedServer, outbox: str) -> None:
     served = serve(store_url, key_dir, node_id="the-boss")

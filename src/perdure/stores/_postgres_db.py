@@ -19,7 +19,6 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from perdure.errors import (
     LeaseLostError,
-    NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
     RecordDecodeError,
@@ -150,7 +149,7 @@ class PostgresDatabase:
                         yield conn
                 else:
                     yield conn
-        except (LeaseLostError, NodeIdentityError, ObjectNotFoundError,
+        except (LeaseLostError, ObjectNotFoundError,
                 ObjectTerminatedError, RecordDecodeError):
             raise
         except (psycopg.Error, PoolTimeout) as exc:

@@ -5,8 +5,8 @@ agents: it never runs user code and never interprets a record body. Every write
 a node makes while it holds an object is conditional on the fencing epoch it
 claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 
-``Store`` is the union of small role protocols, one per concern: ``Nodes`` (node
-keys, trust items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
+``Store`` is the union of small role protocols, one per concern: ``Nodes`` (trust
+items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
 commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Inbox``
 (events), ``DataKeyRows`` (objects' wrapped data keys, opaque bytes), ``Writes``
 (fenced group commits) and ``Browse`` (what people look at: objects found by any
@@ -283,13 +283,8 @@ Done: TypeAlias = Callable[[Outcomes | None, BaseException | None], None]
 
 
 class Nodes(Protocol):
-    """Node identities and what they publish: public keys, trust items, heartbeats."""
-
-    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
-        """Record a node's public key; ``NodeIdentityError`` if the id has another key."""
-
-    def public_keys(self) -> dict[str, bytes]:
-        """Every registered node id and its raw Ed25519 public key."""
+    """What nodes publish: trust items (certificates, revocations) and heartbeats (the
+    ``nodes`` rows people read; nothing trusts a key for them)."""
 
     def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
         """Keep a trust item (a certificate or revocation: opaque bytes) under ``item_id``;

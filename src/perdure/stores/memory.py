@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator, Sequence
 from perdure.core.chain import CommitSeal
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
-    NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
     StoreError,
@@ -108,21 +107,6 @@ class MemoryStore:
         self._listeners.clear()
 
     # -- nodes ---------------------------------------------------------------------
-
-    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
-        """Record a node's public key; refuse a second, different key for the same id."""
-        with self._held() as t:
-            node = t.nodes.setdefault(node_id, NodeRow(bytes(public_key), float(now)))
-        if node.public_key != public_key:
-            raise NodeIdentityError(
-                f"node id {node_id!r} is registered in {self.url} with a different public key; "
-                "give this node another id or restore its key directory"
-            )
-
-    def public_keys(self) -> dict[str, bytes]:
-        """All registered node keys."""
-        with self._held() as t:
-            return {node_id: node.public_key for node_id, node in t.nodes.items()}
 
     def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
         """Keep a trust item (certificate or revocation) under ``item_id``, once."""

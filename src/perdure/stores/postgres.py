@@ -27,7 +27,6 @@ from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ConfigurationError,
-    NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
 )
@@ -124,18 +123,6 @@ class PostgresStore(PostgresBrowse):
 
     # -- nodes -----------------------------------------------------------------
 
-    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
-        """Record a node's public key; refuse a second, different key for the same id."""
-        with self._tx() as conn:
-            conn.execute(_Q["register_node"], (node_id, public_key, now))
-            row = conn.execute(_Q["node_key"], (node_id,)).fetchone()
-        assert row is not None
-        if bytes(row[0]) != public_key:
-            raise NodeIdentityError(
-                f"node id {node_id!r} is registered in {self._where} with a different public "
-                "key; give this node another id or restore its key directory"
-            )
-
     def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
         """Keep a trust item (certificate or revocation) under ``item_id``, once."""
         with self._tx() as conn:
@@ -214,11 +201,6 @@ class PostgresStore(PostgresBrowse):
                 for slot in slots:
                     conn.execute(_Q["delete_checkpoint"], (object_id, slot))
         return True
-
-    def public_keys(self) -> dict[str, bytes]:
-        """All registered node keys."""
-        with self._single() as conn:
-            return {row[0]: bytes(row[1]) for row in conn.execute(_Q["public_keys"])}
 
     # -- objects and records ---------------------------------------------------
 

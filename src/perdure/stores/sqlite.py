@@ -25,7 +25,6 @@ from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
-    NodeIdentityError,
     ObjectNotFoundError,
     ObjectTerminatedError,
     StoreError,
@@ -120,20 +119,6 @@ class SQLiteStore(SQLiteBrowse):
 
     # -- nodes -----------------------------------------------------------------
 
-    def register_node(self, node_id: str, public_key: bytes, now: float) -> None:
-        """Record a node's public key; refuse a second, different key for the same id."""
-        with self._read() as conn:
-            row = conn.execute(_Q["node_key"], (node_id,)).fetchone()
-        if row is None:
-            with self._write() as conn:
-                conn.execute(_Q["register_node"], (node_id, public_key, now))
-                row = conn.execute(_Q["node_key"], (node_id,)).fetchone()
-        if bytes(row[0]) != public_key:
-            raise NodeIdentityError(
-                f"node id {node_id!r} is registered in {self.url} with a different public key; "
-                "give this node another id or restore its key directory"
-            )
-
     def publish_trust(self, item_id: str, kind: str, body: bytes, now: float) -> None:
         """Keep a trust item (certificate or revocation) under ``item_id``, once."""
         with self._write() as conn:
@@ -205,10 +190,6 @@ class SQLiteStore(SQLiteBrowse):
             else:
                 conn.executemany(_Q["delete_checkpoint"], [(object_id, s) for s in slots])
         return True
-
-    def public_keys(self) -> dict[str, bytes]:
-        """All registered node keys (a node id that is not UTF-8 reads with U+FFFD)."""
-        return {row[0]: bytes(row[1]) for row in self._rows(_Q["public_keys"], (), text_at=(0,))}
 
     # -- objects and records ---------------------------------------------------
 

@@ -198,8 +198,10 @@ def pending_approvals(app: App) -> tuple[list[PendingApproval], list[str]]:
 def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
     """The proposal, if it waits for a person, the object's memory verifies (chain and
     signatures: what the page shows is what was recorded) and this dashboard may decide
-    on it; else ``ApprovalError`` saying why, before anything is written."""
+    on it; else ``ApprovalError`` saying why (``ConfigurationError`` when the object's
+    workers would refuse this dashboard's key), before anything is written."""
     app.get(object_id, explain=False)
+    app.client.check_audience(object_id)  # a key its workers would refuse: say so, not "forged"
     pending = {p.proposal_id: p for p in pending_in(app.history(object_id))}
     target = pending.get(proposal_id)
     if target is None:

@@ -307,6 +307,23 @@ def _answerable(event: str | None) -> str:
     return "" if event is None or event.startswith("perdure:") else event
 
 
+def _refused_lines(rows: Sequence[view.TimelineRow]) -> str:
+    """Refused events, each with its reason, in the error colour."""
+    return "".join(f'<p class="error refused">{_e(row.what)} (record #{_e(row.seq)}, '
+                   f"{_e(row.time)})</p>" for row in rows)
+
+
+def _refused_section(records: Sequence[Record]) -> str:
+    """The events sent to the object that its workers refused: whoever sent them must
+    learn their answer, decision or note did not count, and why."""
+    rows = view.refused(records)
+    if not rows:
+        return ""
+    return (f'<div id="refused"><h2>Refused events ({len(rows)})</h2><p class="hint">Sent '
+            "to this object, they did not count: the workers did not accept the sender's "
+            f"key. Send again with a key their roots certify.</p>{_refused_lines(rows)}</div>")
+
+
 def _result_section(info: ObjectInfo, records: Sequence[Record]) -> str:
     """A completed object's result, whole (as JSON; a sealed value stays sealed)."""
     if info.status != "completed":
@@ -392,7 +409,7 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
     body = (f'<h1 class="oid">{_e(info.object_id)}</h1>{_flash(flash, error)}'
             f'<section data-live id="state"><p class="headline">{head}</p>'
             + "".join(f'<p class="why">{_e(w)}</p>' for w in why) + asks + spend
-            + "</section>" + deciding + _result_section(info, records)
+            + _refused_section(records) + "</section>" + deciding + _result_section(info, records)
             + f'<p><a href="{_e(url)}?verify=1" id="verify">Verify memory</a></p>{verify}'
             + _controls(info, who, csrf, info.records)
             + '<h2>Live stream</h2><pre id="stream" class="stream" '
@@ -411,10 +428,11 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
 
 
 def approval_card(item: PendingApproval, who: Principal, csrf: str, *,
-                  back: str = "inbox") -> str:
+                  back: str = "inbox", refused: Sequence[view.TimelineRow] = ()) -> str:
     """A tool call waiting for a person: the tool, its risk, why, who may decide, its
     arguments as JSON; for an operator, the forms to approve (with edited arguments) or
-    reject with a reason (``back``: ``inbox``, or ``object`` to return to its page)."""
+    reject with a reason (``back``: ``inbox``, or ``object`` to return to its page);
+    ``refused``: events sent to the object's wait that its workers refused."""
     oid, pid = item.object_id, item.proposal_id
     args = json.dumps(item.arguments, ensure_ascii=False, indent=2, sort_keys=True,
                       default=str)
@@ -437,7 +455,8 @@ def approval_card(item: PendingApproval, who: Principal, csrf: str, *,
             f"<b>{_e(item.tool)}</b> (risk {_e(item.risk)}), proposal {_e(pid)}, requested "
             f"{_e(view.when(item.requested_at))}, {_e(expires)}"
             f'</p><p class="hint">{_e(item.reason)} [policy {_e(item.policy)}; who may '
-            f"decide: {_e(who_may)}]</p><pre>{_e(args)}</pre>{acts}</div>")
+            f"decide: {_e(who_may)}]</p>{_refused_lines(refused)}<pre>{_e(args)}</pre>"
+            f"{acts}</div>")
 
 
 def _answer_inputs(choices: Sequence[Any] | None) -> str:
@@ -457,15 +476,19 @@ def _answer_inputs(choices: Sequence[Any] | None) -> str:
 def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApproval],
                *, who: Principal, csrf: str, flash: str | None = None,
                error: str | None = None, parked: Sequence[ObjectInfo] = (),
-               damaged: Sequence[str] = ()) -> str:
+               damaged: Sequence[str] = (),
+               refused: Mapping[str, Sequence[view.TimelineRow]] | None = None) -> str:
     """Pending approvals and questions, newest first, with their answers' forms; parked
     objects, which wait for a person too; ``damaged``: objects whose waiting approvals
-    cannot be read."""
+    cannot be read; ``refused``: per object, the events sent to its current wait that
+    its workers refused (listed with their reasons on its cards)."""
+    refused = refused or {}
     parts = [f"<h1>Inbox</h1>{_flash(flash, error)}<h2>Approvals</h2>"]
     parts += [f'<p class="error">{_e(text)}</p>' for text in damaged]
     if not approvals:
         parts.append('<p class="hint">No tool call waits for approval.</p>')
-    parts += [approval_card(item, who, csrf) for item in approvals]
+    parts += [approval_card(item, who, csrf, refused=refused.get(item.object_id, ()))
+              for item in approvals]
     parts.append("<h2>Questions</h2>")
     if not questions:
         parts.append('<p class="hint">No object waits for an answer.</p>')
@@ -484,7 +507,8 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApprova
             f'<div class="card question" data-object="{_e(q.object_id)}">'
             f'<p><a href="{_oid_url(q.object_id)}">{_e(q.object_id)}</a> ({_e(q.agent)}) '
             f"waits for event <b>{_e(q.event)}</b> since {_e(view.when(q.since))}</p>"
-            + (f'<p class="asks">{_e(prompt)}</p>' if prompt else "") + f"{answer}</div>")
+            + (f'<p class="asks">{_e(prompt)}</p>' if prompt else "")
+            + _refused_lines(refused.get(q.object_id, ())) + f"{answer}</div>")
     if parked:
         parts.append(f"<h2>Parked ({len(parked)})</h2>")
     for info in parked:

@@ -25,6 +25,8 @@ from perdure.core.records import Record
 from perdure.errors import ConfigurationError
 from perdure.stores.base import ObjectFilter, ObjectRow, Store
 
+_WAIT_RECORDS = 100_000  # dormancies and refusals read per waiting object, at most
+
 __all__ = ["Filters", "Page", "Queries", "decode_cursor", "encode_cursor"]
 
 # The record kinds the last hour's figures read.
@@ -161,6 +163,20 @@ class Queries:
         """The object's records of ``kinds``, oldest first, at most ``limit`` (its intent
         and refinements, when its memory is too long to read whole for a page)."""
         return self.store.records_of_kinds(object_id, [str(k) for k in kinds], limit)
+
+    def refused_while_waiting(self, object_ids: Sequence[str]) -> dict[str, list[Record]]:
+        """Per object of ``object_ids``, the events refused since it last went dormant
+        (``event_refused`` records after its newest ``dormant`` one), oldest first: what
+        was sent to its current wait and did not count."""
+        found: dict[str, list[Record]] = {}
+        for object_id in object_ids:
+            since: list[Record] = []
+            for rec in self.store.records_of_kinds(object_id, ["dormant", "event_refused"],
+                                                   _WAIT_RECORDS):
+                since = [] if rec.kind == "dormant" else [*since, rec]
+            if since:
+                found[object_id] = since
+        return found
 
     def counts(self) -> dict[str, int]:
         """How many objects the store holds per stored status."""

@@ -402,10 +402,15 @@ class Dashboard:
             parked = [info_from_row(r, now) for r in
                       self.queries.page(Filters(status="parked"), limit=100).rows]
             approvals, damaged = actions.pending_approvals(self.app)
-            return pages.inbox_page(actions.questions(self.app), approvals,
+            questions = actions.questions(self.app)
+            waiting = sorted({q.object_id for q in questions}
+                             | {a.object_id for a in approvals})
+            refused = {oid: view.refused(recs) for oid, recs in
+                       self.queries.refused_while_waiting(waiting).items()}
+            return pages.inbox_page(questions, approvals,
                                     who=session.principal, csrf=session.csrf,
                                     flash=flash, error=error, parked=parked,
-                                    damaged=damaged)
+                                    damaged=damaged, refused=refused)
         return self._html(await run_in_threadpool(build))
 
     async def nodes(self, request: Request, session: Session, sid: str) -> Response:

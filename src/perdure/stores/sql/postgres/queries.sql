@@ -26,16 +26,6 @@ INSERT INTO perdure_migrations (version, name) VALUES (%s, %s);
 -- The wake-up channel: pg_notify('perdure_wake', object_id) below wakes idle nodes.
 LISTEN perdure_wake;
 
--- name: register_node
-INSERT INTO nodes (node_id, public_key, created_at) VALUES (%s, %s, %s)
-ON CONFLICT (node_id) DO NOTHING;
-
--- name: node_key
-SELECT public_key FROM nodes WHERE node_id = %s;
-
--- name: public_keys
-SELECT node_id, public_key FROM nodes;
-
 -- name: publish_trust
 INSERT INTO trust (item_id, kind, body, created_at) VALUES (%s, %s, %s, %s)
 ON CONFLICT (item_id) DO NOTHING;

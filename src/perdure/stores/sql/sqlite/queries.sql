@@ -49,16 +49,6 @@ SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'
 -- schema that is not UTF-8 (a damaged type, say) is found here.
 SELECT * FROM pragma_table_info(?) ORDER BY cid;
 
--- name: register_node
-INSERT INTO nodes (node_id, public_key, created_at) VALUES (?, ?, ?)
-ON CONFLICT (node_id) DO NOTHING;
-
--- name: node_key
-SELECT public_key FROM nodes WHERE node_id = ?;
-
--- name: public_keys
-SELECT node_id, public_key FROM nodes;
-
 -- name: publish_trust
 INSERT INTO trust (item_id, kind, body, created_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (item_id) DO NOTHING;
