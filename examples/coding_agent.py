@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import perdure
-from perdure.inspect import timeline
+from perdure.describe import timeline
 from perdure.resources import Environment, GitHead, Invalidate, Subprocess, WorkingDirectory
 
 FOLDER = Path(os.environ.get("CODING_AGENT_DIR", "coding-agent-demo")).absolute()

@@ -15,7 +15,7 @@ import os
 from contextlib import ExitStack
 
 import perdure
-from perdure.inspect import usage
+from perdure.describe import usage
 from perdure.llm import ChatCompletionsClient, Message, Price, PriceTable
 
 MODEL = os.environ.get("OPENAI_MODEL", "gpt-4o-mini")

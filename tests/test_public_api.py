@@ -46,6 +46,20 @@ def _is_reexported_module_or_future(value: object) -> bool:
     return isinstance(value, types.ModuleType) or type(value).__module__ == "__future__"
 
 
+# What the root must not hand out: the layers' machinery, reachable from its subpackage.
+NOT_AT_THE_ROOT = {"Action", "Decision", "ObjectView", "ReasonCode", "evaluate", "Certificate",
+                   "KeyRing", "Revocation", "HeadAnchors", "NodeIdentity", "Verifier",
+                   "Signer", "Store", "Worker", "AgentDef", "GateDecision", "Proposal"}
+
+
+def test_the_root_exports_what_users_write() -> None:
+    """The root namespace holds what an agent or an operator script names; the layers'
+    machinery stays in its subpackage (and is importable from there)."""
+    assert not NOT_AT_THE_ROOT & set(perdure.__all__)
+    assert set(FACE_NAMES) >= NOT_AT_THE_ROOT
+    assert len(perdure.__all__) <= 90
+
+
 def test_all_is_sorted_and_unique() -> None:
     """``perdure.__all__`` is sorted and has no duplicates."""
     assert perdure.__all__ == sorted(perdure.__all__)
@@ -204,11 +218,29 @@ def _llm_names() -> dict[str, object]:
 LLM_NAMES = _llm_names()
 
 
+# The faces of the subpackages: what the root does not export (it exports what a user
+# writes in an agent or an operator script) is importable from one of these.
+FACES = ("perdure.keys", "perdure.engine", "perdure.stores", "perdure.core.cycle",
+         "perdure.core.gate")
+
+
+def _face_names() -> dict[str, object]:
+    names: dict[str, object] = {}
+    for face in FACES:
+        module = importlib.import_module(face)
+        names.update({name: getattr(module, name) for name in module.__all__})
+    return names
+
+
+FACE_NAMES = _face_names()
+
+
 def _exported(found: type) -> bool:
-    """Whether a caller can import ``found`` by its name from ``perdure`` or, for a
-    model call's types, from ``perdure.llm``."""
+    """Whether a caller can import ``found`` by its name from ``perdure``, from
+    ``perdure.llm`` (a model call's types) or from a subpackage's face (``FACES``)."""
     name = found.__name__
-    return getattr(perdure, name, None) is found or LLM_NAMES.get(name) is found
+    return (getattr(perdure, name, None) is found or LLM_NAMES.get(name) is found
+            or FACE_NAMES.get(name) is found)
 
 
 def _annotation(owner: object, name: str, value: object) -> object:
@@ -217,6 +249,7 @@ def _annotation(owner: object, name: str, value: object) -> object:
     if not isinstance(value, str):
         return value
     namespace = {**vars(typing), **vars(collections.abc), **vars(perdure), **LLM_NAMES,
+                 **FACE_NAMES,
                  **getattr(owner, "__globals__", {}),
                  **vars(sys.modules[getattr(owner, "__module__", "perdure")])}
     return eval(value, namespace)

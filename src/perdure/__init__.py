@@ -8,31 +8,32 @@ forward from exactly where it was.
 from __future__ import annotations
 
 from perdure import _interrupt  # noqa: F401 - first: a Ctrl-C while the rest loads is one line
-from perdure._data_keys import DataKeys
-from perdure._identity import NodeIdentity
-from perdure._keys import KeyFolder
 from perdure.app import App, step
-from perdure.approvals import PendingApproval
+from perdure.core.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
-from perdure.core.chain import Signer, VerifyReport
+from perdure.core.chain import VerifyReport
 from perdure.core.constraints import Constraint, OneOf, PathPrefix, Range, UrlHost
-from perdure.core.cycle import Action, Decision, LocalPolicy, ObjectView, ReasonCode, evaluate
-from perdure.core.gate import Allow, GateDecision, Policy, Proposal, ToolInfo
+from perdure.core.cycle import LocalPolicy
+from perdure.core.gate import Allow, Policy
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
+from perdure.core.questions import Question
 from perdure.core.records import Kind, Record
 from perdure.core.secret import Secret
-from perdure.core.trust import Certificate, KeyRing, Revocation
 from perdure.core.usage import UsageTotals
-from perdure.engine.anchors import HeadAnchors
-from perdure.engine.commands.agent_loop import AgentResult
-from perdure.engine.commands.tools import ToolOutcome
-from perdure.engine.context import StepInfo, current_step
-from perdure.engine.replay import ReplayReport
-from perdure.engine.run import ChildHandle, ChildStarter, Run, SyncChildHandle, SyncRun
-from perdure.engine.sync_run import SyncChildStarter
-from perdure.engine.verifier import Verifier
-from perdure.engine.worker import AgentDef, Worker
+from perdure.engine import (
+    AgentResult,
+    ChildHandle,
+    ChildStarter,
+    ReplayReport,
+    Run,
+    StepInfo,
+    SyncChildHandle,
+    SyncChildStarter,
+    SyncRun,
+    ToolOutcome,
+    current_step,
+)
 from perdure.errors import (
     AgentCancelledError,
     AgentFailedError,
@@ -75,19 +76,18 @@ from perdure.errors import (
     UnknownQueryError,
 )
 from perdure.follow import StreamEvent
-from perdure.handle import Handle, ObjectInfo
+from perdure.handle import Handle
+from perdure.info import ObjectInfo
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.folder import KeyFolder
 from perdure.queries import MemoryView
-from perdure.questions import Question
 from perdure.starting import Starter
-from perdure.stores.base import Store
 from perdure.tools import Tool, tool
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Action",
     "AgentCancelledError",
-    "AgentDef",
     "AgentFailedError",
     "AgentParkedError",
     "AgentResult",
@@ -98,7 +98,6 @@ __all__ = [
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
-    "Certificate",
     "ChildFailedError",
     "ChildHandle",
     "ChildStarter",
@@ -107,22 +106,17 @@ __all__ = [
     "Context",
     "DataKeyError",
     "DataKeys",
-    "Decision",
     "DescriptorVersionError",
     "ErrorClass",
     "ForkError",
-    "GateDecision",
     "Handle",
-    "HeadAnchors",
     "IntegrityError",
     "Intent",
     "KeyFolder",
-    "KeyRing",
     "Kind",
     "LeaseLostError",
     "LocalPolicy",
     "MemoryView",
-    "NodeIdentity",
     "NodeIdentityError",
     "NodeLacksError",
     "NonDeterminismError",
@@ -131,7 +125,6 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectTerminatedError",
-    "ObjectView",
     "OneOf",
     "PathPrefix",
     "PendingApproval",
@@ -139,11 +132,9 @@ __all__ = [
     "PerdureSignal",
     "Phase",
     "Policy",
-    "Proposal",
     "QueryFailedError",
     "Question",
     "Range",
-    "ReasonCode",
     "Record",
     "RecordDecodeError",
     "ReplayReport",
@@ -151,19 +142,16 @@ __all__ = [
     "ResourceStaleError",
     "ResultTimeoutError",
     "RetryPolicy",
-    "Revocation",
     "Run",
     "SealBrokenError",
     "Secret",
     "SerializationError",
-    "Signer",
     "Starter",
     "Status",
     "StepFailedError",
     "StepInDoubtError",
     "StepInfo",
     "StepTimeoutError",
-    "Store",
     "StoreCorruptError",
     "StoreError",
     "StreamEvent",
@@ -172,18 +160,14 @@ __all__ = [
     "SyncRun",
     "Tool",
     "ToolCallError",
-    "ToolInfo",
     "ToolOutcome",
     "UnknownAgentError",
     "UnknownQueryError",
     "UrlHost",
     "UsageTotals",
-    "Verifier",
     "VerifyReport",
-    "Worker",
     "__version__",
     "current_step",
-    "evaluate",
     "step",
     "tool",
 ]

@@ -7,7 +7,6 @@ import builtins
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import threading
 import time
@@ -16,60 +15,62 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from perdure._app_secrets import (
-    differences,
-    opened_body,
-    sealed_goal,
-    sealed_payload,
-    start_arguments,
-)
-from perdure._data_keys import DataKeys
-from perdure._identity import NodeIdentity, TrustSpec, publish
-from perdure._keys import default_key_dir
-from perdure.approvals import PendingApproval
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
+from perdure.core.approvals import PendingApproval
 from perdure.core.arguments import check_arguments, start_differences
 from perdure.core.backoff import RetryPolicy
-from perdure.core.chain import Signer, VerifyReport, check_links, sealed_by, verify_chain
+from perdure.core.chain import Signer, VerifyReport, check_links
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
+from perdure.core.events import REFINE_EVENT, is_reserved
 from perdure.core.intent import Intent, budget_body
-from perdure.core.lifecycle import TERMINAL_STATUSES, Status
+from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
+from perdure.core.questions import Question
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import check_reserved, marked
-from perdure.core.trust import Certificate, Revocation, seal_event
+from perdure.core.trust import Certificate, Revocation
 from perdure.core.usage import UsageTotals, usage_totals
-from perdure.engine.anchors import HeadAnchors, rollback_problem
+from perdure.describe import waiting_note
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
-from perdure.engine.sealer import Sealer, needs_sealing
 from perdure.engine.settings import DRAIN_SECONDS
-from perdure.engine.verifier import Verifier
-from perdure.engine.worker import REFINE_EVENT, AgentDef, Worker, WorkerSettings
+from perdure.engine.worker import AgentDef, Worker, WorkerSettings
 from perdure.errors import (
     ConfigurationError,
     IntegrityError,
     NotParkedError,
     ObjectConflictError,
     ObjectNotFoundError,
-    RecordDecodeError,
     StoreCorruptError,
     StoreError,
     UnknownAgentError,
 )
 from perdure.fork import fork as fork_object
-from perdure.handle import Handle, ObjectInfo, info_from_row
+from perdure.handle import Handle
 from perdure.hooks import Hooks
-from perdure.inspect import waiting_note
+from perdure.info import ObjectInfo, info_from_row
+from perdure.keys.anchors import HeadAnchors
+from perdure.keys.at_rest import (
+    differences,
+    opened_body,
+    sealed_goal,
+    sealed_payload,
+    start_arguments,
+)
+from perdure.keys.client import Client, lookup_id, row_against_memory
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.folder import default_key_dir
+from perdure.keys.identity import NodeIdentity, TrustSpec, publish
+from perdure.keys.sealer import Sealer, needs_sealing
+from perdure.keys.verifier import Verifier
 from perdure.memory_notes import MemoryNotes
 from perdure.queries import QueryRegistry, run_query
-from perdure.questions import Question
 from perdure.starting import Starter, starter
 from perdure.stores import Store, open_store, redact_url
-from perdure.stores.base import NodeInfo, ObjectRow
+from perdure.stores.base import NodeInfo
 from perdure.tools import Tool
 
 if TYPE_CHECKING:
@@ -168,8 +169,7 @@ class App:
         self._node_id = node_id
         self._identity = NodeIdentity(self._key_dir, node_id=node_id, trust=trust,
                                       passphrase=self._passphrase)
-        self._verifier: Verifier | None = None
-        self._anchors: HeadAnchors | None = None
+        self._client: Client | None = None
         self.policy = policy or LocalPolicy()
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
@@ -186,7 +186,6 @@ class App:
         #: Whether readers open sealed values for the caller (see the class docstring).
         self.open_sealed = True
         self._lock = threading.RLock()
-        self._registered = False
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -222,67 +221,29 @@ class App:
         return self._identity
 
     @property
+    def client(self) -> Client:
+        """This node's side of objects it does not run: the store, its identity and data
+        keys, signing events and checking memory (``perdure.keys.client``)."""
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.store, self._identity, self.data_keys)
+            return self._client
+
+    @property
     def anchors(self) -> HeadAnchors:
         """The heads this node saw (its key folder's ``heads.db``), shared by its worker
         and ``verify``."""
-        with self._lock:
-            if self._anchors is None:
-                self._anchors = self._identity.anchors()
-            return self._anchors
+        return self.client.anchors
 
     @property
     def verifier(self) -> Verifier:
         """What this node believes of the store (its trusted roots, cached keys)."""
-        with self._lock:
-            if self._verifier is None:
-                self._verifier = self._identity.verifier(self.store)
-            return self._verifier
+        return self.client.verifier
 
     @property
     def node_id(self) -> str:
         """This node's id."""
         return self.signer.node_id
-
-    def _ensure_node(self) -> Signer:
-        """This node, certified under its node id by a trusted root (the certificate
-        published in the store): ``NodeIdentityError`` when its key is certified only
-        under other names. Nothing else ties the id to the key: no store row."""
-        signer = self.signer
-        if not self._registered:
-            self._identity.certified(self.store)
-            self._registered = True
-        return signer
-
-    def _seal(self, object_id: str, name: str, data: bytes, dedupe_key: str | None) -> bytes:
-        """This node's seal over an event it puts into an inbox; ``ConfigurationError``
-        when the object's writers are certified by roots this node does not trust (its
-        workers would refuse the event: say so here, at the sender)."""
-        signer = self._ensure_node()
-        self._check_audience(object_id)
-        seal, _ = seal_event(signer.sign, signer.node_id, object_id, name, data, dedupe_key,
-                             os.urandom(12).hex())
-        return seal
-
-    def _check_audience(self, object_id: str) -> None:
-        """Refuse to send to an object whose newest record is written under a name no
-        root this node trusts certifies: trust goes both ways in a cluster, so its
-        workers would refuse what this node signs (``event_refused``) while the sender
-        thought it sent."""
-        row = self.store.get(object_id)
-        if row is None or not row.head_seq:
-            return
-        tail = self.store.records(object_id, after_seq=row.head_seq - 1)
-        if not tail:
-            return
-        writer = tail[-1].node_id
-        problem = self.verifier.record_problem(tail[-1])
-        if problem is None or self.verifier.ring.keys_named(writer):
-            return
-        raise ConfigurationError(
-            f"object {object_id!r} is written by node {writer!r}, which no root trusted in "
-            f"{self._identity.folder.path} certifies, so its workers would refuse what this "
-            f"key signs; use the key folder its workers use (--key-dir / PERDURE_KEY_DIR / "
-            f"App(key_dir=...)), or have their root certify this key ({problem})")
 
     @property
     def key_dir_setting(self) -> Path | None:
@@ -328,8 +289,8 @@ class App:
 
     def close(self) -> None:
         """Close the store if this App opened it, and the seen-heads file."""
-        if self._anchors is not None:
-            self._anchors.close()
+        if self._client is not None:
+            self._client.close()
         if self._store is not None and isinstance(self._store_arg, str):
             self._store.close()
             self._store = None
@@ -509,12 +470,13 @@ class App:
             plain = {"args": list(args), "kwargs": kwargs}
             if marked(encode(plain, max_depth=MAX_DEPTH + 2, what=what)):
                 check_reserved(plain, what)  # a value that would be opened as sealed
-        signer = self._ensure_node()
+        signer = self.client.certified()
         row = self.store.get(oid)
         if row is None:
             now = time.time()
-            stored_args, stored_kwargs = start_arguments(self.store, self.data_keys,
-                                                         definition, oid, args, kwargs)
+            stored_args, stored_kwargs = start_arguments(
+                self.store, self.data_keys, definition.name, definition.encrypt, oid, args,
+                kwargs)
             new = instantiate(definition, stored_args, stored_kwargs, object_id=oid,
                               signer=signer,
                               policy_ref=self.policy.ref, now=now, deadline=deadline,
@@ -539,12 +501,6 @@ class App:
             max_failures=max_failures, deadline=deadline)
         return Handle(self, oid, differs=differs)
 
-    @staticmethod
-    def _lookup(object_id: str) -> str:
-        """An id to look up: any id perdure could hold (``ConfigurationError`` for one no
-        store can, such as a lone surrogate or a NUL), the same on every store."""
-        return check_name(object_id, "object id", max_length=10_000)
-
     def handle(self, object_id: str) -> Handle:
         """A handle to an existing object; ``ObjectNotFoundError`` if there is none."""
         self.get(object_id)
@@ -558,9 +514,9 @@ class App:
         event is then delivered once). Raises ``ObjectNotFoundError`` or
         ``ObjectTerminatedError``.
         """
-        self._lookup(object_id)
+        lookup_id(object_id)
         check_name(event, "event name")
-        if event.startswith("perdure:"):
+        if is_reserved(event):
             raise ConfigurationError(
                 f"event name {event!r} is reserved (the prefix perdure: is perdure's own); "
                 "use another name"
@@ -569,7 +525,7 @@ class App:
             check_name(dedupe_key, "dedupe key")
         data = sealed_payload(self.store, self.data_keys, object_id, event, payload)
         return self.store.send(object_id, event, data, dedupe_key, time.time(),
-                               self._seal(object_id, event, data, dedupe_key))
+                               self.client.seal_event(object_id, event, data, dedupe_key))
 
     def refine(self, object_id: str, **changes: Any) -> None:
         """Refine an object's intent (deadline, max_failures, goal, requires, budget)
@@ -598,32 +554,32 @@ class App:
                                           changes["goal"])
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
         self.store.send(object_id, REFINE_EVENT, data, None, time.time(),
-                        self._seal(object_id, REFINE_EVENT, data, None))
+                        self.client.seal_event(object_id, REFINE_EVENT, data, None))
 
     def pause(self, object_id: str) -> ObjectInfo:
         """Hold the object: it stops at its next command boundary and is not claimed."""
-        row = self.store.control(self._lookup(object_id), time.time(), paused=True)
+        row = self.store.control(lookup_id(object_id), time.time(), paused=True)
         return info_from_row(row, time.time())
 
     def resume(self, object_id: str) -> ObjectInfo:
         """Release a paused object, or retry a parked one (after its code was fixed)."""
-        row = self.store.control(self._lookup(object_id), time.time(), paused=False,
+        row = self.store.control(lookup_id(object_id), time.time(), paused=False,
                                  unpark=True)
         return info_from_row(row, time.time())
 
     def cancel(self, object_id: str) -> ObjectInfo:
         """Ask the object to stop; it terminates as cancelled at its next command boundary."""
-        row = self.store.control(self._lookup(object_id), time.time(), cancel=True)
+        row = self.store.control(lookup_id(object_id), time.time(), cancel=True)
         return info_from_row(row, time.time())
 
     def get(self, object_id: str, *, explain: bool = True) -> ObjectInfo:
         """What the store says about an object; ``ObjectNotFoundError`` if unknown.
 
         A runnable object that no live node can take gets a note saying why (see
-        ``perdure.inspect.waiting_note``); ``explain=False`` leaves that out and spares
+        ``perdure.describe.waiting_note``); ``explain=False`` leaves that out and spares
         the store the query of live nodes (``Handle.result`` polls this way).
         """
-        row = self.store.get(self._lookup(object_id))
+        row = self.store.get(lookup_id(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
         info = info_from_row(row, time.time())
@@ -756,9 +712,8 @@ class App:
         records = self.store.records(object_id, after_seq=after)
         if not opened:
             return records
-        from perdure._reading import RecordOpener
 
-        return RecordOpener(self).records(records)
+        return self.client.opener(self.open_sealed).records(records)
 
     def usage(self, object_id: str, *, lineage: bool = False) -> UsageTotals:
         """What the object's model calls (``run.model``) used and cost, from its memory;
@@ -780,32 +735,7 @@ class App:
         ``export_heads`` gives), the head given there: a store rolled back or rewritten
         is reported, naming the record.
         """
-        row = self.store.get(self._lookup(object_id))
-        if row is None:
-            raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
-        try:
-            records = self.store.records(object_id)
-        except RecordDecodeError as exc:
-            return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
-        verifier = self.verifier
-        verifier.refresh()
-        digests = [d for d in map(sealed_by, records) if d is not None]
-        report = verify_chain(object_id, records, {},
-                              head_seq=row.head_seq, head_hash=row.head_hash,
-                              seals=self.store.seals(digests), trust=verifier.ring)
-        if not report.ok or not records:
-            return report
-        problem = self.anchors.check(object_id, records)
-        if problem is None and anchors is not None and object_id in anchors:
-            seq, digest = anchors[object_id]
-            problem = rollback_problem((records[0].hash, int(seq), str(digest)), records,
-                                       seen=False)
-        if problem is not None:
-            return VerifyReport(object_id, False, len(records), problem[0], problem[1])
-        why = _row_against_memory(row, records[-1])
-        if why is not None:
-            return VerifyReport(object_id, False, len(records), records[-1].seq, why)
-        return report
+        return self.client.verify(object_id, anchors=anchors)
 
     def export_heads(self, object_ids: Sequence[str] | None = None
                      ) -> builtins.list[dict[str, Any]]:
@@ -860,7 +790,7 @@ class App:
         ``IntegrityError`` (naming the record) for anything that does not hold: an
         edited result column is reported, never served.
         """
-        row = self.store.get(self._lookup(object_id))
+        row = self.store.get(lookup_id(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
         last = self.store.records(object_id, max(0, row.head_seq - 1))
@@ -873,7 +803,7 @@ class App:
         if rec.hash != row.head_hash:
             raise IntegrityError(object_id, rec.seq, "the terminal record's hash differs from "
                                  "the object's recorded head")
-        problem = self.verifier.record_problem(rec) or _row_against_memory(row, rec)
+        problem = self.verifier.record_problem(rec) or row_against_memory(row, rec)
         if problem is not None:
             raise IntegrityError(object_id, rec.seq, problem)
         if not self.open_sealed:
@@ -902,7 +832,7 @@ class App:
             warn_stalls=warn_stalls,
             model_prices=self.prices,
         )
-        signer = self._ensure_node()
+        signer = self.client.certified()
         return Worker(store=self.store, signer=signer, policy=self.policy,
                       agents=self._agents, settings=settings, capabilities=self.capabilities,
                       verifier=self._identity.verifier(self.store),
@@ -1016,19 +946,3 @@ class App:
         finally:
             stopped.set()
             thread.join(timeout=30)
-
-
-def _row_against_memory(row: ObjectRow, last: Record) -> str | None:
-    """Why the object's row (an index) says otherwise than its verified last record about
-    how the object ended, or ``None``."""
-    terminal = row.status in TERMINAL_STATUSES
-    if last.kind != Kind.TERMINATED:
-        return (f"the object's row says {row.status} but its memory holds no terminal record"
-                if terminal else None)
-    outcome = last.body.get("outcome")
-    if row.status != outcome:
-        return f"the object's row says {row.status} but its terminal record says {outcome}"
-    if outcome == "completed" and (row.result is None
-                                   or row.result != encode(last.body.get("result"))):
-        return "the stored result differs from the result in the signed terminal record"
-    return None

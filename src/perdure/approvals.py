@@ -18,93 +18,24 @@ as rejected): a late decision never runs the tool.
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from perdure.core.codec import MAX_DEPTH, decode, encode
-from perdure.core.gate import args_digest, canonical_args, late_problem
-from perdure.core.records import Kind, Record
+from perdure.core.approvals import PendingApproval, check_deadline, pending_in
+from perdure.core.codec import MAX_DEPTH, encode
+from perdure.core.events import APPROVAL_EVENT
 from perdure.errors import (
     ApprovalError,
-    ApprovalExpiredError,
     ConfigurationError,
-    SerializationError,
 )
+from perdure.keys.client import lookup_id
 
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["PendingApproval", "approvals", "check_deadline", "decide", "decision_problem",
-           "pending_in"]
+__all__ = ["approvals", "decide"]
 
-APPROVAL_EVENT = "perdure:approval"  # engine.commands.tools.APPROVAL_EVENT (no engine import)
-
-
-@dataclass(frozen=True)
-class PendingApproval:
-    """A tool call waiting for a person: the object, the proposal (id and argument hash),
-    the tool and its arguments, its risk, who may approve (empty: any trusted identity),
-    why it needs a person, the policy, and when it was asked and expires."""
-
-    object_id: str
-    proposal_id: str
-    args_hash: str
-    tool: str
-    arguments: Any
-    risk: str
-    approvers: tuple[str, ...]
-    reason: str
-    policy: str
-    requested_at: float
-    expires_at: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (what ``perdure approvals --json`` prints)."""
-        return {"object_id": self.object_id, "proposal_id": self.proposal_id,
-                "args_hash": self.args_hash, "tool": self.tool, "arguments": self.arguments,
-                "risk": self.risk, "approvers": list(self.approvers), "reason": self.reason,
-                "policy": self.policy, "requested_at": self.requested_at,
-                "expires_at": self.expires_at}
-
-
-def pending_in(records: Iterable[Record]) -> list[PendingApproval]:
-    """The proposals in one object's memory that wait for a person (oldest first)."""
-    latest: dict[Any, dict[str, Any]] = {}
-    for rec in records:
-        body = rec.body
-        if body.get("cmd") != "tool":
-            continue
-        pos = body.get("pos")
-        if rec.kind == Kind.TOOL_PROPOSED:
-            latest[pos] = {"proposed": body, "gated": None, "at": rec.ts, "closed": False,
-                           "object_id": rec.object_id}
-        elif pos in latest and body.get("proposal") == latest[pos]["proposed"]["proposal"]:
-            if rec.kind == Kind.TOOL_GATED:
-                latest[pos]["gated"] = body
-            elif rec.kind in (Kind.TOOL_DECIDED, Kind.TOOL_RESULT, Kind.TOOL_STARTED):
-                latest[pos]["closed"] = True
-        if rec.kind == Kind.TOOL_RESULT and pos in latest:
-            latest[pos]["closed"] = True
-    found = []
-    for entry in latest.values():
-        gated = entry["gated"]
-        if entry["closed"] or gated is None or gated.get("verdict") != "approval":
-            continue
-        proposed = entry["proposed"]
-        try:
-            arguments = decode(str(proposed["args"]).encode())
-        except ValueError:
-            arguments = proposed["args"]
-        found.append(PendingApproval(
-            str(entry["object_id"]), str(proposed["proposal"]),
-            str(proposed["args_hash"]), str(proposed["name"]), arguments,
-            str(gated.get("risk", "")), tuple(gated.get("approvers", ())),
-            str(gated.get("reason", "")), str(gated.get("policy", "")), float(entry["at"]),
-            gated.get("expires_at")))
-    return found
 
 
 def _pending_of(app: App, object_id: str) -> list[PendingApproval]:
@@ -126,7 +57,7 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
            reason: str = "", edit: Mapping[str, Any] | None = None) -> PendingApproval:
     """Send ``decision`` (``approve``, ``reject`` or ``edit``) on a pending proposal; the
     proposal decided. ``ApprovalError`` when no such proposal waits, or it was decided."""
-    app._lookup(object_id)
+    lookup_id(object_id)
     if not isinstance(reason, str):
         raise ConfigurationError("reason must be text")
     if decision == "edit" and not isinstance(edit, Mapping):
@@ -150,7 +81,7 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
     # this one was refused) can still decide.
     dedupe = f"approval:{proposal_id}:{target.args_hash[:16]}:{app.node_id}"
     sent = app.store.send(object_id, APPROVAL_EVENT, data, dedupe, now,
-                          app._seal(object_id, APPROVAL_EVENT, data, dedupe))
+                          app.client.seal_event(object_id, APPROVAL_EVENT, data, dedupe))
     if not sent:
         raise ApprovalError(f"proposal {proposal_id!r} of object {object_id!r} was already "
                             f"decided by this client ({app.node_id}); a decision cannot be "
@@ -158,79 +89,3 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
     return target
 
 
-def check_deadline(target: PendingApproval, now: float) -> None:
-    """``ApprovalExpiredError`` when a decision made at ``now`` on ``target`` would come
-    after its deadline (the object would refuse it: the call counts as rejected)."""
-    if target.expires_at is not None and late_problem(target.expires_at, now) is not None:
-        raise ApprovalExpiredError(
-            f"proposal {target.proposal_id!r} of object {target.object_id!r} expired "
-            f"{now - target.expires_at:.0f} s ago: nobody decided by its deadline, so it "
-            "counts as rejected and the tool will not run; nothing was sent")
-
-
-def decision_problem(record: Record, expires_at: float | None = None) -> str | None:
-    """Check a ``tool_decided`` record's evidence again, from memory alone: the sealed
-    event it kept must verify under the recorded key, come from the recorded identity and
-    say what the record says (proposal, argument hash, decision, reason, edit), and, for
-    a proposal whose ``tool_gated`` record gave it a deadline (``expires_at``), have been
-    signed by then. ``None`` when it holds; else what does not (an ``expire`` has no
-    signature to check)."""
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    from perdure.core.trust import EventSeal, event_digest
-
-    body = record.body
-    if record.kind != Kind.TOOL_DECIDED:
-        return f"record {record.seq} is a {record.kind}, not a tool_decided"
-    if body.get("decision") == "expire":
-        return "an expiry is no person's decision: there is no signature to check"
-    evidence = body.get("evidence")
-    if not isinstance(evidence, dict):
-        return "the record keeps no evidence (the node checked no seals)"
-    try:
-        seal = EventSeal.from_bytes(str(evidence["seal"]).encode())
-        payload = str(evidence["payload"]).encode()
-        said = decode(payload)
-        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(str(body["key"])))
-    except (KeyError, ValueError) as exc:
-        return f"the evidence is malformed: {exc}"
-    if seal.sender != body.get("identity"):
-        return f"the seal is {seal.sender!r}'s, the record names {body.get('identity')!r}"
-    digest = event_digest(record.object_id, APPROVAL_EVENT, payload,
-                          evidence.get("dedupe_key"), seal.sender, seal.nonce)
-    try:
-        key.verify(seal.signature, digest)
-    except InvalidSignature:
-        return "the signature does not verify under the recorded key"
-    if body.get("event_hash") not in (None, digest.hex()):
-        return "the record's event hash is not the sealed event's"
-    if not isinstance(said, dict):
-        return "the signed payload is not a decision"
-    late = late_problem(expires_at, said.get("decided_at"))
-    if late is not None:
-        return late
-    if said.get("decision") == "edit":
-        try:
-            edited = canonical_args(said.get("edit") or {})
-        except (SerializationError, TypeError, ValueError):
-            return "the signed edit is not a JSON object"
-        if body.get("decision") == "edit" and body.get("edit") != edited:
-            return "the signed edit is not the recorded one"
-        if body.get("decision") == "approve" and body.get("args_hash") != args_digest(edited):
-            return "the approval with an edit names other arguments than the signed edit"
-        if body.get("decision") not in ("edit", "approve"):
-            return "the signed decision says something else than the record"
-        if body.get("decision") == "approve":
-            return None  # the editor's approval of its own edit (a new proposal id)
-    named = ("proposal", "args_hash", "decision")
-    if any(said.get(k) != body.get(k) for k in named):
-        return "the signed decision says something else than the record"
-    if str(said.get("reason") or "") != body.get("reason"):
-        return "the signed reason is not the recorded one"
-    return None
-
-
-def shown(arguments: Any) -> str:
-    """Arguments as readable JSON (indented)."""
-    return json.dumps(arguments, indent=2, ensure_ascii=False, sort_keys=True)

@@ -21,7 +21,7 @@ each emitted event exactly once and in order, before and after a crash alike. Pu
 reads: nothing here writes to memory.
 
 With ``opened=True`` (``Handle.stream``'s default) records are opened with the App's
-data keys (``perdure._reading``): an event's ``data`` holds ``Secret`` objects where the
+data keys (``perdure.keys.opener``): an event's ``data`` holds ``Secret`` objects where the
 agent emitted secrets, and the whole value of an agent that encrypts all; what this App
 cannot open stays sealed. ``perdure tail`` follows with ``opened=False``.
 """
@@ -161,9 +161,8 @@ class _Cursor:
 def _reader(app: App, opened: bool) -> Callable[[list[Record]], list[Record]]:
     if not opened:
         return lambda records: records
-    from perdure._reading import RecordOpener
 
-    return RecordOpener(app).records
+    return app.client.opener(app.open_sealed).records
 
 
 def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",

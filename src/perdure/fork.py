@@ -1,6 +1,6 @@
 """``App.fork``: a new object whose memory is a verified prefix of another's.
 
-The original's memory is checked first (``queries.verified_memory``: links, signatures
+The original's memory is checked first (``Client.checked_memory``: links, signatures
 under trusted keys, its row's head, heads this node saw). The fork's memory is a chain
 of its own, signed by this node: its first record is the original's ``instantiated``
 record with a new context (the new id, a new trace, no parent, and ``forked_from``:
@@ -49,7 +49,6 @@ from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft
 from perdure.engine.commands.positions import top
 from perdure.errors import ConfigurationError, ForkError, ObjectConflictError, RecordDecodeError
 from perdure.handle import Handle
-from perdure.queries import verified_memory
 from perdure.stores.base import Append, NewObject
 
 if TYPE_CHECKING:
@@ -162,7 +161,7 @@ def _own_data_key(app: App, object_id: str, oid: str) -> None:
     row = app.store.data_key(object_id)
     if row is None or app.store.data_key(oid) is not None:
         return
-    from perdure.engine.sealer import Sealer
+    from perdure.keys.sealer import Sealer
 
     Sealer(app.store, app.data_keys, oid, seal_all=row.seal_all).data_key(create=True)
 
@@ -209,7 +208,7 @@ def build(app: App, object_id: str, at: int, oid: str
     ``ForkError``, ``IntegrityError`` or ``ObjectNotFoundError`` as ``App.fork`` says."""
     if isinstance(at, bool) or not isinstance(at, int):
         raise ConfigurationError(f"a fork point is a record's seq (a whole number), not {at!r}")
-    row, records = verified_memory(app, object_id)
+    row, records = app.client.checked_memory(object_id)
     if not 1 <= at <= len(records):
         raise ForkError(f"object {object_id!r} has records #1..#{len(records)}; "
                         f"#{at} is not one of them")
@@ -218,7 +217,7 @@ def build(app: App, object_id: str, at: int, oid: str
         raise ForkError(f"cannot fork object {object_id!r} at #{at}: {problem}")
     prefix = records[:at]
     origin: dict[str, object] = {"object_id": object_id, "seq": at, "hash": prefix[-1].hash}
-    signer = app._ensure_node()
+    signer = app.client.certified()
     trace_id = uuid.uuid4().hex
     first = forked_first(prefix[0], oid, trace_id, origin)
     now = time.time()
@@ -261,7 +260,7 @@ def _existing(app: App, oid: str, origin: dict[str, object], head_seq: int,
     if head_seq == 1 and len(prefix) > 1:  # made, then cut short before its records
         trace_id = records[0].trace_id
         copied = [records[0]]
-        signer = app._ensure_node()
+        signer = app.client.certified()
         for rec in prefix[1:]:
             copied.append(seal(RecordDraft(Kind(rec.kind), rec.body, rec.body_bytes),
                                object_id=oid, seq=rec.seq, prev_hash=copied[-1].hash,

@@ -21,9 +21,9 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from perdure._reading import RecordOpener
 from perdure.core.chain import check_links
 from perdure.core.lifecycle import Status
+from perdure.core.questions import Question, forked_from, may_ask, pending_questions
 from perdure.core.records import Record
 from perdure.errors import (
     ConfigurationError,
@@ -31,8 +31,7 @@ from perdure.errors import (
     RecordDecodeError,
     SealBrokenError,
 )
-from perdure.handle import ObjectInfo
-from perdure.questions import Question, forked_from, may_ask, pending_questions
+from perdure.info import ObjectInfo
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -124,7 +123,7 @@ class MemoryNotes:
         """``records`` opened where the App may (a sealed prompt); a sealed value that
         does not decrypt stays sealed, with a warning (``verify`` names the record)."""
         try:
-            return RecordOpener(self._app).records(records)
+            return self._app.client.opener(self._app.open_sealed).records(records)
         except SealBrokenError as exc:
             log.warning("%s; its question is shown sealed", exc,
                         extra={"action": "seal_broken"})

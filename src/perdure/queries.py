@@ -18,7 +18,7 @@ nothing, so it reads a running object (what it has recorded so far), a dormant o
 (without waking it) and an ended one alike. A query must be pure: it sees memory only
 through the view, and its answer is whatever it returns.
 
-The view's records are opened with the App's data keys (``perdure._reading``): step
+The view's records are opened with the App's data keys (``perdure.keys.opener``): step
 results, emitted values, received events and the result hold ``Secret`` objects where
 secrets were (and the whole value, for an agent that encrypts all); what the App
 cannot open stays sealed (``{"perdure:sealed": ...}``). ``perdure query`` prints a
@@ -35,27 +35,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.bodies import Instantiated, IntentRefined, decode
-from perdure.core.chain import sealed_by, verify_chain
 from perdure.core.codec import detached
 from perdure.core.intent import Context, Intent
 from perdure.core.names import check_name
+from perdure.core.questions import Question, pending_questions
 from perdure.core.records import Kind, Record
 from perdure.errors import (
     ConfigurationError,
-    IntegrityError,
     ObjectNotFoundError,
     QueryFailedError,
     RecordDecodeError,
     UnknownQueryError,
 )
-from perdure.handle import info_from_row
-from perdure.questions import Question, pending_questions
-from perdure.stores.base import ObjectRow
+from perdure.info import info_from_row
+from perdure.keys.client import lookup_id
 
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["MemoryView", "QueryFn", "QueryRegistry", "run_query", "verified_memory"]
+__all__ = ["MemoryView", "QueryFn", "QueryRegistry", "run_query"]
 
 QueryFn = Callable[..., Any]
 """A query: ``fn(view: MemoryView, *args) -> answer``."""
@@ -66,38 +64,6 @@ _PROGRESS = Kind.PROGRESS.value
 _EVENT_RECEIVED = Kind.EVENT_RECEIVED.value
 _TERMINATED = Kind.TERMINATED.value
 _REFINED = Kind.INTENT_REFINED.value
-
-
-def verified_memory(app: App, object_id: str) -> tuple[ObjectRow, builtins.list[Record]]:
-    """The object's row and its memory, checked as ``App.verify`` checks it (links,
-    signatures under trusted keys, the row's head, heads this node saw).
-
-    ``ObjectNotFoundError`` for an unknown object; ``IntegrityError`` naming the first
-    bad record otherwise. Records appended after the row was read are kept (and checked
-    like the rest): memory only grows.
-    """
-    row = app.store.get(app._lookup(object_id))
-    if row is None:
-        raise ObjectNotFoundError(f"no object {object_id!r} in {app.store.url}")
-    try:
-        records = app.store.records(object_id)
-    except RecordDecodeError as exc:
-        raise IntegrityError(object_id, exc.seq, exc.reason) from None
-    verifier = app.verifier
-    verifier.refresh()
-    digests = [d for d in map(sealed_by, records) if d is not None]
-    report = verify_chain(object_id, records, {},
-                          seals=app.store.seals(digests), trust=verifier.ring)
-    if not report.ok:
-        raise IntegrityError(object_id, report.bad_seq or 0, report.reason or "does not verify")
-    if len(records) < row.head_seq or (
-            row.head_seq and records[row.head_seq - 1].hash != row.head_hash):
-        raise IntegrityError(object_id, min(len(records), row.head_seq) + 1,
-                             f"memory does not reach the object's head #{row.head_seq}")
-    problem = app.anchors.check(object_id, records)
-    if problem is not None:
-        raise IntegrityError(object_id, problem[0], problem[1])
-    return row, records
 
 
 @dataclass(frozen=True)
@@ -230,16 +196,15 @@ def run_query(app: App, registry: QueryRegistry, object_id: str, name: str,
     """Answer query ``name`` of the object's agent over its checked memory."""
     if not isinstance(name, str):
         raise ConfigurationError(f"a query name is a string, not {type(name).__name__}")
-    row = app.store.get(app._lookup(object_id))
+    row = app.store.get(lookup_id(object_id))
     if row is None:
         raise ObjectNotFoundError(f"no object {object_id!r} in {app.store.url}")
     fn = registry.get(row.agent, name)
-    row, records = verified_memory(app, object_id)
+    row, records = app.client.checked_memory(object_id)
     status = str(info_from_row(row, time.time()).status)
-    from perdure._reading import RecordOpener
 
     view = MemoryView(object_id, row.agent, row.agent_version, status,
-                      tuple(RecordOpener(app).records(records)))
+                      tuple(app.client.opener(app.open_sealed).records(records)))
     try:
         return fn(view, *args)
     except Exception as exc:

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 import perdure
-from perdure.inspect import timeline
+from perdure.describe import timeline
 from tests.acceptance import resource_agents
 from tests.pg import ADMIN_URL, needs_server
 

@@ -373,7 +373,7 @@ def wake(app: perdure.App) -> None:
     are about the worker."""
     data = encode("now")
     seal, _ = seal_event(app.signer.sign, app.node_id, OID, "go", data, None, "w" * 24)
-    app._ensure_node()
+    app.client.certified()
     app.store.send(OID, "go", data, None, time.time(), seal)
 
 

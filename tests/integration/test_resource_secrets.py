@@ -18,8 +18,8 @@ from click.testing import CliRunner
 import perdure
 from perdure import Secret
 from perdure.cli import cli
+from perdure.describe import timeline
 from perdure.errors import ConfigurationError
-from perdure.inspect import timeline
 from perdure.resources import Environment, HttpSession, PostgresSession, Subprocess
 from tests.integration.test_secrets import RawSQL, raw, stored_bytes
 

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 import perdure
-from perdure.inspect import timeline
+from perdure.describe import timeline
 from perdure.resources import (
     Environment,
     FileHash,

@@ -17,13 +17,13 @@ import pytest
 import perdure
 from perdure import DataKeys, Secret
 from perdure.core.sealing import new_data_key
-from perdure.engine.sealer import rewrap
 from perdure.errors import (
     AgentFailedError,
     AgentParkedError,
     DataKeyError,
     SerializationError,
 )
+from perdure.keys.sealer import rewrap
 from tests.integration.test_tamper import RawSQL
 
 MakeApp = Callable[..., perdure.App]
@@ -404,7 +404,7 @@ def test_a_signed_record_with_a_broken_sealed_value_parks(make_app: MakeApp) -> 
 
     from perdure.core.sealing import SEALED
     from perdure.engine.instantiate import instantiate
-    from perdure.engine.sealer import Sealer, sealed_arguments
+    from perdure.keys.sealer import Sealer, sealed_arguments
 
     app = make_app()
     register(app)
@@ -414,7 +414,7 @@ def test_a_signed_record_with_a_broken_sealed_value_parks(make_app: MakeApp) -> 
     raw_bytes = bytearray(base64.b64decode(args[0][SEALED]["data"]))
     raw_bytes[-1] ^= 0x01
     args[0][SEALED]["data"] = base64.b64encode(bytes(raw_bytes)).decode()
-    new = instantiate(definition, args, kwargs, object_id="b1", signer=app._ensure_node(),
+    new = instantiate(definition, args, kwargs, object_id="b1", signer=app.client.certified(),
                       policy_ref=app.policy.ref, now=time.time())
     assert app.store.create(new, time.time())
     assert app.verify("b1").ok  # signed by a trusted node: the chain is fine

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from perdure._keys import public_bytes
+from perdure.keys.folder import public_bytes
 from perdure.stores import open_store
 from perdure.stores._rows import create_params, record_params
 from perdure.stores._sql import load_migrations
@@ -121,7 +121,7 @@ CHILD = textwrap.dedent(
     import sys, time
     from perdure.stores import open_store
     from tests.stores.builders import NOW, Chain, make_signer
-    from perdure._keys import public_bytes
+    from perdure.keys.folder import public_bytes
 
     url, start, name = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     time.sleep(max(0.0, start - time.time()))

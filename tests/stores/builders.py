@@ -42,10 +42,12 @@ class Chain:
     signer: Signer
     agent: str = "agent"
     records: list[Record] = field(default_factory=list)
+    first_body: dict[str, object] | None = None  # the instantiated record's body
 
     def __post_init__(self) -> None:
         if not self.records:
-            self.records.append(self._seal(1, GENESIS_HASH, Kind.INSTANTIATED, {"n": 0}))
+            self.records.append(self._seal(1, GENESIS_HASH, Kind.INSTANTIATED,
+                                           self.first_body or {"n": 0}))
 
     def _seal(self, seq: int, prev: str, kind: Kind, body: dict[str, object]) -> Record:
         return seal(

@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import pytest
 
-from perdure._keys import public_bytes
 from perdure.core.chain import Signer
 from perdure.errors import (
     IntegrityError,
@@ -25,6 +24,7 @@ from perdure.errors import (
     ObjectNotFoundError,
     ObjectTerminatedError,
 )
+from perdure.keys.folder import public_bytes
 from perdure.stores import Claim, Store
 from tests.stores.builders import NOW, Chain, make_signer
 

@@ -12,8 +12,8 @@ from typing import Any
 from pydantic_ai import Agent
 
 import perdure
+from perdure.adapters.pydantic_ai import run_pydantic_agent
 from perdure.llm import ChatCompletionsClient
-from perdure.pydantic_ai_agents import run_pydantic_agent
 from tests.tools import support
 
 __all__ = ["app", "helper"]

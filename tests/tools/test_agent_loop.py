@@ -108,7 +108,7 @@ def test_a_risky_call_waits_dormant_until_a_person_approves(
     [decided] = [r.body for r in app.history("loop-3") if r.kind == "tool_decided"]
     assert decided["decision"] == "approve" and decided["identity"] == app.node_id
     assert decided["key"] and decided["args_hash"] == pending.args_hash
-    from perdure.approvals import decision_problem
+    from perdure.core.approvals import decision_problem
 
     [record] = [r for r in app.history("loop-3") if r.kind == "tool_decided"]
     assert decision_problem(record) is None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import perdure
-from perdure.approvals import decision_problem
+from perdure.core.approvals import decision_problem
 from perdure.core.codec import encode
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
 from tests.integration.engine_support import REPO_ROOT, kill_process, wait_until

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("mcp")
 
 import perdure
+from perdure.adapters.mcp import McpServer, mcp_tools
 from perdure.llm import ChatCompletionsClient, Message
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
-from perdure.mcp_tools import McpServer, mcp_tools
 from tests.integration.engine_support import wait_until
 
 SERVER = '''

@@ -14,9 +14,9 @@ pytest.importorskip("pydantic_ai")
 from pydantic_ai import Agent
 
 import perdure
+from perdure.adapters.pydantic_ai import run_pydantic_agent
 from perdure.llm import ChatCompletionsClient
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
-from perdure.pydantic_ai_agents import run_pydantic_agent
 from tests.integration.engine_support import wait_until
 
 SENT: list[str] = []

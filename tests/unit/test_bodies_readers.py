@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.core.backoff import ErrorClass
 from perdure.core.bodies import (
     BODY_TYPES,
@@ -75,6 +75,7 @@ from perdure.core.codec import decode as decode_json
 from perdure.core.codec import encode
 from perdure.core.cycle import read_memory
 from perdure.core.intent import Context, Intent, budget_body
+from perdure.core.questions import forked_from, pending_questions
 from perdure.core.records import Record
 from perdure.core.usage import usage_totals
 from perdure.follow import event_of
@@ -83,7 +84,6 @@ from perdure.llm._failures import CallFailure, FailureKind
 from perdure.llm._reply import ModelReply, StreamChunk, Usage
 from perdure.llm._storage import split_reply
 from perdure.queries import MemoryView
-from perdure.questions import forked_from, pending_questions
 from perdure.web import _pages as pages
 from tests.unit.builders import chain
 

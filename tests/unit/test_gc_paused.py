@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from perdure._gc import gc_paused
+from perdure.core.gc import gc_paused
 
 
 def test_the_collector_is_paused_and_comes_back() -> None:

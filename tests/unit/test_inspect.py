@@ -1,4 +1,4 @@
-"""``perdure.inspect`` puts every record kind into words, explains why an object failed
+"""``perdure.describe`` puts every record kind into words, explains why an object failed
 or waits, and draws lineage trees; an undecodable body is said to be one."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.core.bodies import RecordBody, StepDone, Terminated
 from perdure.core.codec import decode, encode
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
 from perdure.stores.base import NodeInfo
 from tests.unit.test_bodies import CASES
 

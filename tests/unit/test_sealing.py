@@ -269,7 +269,7 @@ def test_the_sealed_scan_reads_each_record_once() -> None:
     """A node scans an object's memory for sealed values once; a later claim looks only
     at records appended since, and a memory that is not the one scanned is read again."""
     from perdure.core.records import Record
-    from perdure.engine.sealer import SealedScan
+    from perdure.keys.sealer import SealedScan
 
     def rec(seq: int, body: bytes, digest: str = "") -> Record:
         return Record("o", seq, "t", 0, "n", "p", "step_done", body, "", digest or f"h{seq}",

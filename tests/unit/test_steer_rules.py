@@ -17,10 +17,10 @@ from perdure.core.bodies import (
     WaitTimedOut,
 )
 from perdure.core.intent import Context
+from perdure.core.questions import asking_note, forked_from, pending_questions, question_text
 from perdure.engine.commands.step_timeout import check_timeout
 from perdure.errors import ConfigurationError
 from perdure.fork import fork_problem
-from perdure.questions import asking_note, forked_from, pending_questions, question_text
 from tests.unit.builders import chain, instantiated
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from perdure.core.bodies.tools import DECIDED, DECISIONS
 from perdure.core.usage import UsageTotals, decimal_text
-from perdure.inspect import clip
+from perdure.describe import clip
 
 
 @pytest.mark.parametrize("decision", DECISIONS)

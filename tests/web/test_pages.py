@@ -23,7 +23,9 @@ from tests.web.support import (
     actions_noted,
     csrf_of,
     free_port,
+    serve,
     start_worker,
+    stop_serving,
     stop_worker,
     wait_until,
 )
@@ -259,3 +261,29 @@ def test_parked_objects_wait_in_the_inbox(served: Served) -> None:
                                    for n in actions_noted(app, oid)))
     with closing(served.login("viewer")) as client:
         assert "retry-btn" not in client.get("/inbox").text
+
+
+def test_the_dashboard_reads_a_memory_store(key_dir: Path) -> None:
+    """On an in-memory store (``memory:``) every page the dashboard draws from the
+    store's ``Browse`` role works: the overview, the filtered list and its pages, the
+    inbox, the nodes and the last hour."""
+    served = serve("memory:", key_dir)
+    try:
+        app = served.app
+        with app.background_worker():
+            ask = app.options(labels={"team": "red"}).start("asker", "colour").object_id
+            naps = [app.options(object_id=f"nap-{n}").start("sleeper", 3600.0).object_id
+                    for n in range(3)]
+            wait_until(lambda: all(app.get(o).status is Status.DORMANT for o in [ask, *naps]))
+            with closing(served.login(name="mo")) as client:
+                assert "dormant" in client.get("/").text
+                listed = client.get("/objects", params={"status": "dormant"}).text
+                assert sorted(_rows(listed)) == sorted([ask, *naps])
+                assert _rows(client.get("/objects", params={"label": "team=red"}).text) == [
+                    ask]
+                assert _rows(client.get("/objects", params={"q": "nap-"}).text) == naps[::-1]
+                assert f'data-object="{ask}"' in client.get("/inbox").text
+                assert "1 live node" in client.get("/nodes").text
+                assert client.get("/api/hour").json()["sampled_objects"] == 4
+    finally:
+        stop_serving(served)

@@ -1,5 +1,5 @@
 """What the other features record, on an object's page and in the inbox, worded by
-``perdure.inspect`` as ``perdure show`` words it: a question's prompt and choices, the
+``perdure.describe`` as ``perdure show`` words it: a question's prompt and choices, the
 events an agent emits (in the live stream too), restore reports. Both stores."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.core.lifecycle import Status
 from tests.web.support import Served, csrf_of, wait_until
 

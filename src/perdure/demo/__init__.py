@@ -17,7 +17,7 @@ so the demo (and anyone) can count how many times each step really ran.
 Where it lives: ``samples`` (the documents), ``agents`` (the agent, its steps and
 ``build_app``), ``workers`` (the worker processes it starts and kills) and ``story``
 (``run_demo``). It uses perdure only through its public names (``perdure``,
-``perdure.inspect``, ``perdure.errors``), as a program of one's own would.
+``perdure.describe``, ``perdure.errors``), as a program of one's own would.
 
 ``perdure demo --llm`` is the same story for a model call (``llm_agent``: an agent of
 three streamed ``run.model`` calls and the scripted model answering it; ``llm_story``:

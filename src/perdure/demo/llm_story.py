@@ -33,8 +33,8 @@ from perdure.demo.llm_agent import (
 )
 from perdure.demo.story import DemoError, _prepare, unused_id
 from perdure.demo.workers import WorkerProcess, report_failure
+from perdure.describe import Narrator, describe, usage
 from perdure.errors import PerdureError
-from perdure.inspect import Narrator, describe, usage
 from perdure.llm import recorded_calls
 
 __all__ = ["DEFAULT_MODEL", "KILL_AFTER_BATCHES", "LLM_DEFAULT_DIR", "LLM_OBJECT_ID",

@@ -23,8 +23,8 @@ from perdure import App, Kind, Record
 from perdure.demo.agents import AGENT, DEFAULT_DIR, EFFECTS, LEASE_SECONDS, build_app
 from perdure.demo.samples import MARKER, write_samples
 from perdure.demo.workers import WorkerProcess, report_failure
+from perdure.describe import Narrator
 from perdure.errors import ObjectNotFoundError, PerdureError
-from perdure.inspect import Narrator
 
 __all__ = ["KILL_AFTER", "OBJECT_ID", "DemoError", "ReviewNarrator", "run_demo", "unused_id"]
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from perdure import App, Kind, PendingApproval, Record
-from perdure.approvals import shown
+from perdure.core.approvals import shown
 from perdure.core.bodies.tools import DECIDED
 from perdure.demo.story import DemoError, _prepare, unused_id
 from perdure.demo.tool_agent import (
@@ -38,8 +38,8 @@ from perdure.demo.tool_agent import (
     seed,
 )
 from perdure.demo.workers import WorkerProcess, report_failure
+from perdure.describe import describe
 from perdure.errors import PerdureError
-from perdure.inspect import describe
 
 __all__ = ["AGENT_OBJECT_ID", "run_agent_demo"]
 

@@ -14,12 +14,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from perdure._gc import gc_paused
 from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
 from perdure.core.codec import decode
 from perdure.core.cycle import Action, Decision, MemoryFacts
+from perdure.core.events import ACTION_NOTE, REFINE_EVENT
+from perdure.core.gc import gc_paused
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
+from perdure.core.questions import waiting_note
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine.budget_wake import wake_stopped
 from perdure.engine.commands.step_failures import cannot_do, node_problem
@@ -32,7 +34,6 @@ from perdure.engine.memory import event_refusal, pending_events
 from perdure.engine.node import Node
 from perdure.engine.opening import opened_memory
 from perdure.engine.run import CHILD_EVENT, DeadlineExceeded, Park, Run, Suspend
-from perdure.engine.sealer import Sealer
 from perdure.errors import (
     CancelRequestedError,
     CannotDo,
@@ -42,17 +43,13 @@ from perdure.errors import (
     StoreError,
 )
 from perdure.hooks import ObjectDormant, ObjectWoke
-from perdure.questions import waiting_note
+from perdure.keys.sealer import Sealer
 from perdure.stores.base import Claim, Event
 
-__all__ = ["ACTION_NOTE", "HANDLERS", "REFINE_EVENT", "Handler", "by_deadline"]
+__all__ = ["HANDLERS", "Handler", "by_deadline"]
 
 log = logging.getLogger("perdure.worker")
 
-REFINE_EVENT = "perdure:refine"  # an intent refinement in an object's inbox
-#: A refinement event whose payload is ``{ACTION_NOTE: {...}}`` records who acted on the
-#: object from outside (``perdure.web``): folded as a progress record, the intent unchanged.
-ACTION_NOTE = "perdure:action"
 
 #: ``handler(node, claim, records, decision, facts, events)``: the records it appended
 #: if the object is to be evaluated again, or ``None`` once the node let it go.

@@ -17,6 +17,7 @@ import os
 import time
 
 from perdure.core.codec import encode
+from perdure.core.events import REFINE_EVENT
 from perdure.core.lifecycle import Status
 from perdure.core.trust import seal_event
 from perdure.engine.node import Node
@@ -25,7 +26,6 @@ from perdure.stores.base import Store
 __all__ = ["stopped_by", "wake_stopped"]
 
 _MAX_DESCENDANTS = 10_000  # how many descendants one refinement looks at, at most
-_REFINE_EVENT = "perdure:refine"  # engine.actions.REFINE_EVENT (that module imports this one)
 
 
 def stopped_by(store: Store, owner: str) -> list[str]:
@@ -50,7 +50,7 @@ async def wake_stopped(node: Node, owner: str) -> list[str]:
     woken: list[str] = await node.read(stopped_by, node.store, owner)
     data = encode({})
     for oid in woken:
-        seal, _ = seal_event(node.signer.sign, node.signer.node_id, oid, _REFINE_EVENT,
+        seal, _ = seal_event(node.signer.sign, node.signer.node_id, oid, REFINE_EVENT,
                              data, None, os.urandom(12).hex())
-        await node.write(node.store.send, oid, _REFINE_EVENT, data, None, time.time(), seal)
+        await node.write(node.store.send, oid, REFINE_EVENT, data, None, time.time(), seal)
     return woken

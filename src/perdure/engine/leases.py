@@ -14,12 +14,12 @@ import asyncio
 import logging
 import os
 
-from perdure._keys import public_bytes
 from perdure.core.trust import public_key_bytes, when
 from perdure.engine.journal import Journal, StoreUnavailable
 from perdure.engine.node import Active, Node
 from perdure.engine.run import Run
 from perdure.errors import StoreError
+from perdure.keys.folder import public_bytes
 
 __all__ = [
     "cancel_pending",

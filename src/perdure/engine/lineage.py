@@ -23,8 +23,8 @@ from perdure.engine.journal import Journal
 from perdure.engine.memory import event_refusal
 from perdure.engine.node import Node
 from perdure.engine.run import CHILD_EVENT, child_finished_body
-from perdure.engine.sealer import needs_sealing, sealed_arguments
 from perdure.errors import ObjectConflictError, UnknownAgentError
+from perdure.keys.sealer import needs_sealing, sealed_arguments
 from perdure.stores.base import Event, Signal
 
 __all__ = ["fold_children", "parent_signal", "spawn"]

@@ -30,17 +30,17 @@ from perdure.core.chain import Signer
 from perdure.core.cycle import LocalPolicy
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record
-from perdure.engine.anchors import HeadAnchors
 from perdure.engine.held import HeldRecords
 from perdure.engine.invoke import StepRunner
 from perdure.engine.journal import Committer, Journal
 from perdure.engine.run import Run
-from perdure.engine.sealer import KeyCache, SealedScan, Sealer
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.slots import Slots
-from perdure.engine.verifier import Verifier
 from perdure.errors import StoreError
 from perdure.hooks import Hooks
+from perdure.keys.anchors import HeadAnchors
+from perdure.keys.sealer import KeyCache, SealedScan, Sealer
+from perdure.keys.verifier import Verifier
 from perdure.stores.base import Claim, Route, Store
 
 __all__ = ["Active", "Node"]
@@ -139,7 +139,7 @@ class Node:
     # -- one object -----------------------------------------------------------------
 
     def sealer(self, object_id: str, *, seal_all: bool = False) -> Sealer:
-        """The sealer of ``object_id`` on this node (``perdure.engine.sealer``)."""
+        """The sealer of ``object_id`` on this node (``perdure.keys.sealer``)."""
         return Sealer(self.store, self.settings.data_keys, object_id, seal_all=seal_all,
                       cache=self.key_cache)
 

@@ -27,9 +27,9 @@ from perdure.core.sealing import marked
 from perdure.engine.ending import park
 from perdure.engine.journal import Journal
 from perdure.engine.node import Node
-from perdure.engine.sealer import Sealer, no_key_note
 from perdure.engine.settings import AgentDef
 from perdure.errors import DataKeyError, SealBrokenError
+from perdure.keys.sealer import Sealer, no_key_note
 from perdure.stores.base import Claim, Event
 
 __all__ = ["opened_memory"]

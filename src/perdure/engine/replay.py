@@ -28,7 +28,6 @@ from perdure.engine.context import StepInfo
 from perdure.engine.invoke import invoke, served
 from perdure.engine.journal import HistoryEnd, Journal
 from perdure.engine.run import DeadlineExceeded, Park, Run, Suspend
-from perdure.engine.sealer import Sealer
 from perdure.engine.settings import AgentDef
 from perdure.errors import (
     CancelRequestedError,
@@ -36,6 +35,7 @@ from perdure.errors import (
     NonDeterminismError,
     SealBrokenError,
 )
+from perdure.keys.sealer import Sealer
 from perdure.stores.base import Event
 
 __all__ = ["ReplayReport", "replay_check"]

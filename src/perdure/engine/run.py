@@ -41,13 +41,13 @@ from perdure.engine.commands.positions import branch, top
 from perdure.engine.journal import Journal
 from perdure.engine.signals import DeadlineExceeded, Park, Suspend
 from perdure.engine.sync_run import SyncChildHandle, SyncRun, is_async
-from perdure.engine.verifier import EventCheck
 from perdure.errors import CancelRequestedError, LeaseLostError, NonDeterminismError
+from perdure.keys.verifier import EventCheck
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:
     from perdure.engine.commands.model_memory import ModelMemory
-    from perdure.engine.sealer import Sealer
+    from perdure.keys.sealer import Sealer
     from perdure.llm import PriceTable
 
 __all__ = [
@@ -100,7 +100,7 @@ class Run:
     ) -> None:
         # What the node hands every command.
         self._journal = journal
-        #: Seals secrets in the payloads commands write (``perdure.engine.sealer``).
+        #: Seals secrets in the payloads commands write (``perdure.keys.sealer``).
         self._sealer = sealer
         self._check_event = check_event
         self._refresh_flags = refresh_flags
@@ -290,6 +290,12 @@ class Run:
         if self.release_requested:
             raise Suspend([], ready_at=self._clock(), status=Status.READY,
                           reason="node stopping")
+
+    def next_position(self) -> str:
+        """The position the agent's next command will take (``"7"``, or ``"5.1.0"`` in a
+        gathered branch), without taking it: an adapter names what it is about to record
+        (a model call whose tool calls follow) by it."""
+        return str(self._key(consume=False))
 
     def _key(self, *, consume: bool = True) -> int | str:
         at = branch.get()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from perdure.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from perdure._data_keys import DataKeys
+    from perdure.keys.data_keys import DataKeys
     from perdure.llm import PriceTable
 
 __all__ = ["DRAIN_SECONDS", "AgentDef", "WorkerSettings"]

@@ -42,7 +42,7 @@ from perdure.stores.base import CheckpointRow, Store
 
 if TYPE_CHECKING:
     from perdure.engine.journal import Journal
-    from perdure.engine.verifier import Verifier
+    from perdure.keys.verifier import Verifier
 
 __all__ = ["SLOT_DOMAIN", "Slot", "Slots", "resource_slot", "slot_message", "step_slot"]
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 
 from perdure.core.chain import Signer
 from perdure.core.cycle import LocalPolicy, ObjectView, evaluate, read_memory
+from perdure.core.events import REFINE_EVENT
 from perdure.core.lifecycle import Status
-from perdure.engine.actions import HANDLERS, REFINE_EVENT
-from perdure.engine.anchors import HeadAnchors
+from perdure.engine.actions import HANDLERS
 from perdure.engine.draining import drain
 from perdure.engine.held import HeldRecords
 from perdure.engine.journal import StoreUnavailable
@@ -41,12 +41,13 @@ from perdure.engine.node import Active, Node
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.stalls import LoopWatchdog
-from perdure.engine.verifier import Verifier
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
 from perdure.hooks import ClaimRound, Hooks, IntegrityFailure, LeaseLost
+from perdure.keys.anchors import HeadAnchors
+from perdure.keys.verifier import Verifier
 from perdure.stores.base import Claim, Event, Store
 
-__all__ = ["REFINE_EVENT", "AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
+__all__ = ["AgentDef", "HeldRecords", "Worker", "WorkerSettings"]
 
 log = logging.getLogger("perdure.worker")
 

@@ -24,12 +24,21 @@ from perdure.errors import (
     RecordDecodeError,
     StoreError,
 )
+from perdure.stores._rows import object_row
 from perdure.stores._sql import load_migrations, load_queries
+from perdure.stores.base import ObjectRow
 
-__all__ = ["PostgresDatabase", "Q", "translate", "where"]
+__all__ = ["PostgresDatabase", "Q", "object_of", "translate", "where"]
 
 Q = {name: sql.encode() for name, sql in load_queries("postgres").items()}
 _MIGRATION_LOCK = 0x70657264  # "perd": advisory lock serialising schema changes
+
+
+def object_of(cur: psycopg.Cursor[Any], row: tuple[Any, ...]) -> ObjectRow:
+    """An ``objects`` row read through ``cur`` as an ``ObjectRow``."""
+    assert cur.description is not None
+    return object_row({col.name: value for col, value in zip(cur.description, row, strict=True)},
+                      tuple)
 
 
 def where(conninfo: str) -> str:

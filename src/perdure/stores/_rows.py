@@ -18,11 +18,14 @@ from perdure.stores.base import (
     Claim,
     DataKeyRow,
     NewObject,
+    ObjectFilter,
     ObjectRow,
 )
 
 __all__ = [
+    "ENDED",
     "append_params",
+    "browse_params",
     "checked_chain",
     "checkpoint_row",
     "claim_from_row",
@@ -84,6 +87,22 @@ def list_query(*, status: str | None, agent: str | None, parent: str | None) -> 
     if agent is not None:
         return "list_by_agent"
     return "list_objects"
+
+
+#: The statuses ``Browse.ended_since`` counts, in the order the figures name them.
+ENDED = ("completed", "failed", "cancelled")
+
+
+def browse_params(where: ObjectFilter, after: tuple[float, str] | None, limit: int,
+                  now: float) -> dict[str, Any]:
+    """The parameters of the ``browse_*`` queries: each filter as given (``None``: not
+    filtered), the label's key and value, and the page key ``after`` as ``c_at``/``c_id``."""
+    key, value = where.label if where.label is not None else (None, None)
+    c_at, c_id = after if after is not None else (None, None)
+    return {"status": where.status, "phase": where.phase, "agent": where.agent,
+            "version": where.version, "parent": where.parent, "node": where.node,
+            "since": where.since, "until": where.until, "q": where.prefix,
+            "lk": key, "lv": value, "c_at": c_at, "c_id": c_id, "limit": limit, "now": now}
 
 
 def claim_from_row(row: Sequence[Any]) -> Claim:

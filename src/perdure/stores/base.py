@@ -8,8 +8,9 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 ``Store`` is the union of small role protocols, one per concern: ``Nodes`` (trust
 items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
 commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Inbox``
-(events), ``DataKeyRows`` (objects' wrapped data keys, opaque bytes) and ``Writes``
-(fenced group commits). How a node's event loop gets its
+(events), ``DataKeyRows`` (objects' wrapped data keys, opaque bytes), ``Writes``
+(fenced group commits) and ``Browse`` (what people look at: objects found by any
+filter a page at a time, and the figures of the last hour). How a node's event loop gets its
 commits made (on the loop, awaited on it, or on a thread) is hidden behind the
 ``Writer`` a store hands out; ``perdure.stores.writers`` holds the ones a backend
 can opt into.
@@ -29,6 +30,7 @@ from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
     "Append",
+    "Browse",
     "CheckpointRow",
     "Checkpoints",
     "Claim",
@@ -41,9 +43,11 @@ __all__ = [
     "NewObject",
     "NodeInfo",
     "Nodes",
+    "ObjectFilter",
     "ObjectRow",
     "Objects",
     "Outcomes",
+    "RecordBody",
     "Records",
     "Route",
     "Signal",
@@ -81,6 +85,44 @@ class ObjectRow:
     #: The node processes (``node_id/pid``) that said they cannot do the object's next
     #: step; none of them claims it until that step is done elsewhere.
     avoid: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFilter:
+    """What ``Browse.browse`` narrows the objects to; a field left ``None`` matches all.
+
+    ``status`` is a stored status, or one a person sees derived from the flags:
+    ``parked``, ``paused`` (and not parked), ``running`` (a lease live at ``now``); any
+    other stored status matches only objects neither parked nor paused, unless it is a
+    terminal one. ``version`` is the agent's version, ``label`` a ``(key, value)`` pair
+    of the labels the object was started with, ``parent`` the parent's id, ``node`` a
+    node holding the object's lease now, ``since``/``until`` bound ``created_at``
+    (inclusive), ``prefix`` is the start of the object id (matched exactly, case and
+    every character as given).
+    """
+
+    status: str | None = None
+    phase: str | None = None
+    agent: str | None = None
+    version: str | None = None
+    label: tuple[str, str] | None = None
+    parent: str | None = None
+    node: str | None = None
+    since: float | None = None
+    until: float | None = None
+    prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBody:
+    """A record's place, kind, time and body bytes, not decoded (figures that skip what
+    they cannot read)."""
+
+    object_id: str
+    seq: int
+    kind: str
+    ts_us: int
+    body: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,9 +501,51 @@ class Checkpoints(Protocol):
         the fence held."""
 
 
-class Store(Nodes, Objects, Records, Leases, Inbox, DataKeyRows, Checkpoints, Writes,
+class Browse(Protocol):
+    """What people look at (the dashboard): read-only, and no node needs any of it."""
+
+    def browse(self, where: ObjectFilter, *, after: tuple[float, str] | None = None,
+               limit: int = 50, now: float) -> builtins.list[ObjectRow]:
+        """Up to ``limit`` rows matching ``where`` (derived statuses judged at ``now``),
+        newest first by ``(created_at, object_id)`` with ids ascending among equal times,
+        only those after the key ``after`` in that order (paging by key, never offset)."""
+
+    def records_of_kinds(self, object_id: str, kinds: Sequence[str], limit: int
+                         ) -> builtins.list[Record]:
+        """The object's records whose kind is among ``kinds``, oldest first, at most
+        ``limit``, decoded fail-closed."""
+
+    def status_counts(self) -> dict[str, int]:
+        """How many objects hold each stored status (statuses no object holds left out)."""
+
+    def awaiting_outside(self, limit: int) -> builtins.list[ObjectRow]:
+        """Up to ``limit`` dormant objects no node holds that wait for an event someone
+        outside may send (a name not starting with ``perdure:``), most recently updated
+        first."""
+
+    def lease_holders(self, now: float, limit: int) -> builtins.list[tuple[str, str]]:
+        """``(object_id, lease_owner)`` of up to ``limit`` leases live at ``now``, by id."""
+
+    def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
+        """``(status, updated_at)`` of every object that completed, failed or was
+        cancelled, last updated at or after ``since``."""
+
+    def updated_since(self, since: float, limit: int) -> builtins.list[str]:
+        """Ids of up to ``limit`` objects updated at or after ``since``, latest first."""
+
+    def bodies_since(self, object_ids: Sequence[str], kinds: Sequence[str], since_us: int
+                     ) -> builtins.list[RecordBody]:
+        """The records of ``object_ids`` whose kind is among ``kinds``, written at or after
+        ``since_us`` (microseconds since the epoch), by object id then seq."""
+
+    def sent_at(self, event_ids: Sequence[int]) -> dict[int, float]:
+        """When each of ``event_ids`` was sent to an inbox (ids not found left out)."""
+
+
+class Store(Nodes, Objects, Records, Leases, Inbox, DataKeyRows, Checkpoints, Writes, Browse,
             Protocol):
-    """Narrow storage interface: rows, records, leases, timers, inbox, node keys.
+    """Narrow storage interface: rows, records, leases, timers, inbox, node keys, and
+    the read-only ``Browse`` role people look through.
 
     Every role above, plus ``url`` (shown in banners and errors, password masked) and
     ``close``.

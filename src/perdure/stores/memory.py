@@ -9,7 +9,8 @@ items, heartbeats) under one lock, so that a worker's threads can share it, and 
 wake-ups to subscribers as PostgreSQL does. Leases and timers are judged by the
 ``now`` a node passes, as on SQLite.
 
-The rows live in ``_memory_rows``; this module is the store's roles.
+The rows live in ``_memory_rows``, the dashboard's reads in ``_memory_browse``; this
+module is the store's roles.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from perdure.errors import (
     ObjectTerminatedError,
     StoreError,
 )
+from perdure.stores import _memory_browse as browsing
 from perdure.stores._memory_rows import TERMINAL, NodeRow, Tables, apply_one
 from perdure.stores._rows import checked_chain, record_from_row, record_params
 from perdure.stores.base import (
@@ -38,8 +40,10 @@ from perdure.stores.base import (
     Event,
     NewObject,
     NodeInfo,
+    ObjectFilter,
     ObjectRow,
     Outcomes,
+    RecordBody,
     Route,
     Writer,
 )
@@ -269,6 +273,60 @@ class MemoryStore:
         """The stored commit seals among ``digests``, by digest."""
         with self._held() as t:
             return {digest: t.seals[digest] for digest in digests if digest in t.seals}
+
+    # -- browsing ----------------------------------------------------------------------
+
+    def browse(self, where: ObjectFilter, *, after: tuple[float, str] | None = None,
+               limit: int = 50, now: float) -> builtins.list[ObjectRow]:
+        """Rows matching ``where``, newest first, a page after the key ``after``."""
+        with self._held() as t:
+            return browsing.browse(t, where, after, limit, float(now))
+
+    def records_of_kinds(self, object_id: str, kinds: Sequence[str], limit: int
+                         ) -> builtins.list[Record]:
+        """The object's records of ``kinds``, oldest first, at most ``limit``."""
+        with self._held() as t:
+            rows = browsing.records_of_kinds(t, object_id, kinds, limit)
+        return [record_from_row(row) for row in rows]
+
+    def status_counts(self) -> dict[str, int]:
+        """How many objects hold each stored status."""
+        counts: dict[str, int] = {}
+        with self._held() as t:
+            for row in t.objects.values():
+                counts[row.status] = counts.get(row.status, 0) + 1
+        return counts
+
+    def awaiting_outside(self, limit: int) -> builtins.list[ObjectRow]:
+        """Dormant objects waiting for an event from outside, latest updated first."""
+        with self._held() as t:
+            return browsing.awaiting_outside(t, limit)
+
+    def lease_holders(self, now: float, limit: int) -> builtins.list[tuple[str, str]]:
+        """``(object_id, lease_owner)`` of leases live at ``now``, by id."""
+        with self._held() as t:
+            return browsing.lease_holders(t, now, limit)
+
+    def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
+        """``(status, updated_at)`` of objects that ended at or after ``since``."""
+        with self._held() as t:
+            return browsing.ended_since(t, since)
+
+    def updated_since(self, since: float, limit: int) -> builtins.list[str]:
+        """Ids of objects updated at or after ``since``, latest first."""
+        with self._held() as t:
+            return browsing.updated_since(t, since, limit)
+
+    def bodies_since(self, object_ids: Sequence[str], kinds: Sequence[str], since_us: int
+                     ) -> builtins.list[RecordBody]:
+        """Records of ``object_ids`` and ``kinds`` since ``since_us``, bodies as bytes."""
+        with self._held() as t:
+            return browsing.bodies_since(t, object_ids, kinds, since_us)
+
+    def sent_at(self, event_ids: Sequence[int]) -> dict[int, float]:
+        """When each of ``event_ids`` was sent."""
+        with self._held() as t:
+            return browsing.sent_at(t, event_ids)
 
     # -- leases ----------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ the epoch exactly as on SQLite. New objects and events are announced with
 ``NOTIFY perdure_wake`` so idle nodes wake at once; due timers are found through the
 ``ready_at`` index. The group commit's statements are ``_postgres_commit``'s; the
 connections, migrations and the translation of every ``psycopg`` error are
-``_postgres_db``'s.
+``_postgres_db``'s; the dashboard's reads (``Browse``) are ``_postgres_browse``'s.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
 
-from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
+from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
@@ -41,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the install-hint t
         "pip install 'perdure[postgres]'"
     ) from exc
 
+from perdure.stores._postgres_browse import PostgresBrowse
 from perdure.stores._postgres_commit import (
     RetryWithSavepoints,
     append_query,
@@ -55,8 +55,8 @@ from perdure.stores._postgres_commit import (
     releases_waiting,
     seals_param,
 )
-from perdure.stores._postgres_db import PostgresDatabase, translate
 from perdure.stores._postgres_db import Q as _Q
+from perdure.stores._postgres_db import object_of, translate
 from perdure.stores._rows import (
     checked_chain,
     checkpoint_row,
@@ -64,7 +64,6 @@ from perdure.stores._rows import (
     create_params,
     data_key_row,
     list_query,
-    object_row,
     record_from_row,
     record_params,
     seal_from_row,
@@ -95,12 +94,6 @@ _TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
 _CHAIN_CHUNK = 1000 if psycopg.pq.version() >= 170000 else 0
 
 
-def _object_of(cur: psycopg.Cursor[Any], row: tuple[Any, ...]) -> ObjectRow:
-    assert cur.description is not None
-    return object_row({col.name: value for col, value in zip(cur.description, row, strict=True)},
-                      tuple)
-
-
 def _split_names(names: str) -> list[str] | None:
     """The four header strings ``chain_after`` joins with U+001F; ``None`` when one of
     them holds that character itself (the full read then takes the record)."""
@@ -108,7 +101,7 @@ def _split_names(names: str) -> list[str] | None:
     return parts if len(parts) == 4 else None
 
 
-class PostgresStore(PostgresDatabase):
+class PostgresStore(PostgresBrowse):
     """A ``Store`` on one PostgreSQL database shared by any number of nodes.
 
     ``pool_size`` bounds this process's connections; ``connect_timeout`` is how long
@@ -226,7 +219,7 @@ class PostgresStore(PostgresDatabase):
         with self._single() as conn:
             cur = conn.execute(_Q["get_object"], (object_id,))
             row = cur.fetchone()
-            return None if row is None else _object_of(cur, row)
+            return None if row is None else object_of(cur, row)
 
     def list(
         self,
@@ -243,7 +236,7 @@ class PostgresStore(PostgresDatabase):
                 _Q[list_query(status=status, agent=agent, parent=parent)],
                 {"status": status, "phase": phase, "agent": agent, "parent": parent,
                  "limit": limit})
-            return [_object_of(cur, row) for row in cur.fetchall()]
+            return [object_of(cur, row) for row in cur.fetchall()]
 
     def records(self, object_id: str, after_seq: int = 0) -> builtins.list[Record]:
         """Records after ``after_seq``, decoded; ``RecordDecodeError`` on damage."""

@@ -4,7 +4,8 @@ Writes take ``BEGIN IMMEDIATE`` so that concurrent processes queue on SQLite's
 lock instead of failing. Many appends are applied in one transaction (group
 commit, ``_sqlite_commit``); a refused append (lost lease) does not undo the
 others. The file itself (connections, migrations, damaged text) is ``_sqlite_file``'s;
-every ``sqlite3`` error is translated there.
+every ``sqlite3`` error is translated there. The dashboard's reads (``Browse``) are
+``_sqlite_browse``'s.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from perdure._gc import gc_paused
 from perdure.core.chain import CommitSeal, chain_from_rows
+from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
@@ -39,10 +40,10 @@ from perdure.stores._rows import (
     record_params,
     seal_from_row,
 )
+from perdure.stores._sqlite_browse import SQLiteBrowse
 from perdure.stores._sqlite_commit import RetryWithSavepoints, apply_batch
 from perdure.stores._sqlite_file import (
     Busy,
-    SQLiteFile,
     bad_text,
     damaged_row,
     object_of,
@@ -98,7 +99,7 @@ def _ids(conn: sqlite3.Connection, params: dict[str, Any]) -> builtins.list[str]
     return ids
 
 
-class SQLiteStore(SQLiteFile):
+class SQLiteStore(SQLiteBrowse):
     """A ``Store`` on one SQLite file.
 
     ``synchronous`` is ``"full"`` (every commit reaches the disk before it returns)

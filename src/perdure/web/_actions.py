@@ -22,19 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
-from perdure.approvals import (
-    APPROVAL_EVENT,
-    PendingApproval,
-    check_deadline,
-    decide,
-    pending_in,
-)
+from perdure.approvals import decide
+from perdure.core.approvals import PendingApproval, check_deadline, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
+from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_reserved
 from perdure.core.names import check_name
-from perdure.engine.actions import ACTION_NOTE, REFINE_EVENT
+from perdure.core.questions import Question as AskedQuestion
 from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
-from perdure.handle import Handle, ObjectInfo
-from perdure.questions import Question as AskedQuestion
+from perdure.handle import Handle
+from perdure.info import ObjectInfo
 from perdure.web._auth import Principal
 
 __all__ = ["Question", "approve", "cancel", "fork", "pause", "pending_approvals",
@@ -53,7 +49,7 @@ def record_action(app: App, object_id: str, who: Principal, action: str, *,
             "via": "dashboard", "at": time.time(), **details}
     data = encode({ACTION_NOTE: note}, what="action note", max_depth=MAX_DEPTH)
     return app.store.send(object_id, REFINE_EVENT, data, dedupe_key, time.time(),
-                          app._seal(object_id, REFINE_EVENT, data, dedupe_key))
+                          app.client.seal_event(object_id, REFINE_EVENT, data, dedupe_key))
 
 
 # -- what the API of today does ------------------------------------------------------
@@ -66,7 +62,7 @@ def send(app: App, who: Principal, object_id: str, event: str, payload: Any,
     for the second."""
     app.get(object_id, explain=False)
     check_name(event, "event name")
-    if event.startswith("perdure:"):
+    if is_reserved(event):
         raise ConfigurationError(f"event name {event!r} is reserved; use another name")
     if nonce is not None and not _NONCE.fullmatch(nonce):
         raise ConfigurationError("the form's nonce is damaged; reload the page")
@@ -205,7 +201,7 @@ def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
     on it; else ``ApprovalError`` saying why (``ConfigurationError`` when the object's
     workers would refuse this dashboard's key), before anything is written."""
     app.get(object_id, explain=False)
-    app._check_audience(object_id)  # a key its workers would refuse: say so, not "forged"
+    app.client.check_audience(object_id)  # a key its workers would refuse: say so, not "forged"
     pending = {p.proposal_id: p for p in pending_in(app.history(object_id))}
     target = pending.get(proposal_id)
     if target is None:

@@ -1,5 +1,5 @@
 """The dashboard's pages as HTML: every value escaped, every word about an object and its
-memory from ``perdure.inspect`` (the renderer ``perdure show`` uses), so that the CLI and
+memory from ``perdure.describe`` (the renderer ``perdure show`` uses), so that the CLI and
 the dashboard never disagree.
 
 Regions marked ``data-live`` are refreshed in place by ``app.js``; forms are outside
@@ -15,15 +15,16 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from perdure import inspect as view
-from perdure.approvals import APPROVAL_EVENT, PendingApproval, pending_in
+from perdure import describe as view
+from perdure.core.approvals import PendingApproval, pending_in
 from perdure.core.bodies import Instantiated, IntentRefined, decode
 from perdure.core.chain import VerifyReport
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import sealed_shown
+from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError
-from perdure.handle import ObjectInfo
-from perdure.inspect import STATUS_STYLE
+from perdure.info import ObjectInfo
 from perdure.stores.base import NodeInfo
 from perdure.web._actions import Question
 from perdure.web._auth import Principal

@@ -36,12 +36,13 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.app import App
+from perdure.core.events import is_reserved
 from perdure.core.records import Kind
 from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
 from perdure.follow import follow
-from perdure.handle import ObjectInfo, info_from_row
+from perdure.info import ObjectInfo, info_from_row
 from perdure.web import _actions as actions
 from perdure.web import _pages as pages
 from perdure.web._auth import Credentials, Principal, Session, Sessions, Throttle
@@ -340,7 +341,7 @@ class Dashboard:
         it waits for."""
         if info.asking:
             return [actions.Question.asked(q) for q in info.asking]
-        if not info.waiting_event or info.waiting_event.startswith("perdure:"):
+        if not info.waiting_event or is_reserved(info.waiting_event):
             return []
         return [actions.Question(info.object_id, info.agent, info.waiting_event, None,
                                  info.updated_at)]

@@ -4,7 +4,7 @@ A record's body is a JSON object whose keys depend on its kind and, for a few ki
 what wrote it (a ``dormant`` body holds what the command that went dormant waits for; a
 ``terminated`` body a result, or a reason and an error). The classes here name those
 keys once, for the engine that writes them and for whatever reads them
-(``perdure.inspect``, the CLI, a dashboard):
+(``perdure.describe``, the CLI, a dashboard):
 
 - ``StepDone(...).encode()`` is exactly the dict the engine writes, key for key, so
   stored bytes, hashes and signatures do not change; ``.draft()`` is the

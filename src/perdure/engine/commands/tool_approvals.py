@@ -19,9 +19,10 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from perdure.approvals import pending_in
+from perdure.core.approvals import pending_in
 from perdure.core.bodies import EventRefused, ToolDecided, ToolProposed
 from perdure.core.codec import decode
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.gate import GateDecision, approval_problem, canonical_args, late_problem
 from perdure.core.trust import EventSeal
 from perdure.engine.commands.waits import _inbox, vouched
@@ -31,10 +32,8 @@ if TYPE_CHECKING:
     from perdure.engine.run import Run
     from perdure.stores.base import Event
 
-__all__ = ["APPROVAL_EVENT", "take_decision"]
+__all__ = ["take_decision"]
 
-APPROVAL_EVENT = "perdure:approval"
-"""The inbox event a person's decision on a proposal arrives as."""
 
 _WAITING: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 

@@ -44,6 +44,7 @@ from perdure.core.bodies import (
     ToolStarted,
 )
 from perdure.core.codec import decode, encode
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.gate import (
     ALLOW,
     APPROVAL,
@@ -59,7 +60,7 @@ from perdure.core.gate import (
 )
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.core.usage import usage_totals
-from perdure.engine.commands.tool_approvals import APPROVAL_EVENT, take_decision
+from perdure.engine.commands.tool_approvals import take_decision
 from perdure.engine.context import StepInfo
 from perdure.engine.signals import Suspend
 from perdure.errors import SerializationError

@@ -26,12 +26,12 @@ from perdure.core.bodies import (
 )
 from perdure.core.codec import MAX_DEPTH, decode, detached, encode
 from perdure.core.names import check_name
+from perdure.core.questions import asking_note
 from perdure.core.records import Kind, RecordDraft
 from perdure.core.sealing import marked
 from perdure.engine.commands.positions import find
 from perdure.engine.signals import Suspend
 from perdure.errors import ConfigurationError
-from perdure.questions import asking_note
 from perdure.stores.base import Event
 
 if TYPE_CHECKING:

@@ -484,3 +484,93 @@ DELETE FROM checkpoints WHERE object_id = %s AND slot = %s;
 
 -- name: delete_checkpoints
 DELETE FROM checkpoints WHERE object_id = %s;
+
+-- name: browse_objects
+-- The dashboard's objects, newest first by (created_at, object_id), one page after the
+-- key (c_at, c_id) (NULL: the first page). The key is also a range on created_at, so
+-- the objects_created index serves page 1,000 as it serves page 1 (never an offset).
+-- A filter given as NULL matches every row (each execution is planned with its values,
+-- so PostgreSQL drops those terms and picks the index a given filter can use). status
+-- is a stored status or one derived from the flags: parked; paused (and not parked);
+-- running (a lease live at now); a stored status that is not terminal matches rows
+-- neither parked nor paused. node holds the lease now (owners are "node/worker"); q is
+-- the start of the id, compared exactly (no LIKE: an id may hold % or _); lk = lv is a
+-- label the object was started with (its first record's context).
+SELECT * FROM objects
+WHERE created_at <= COALESCE(%(until)s::float8, 1e300::float8)
+  AND created_at >= COALESCE(%(since)s::float8, -1e300::float8)
+  AND created_at <= COALESCE(%(c_at)s::float8, 1e300::float8)
+  AND (%(c_at)s::float8 IS NULL OR created_at < %(c_at)s::float8
+       OR object_id > %(c_id)s::text)
+  AND (%(status)s::text IS NULL
+       OR (%(status)s::text = 'parked' AND parked)
+       OR (%(status)s::text = 'paused' AND paused AND NOT parked)
+       OR (%(status)s::text = 'running' AND lease_owner IS NOT NULL
+           AND lease_expires > %(now)s::float8)
+       OR (%(status)s::text NOT IN ('parked', 'paused', 'running')
+           AND status = %(status)s::text
+           AND (status IN ('completed', 'failed', 'cancelled')
+                OR (NOT parked AND NOT paused))))
+  AND (%(phase)s::text IS NULL OR phase = %(phase)s::text)
+  AND (%(agent)s::text IS NULL OR agent = %(agent)s::text)
+  AND (%(version)s::text IS NULL OR agent_version = %(version)s::text)
+  AND (%(parent)s::text IS NULL OR parent_id = %(parent)s::text)
+  AND (%(node)s::text IS NULL OR (starts_with(lease_owner, %(node)s::text || '/')
+                                  AND lease_expires > %(now)s::float8))
+  AND (%(q)s::text IS NULL OR starts_with(object_id, %(q)s::text))
+  AND (%(lk)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM records r
+        WHERE r.object_id = objects.object_id AND r.seq = 1 AND r.kind = 'instantiated'
+          AND convert_from(r.body, 'UTF8')::jsonb -> 'context' -> 'labels'
+              ->> %(lk)s::text = %(lv)s::text))
+ORDER BY created_at DESC, object_id
+LIMIT %(limit)s;
+
+-- name: records_of_kinds
+-- An object's records of some kinds, oldest first: its intent and refinements, when its
+-- memory is too long to read whole for a page.
+SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash,
+       signature
+FROM records
+WHERE object_id = %(object_id)s AND kind = ANY(%(kinds)s::text[])
+ORDER BY seq
+LIMIT %(limit)s;
+
+-- name: status_counts
+SELECT status, COUNT(*) FROM objects GROUP BY status;
+
+-- name: awaiting_outside
+-- Questions for people: dormant objects no node holds, waiting for an event that is not
+-- one of perdure's own (perdure:...), most recently updated first.
+SELECT * FROM objects
+WHERE waiting_event IS NOT NULL AND lease_owner IS NULL
+  AND waiting_event NOT LIKE 'perdure:%%' AND status = 'dormant'
+ORDER BY updated_at DESC, object_id
+LIMIT %(limit)s;
+
+-- name: lease_holders
+SELECT object_id, lease_owner FROM objects
+WHERE lease_owner IS NOT NULL AND lease_expires > %(now)s
+ORDER BY object_id
+LIMIT %(limit)s;
+
+-- name: ended_since
+SELECT status, updated_at FROM objects
+WHERE updated_at >= %(since)s AND status IN ('completed', 'failed', 'cancelled');
+
+-- name: updated_since
+SELECT object_id FROM objects
+WHERE updated_at >= %(since)s
+ORDER BY updated_at DESC, object_id
+LIMIT %(limit)s;
+
+-- name: bodies_since
+-- Records of some objects and kinds written since since_us: the last hour's spend and
+-- wake latency.
+SELECT object_id, seq, kind, ts_us, body FROM records
+WHERE object_id = ANY(%(ids)s::text[]) AND ts_us >= %(since_us)s
+  AND kind = ANY(%(kinds)s::text[])
+ORDER BY object_id, seq;
+
+-- name: sent_at
+SELECT event_id, sent_at FROM inbox WHERE event_id = ANY(%(ids)s::bigint[]);

@@ -373,3 +373,210 @@ DELETE FROM checkpoints WHERE object_id = ? AND slot = ?;
 
 -- name: delete_checkpoints
 DELETE FROM checkpoints WHERE object_id = ?;
+
+
+-- name: browse_objects
+-- The dashboard's objects, newest first by (created_at, object_id), one page after the
+-- key (:c_at, :c_id) (NULL: the first page). The key is also a range on created_at, so
+-- the objects_created index serves page 1,000 as it serves page 1 (never an offset).
+-- A filter given as NULL matches every row. :status is a stored status or one derived
+-- from the flags: parked; paused (and not parked); running (a lease live at :now); a
+-- stored status that is not terminal matches rows neither parked nor paused. :node
+-- holds the lease now (owners are "node/worker"); :q is the start of the id, compared
+-- exactly (no LIKE: an id may hold % or _); :lk = :lv is a label the object was started
+-- with (its first record's context; read with json_each, as a JSON path cannot name
+-- every key). The four blocks after this one are this query led
+-- by one more predicate that an index serves (the id's primary key range, a parent,
+-- a stored status, an agent): SQLite plans a statement before it sees the values, so
+-- each gets the statement that can use its index. They must stay this query otherwise
+-- (tests/stores/test_browse.py holds them to it).
+SELECT * FROM objects
+WHERE created_at <= COALESCE(:until, 1e300)
+  AND created_at >= COALESCE(:since, -1e300)
+  AND created_at <= COALESCE(:c_at, 1e300)
+  AND (:c_at IS NULL OR created_at < :c_at OR object_id > :c_id)
+  AND (:status IS NULL
+       OR (:status = 'parked' AND parked = 1)
+       OR (:status = 'paused' AND paused = 1 AND parked = 0)
+       OR (:status = 'running' AND lease_owner IS NOT NULL AND lease_expires > :now)
+       OR (:status NOT IN ('parked', 'paused', 'running') AND status = :status
+           AND (status IN ('completed', 'failed', 'cancelled')
+                OR (parked = 0 AND paused = 0))))
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:version IS NULL OR agent_version = :version)
+  AND (:parent IS NULL OR parent_id = :parent)
+  AND (:node IS NULL OR (substr(lease_owner, 1, length(:node) + 1) = :node || '/'
+                         AND lease_expires > :now))
+  AND (:q IS NULL OR substr(object_id, 1, length(:q)) = :q)
+  AND (:lk IS NULL OR EXISTS (
+        SELECT 1 FROM records r, json_each(CAST(r.body AS TEXT), '$.context.labels') l
+        WHERE r.object_id = objects.object_id AND r.seq = 1 AND r.kind = 'instantiated'
+          AND l.key = :lk AND l.value = :lv))
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: browse_by_prefix
+-- char(1114111) is U+10FFFF, the greatest character: the range holds every id that
+-- starts with :q. likelihood() tells the planner that few ids are in it; it would
+-- otherwise keep to the objects_created index for its order, and scan it all.
+SELECT * FROM objects
+WHERE likelihood(object_id >= :q, 0.001) AND object_id < :q || char(1114111)
+  AND created_at <= COALESCE(:until, 1e300)
+  AND created_at >= COALESCE(:since, -1e300)
+  AND created_at <= COALESCE(:c_at, 1e300)
+  AND (:c_at IS NULL OR created_at < :c_at OR object_id > :c_id)
+  AND (:status IS NULL
+       OR (:status = 'parked' AND parked = 1)
+       OR (:status = 'paused' AND paused = 1 AND parked = 0)
+       OR (:status = 'running' AND lease_owner IS NOT NULL AND lease_expires > :now)
+       OR (:status NOT IN ('parked', 'paused', 'running') AND status = :status
+           AND (status IN ('completed', 'failed', 'cancelled')
+                OR (parked = 0 AND paused = 0))))
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:version IS NULL OR agent_version = :version)
+  AND (:parent IS NULL OR parent_id = :parent)
+  AND (:node IS NULL OR (substr(lease_owner, 1, length(:node) + 1) = :node || '/'
+                         AND lease_expires > :now))
+  AND (:q IS NULL OR substr(object_id, 1, length(:q)) = :q)
+  AND (:lk IS NULL OR EXISTS (
+        SELECT 1 FROM records r, json_each(CAST(r.body AS TEXT), '$.context.labels') l
+        WHERE r.object_id = objects.object_id AND r.seq = 1 AND r.kind = 'instantiated'
+          AND l.key = :lk AND l.value = :lv))
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: browse_children
+SELECT * FROM objects
+WHERE parent_id = :parent
+  AND created_at <= COALESCE(:until, 1e300)
+  AND created_at >= COALESCE(:since, -1e300)
+  AND created_at <= COALESCE(:c_at, 1e300)
+  AND (:c_at IS NULL OR created_at < :c_at OR object_id > :c_id)
+  AND (:status IS NULL
+       OR (:status = 'parked' AND parked = 1)
+       OR (:status = 'paused' AND paused = 1 AND parked = 0)
+       OR (:status = 'running' AND lease_owner IS NOT NULL AND lease_expires > :now)
+       OR (:status NOT IN ('parked', 'paused', 'running') AND status = :status
+           AND (status IN ('completed', 'failed', 'cancelled')
+                OR (parked = 0 AND paused = 0))))
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:version IS NULL OR agent_version = :version)
+  AND (:parent IS NULL OR parent_id = :parent)
+  AND (:node IS NULL OR (substr(lease_owner, 1, length(:node) + 1) = :node || '/'
+                         AND lease_expires > :now))
+  AND (:q IS NULL OR substr(object_id, 1, length(:q)) = :q)
+  AND (:lk IS NULL OR EXISTS (
+        SELECT 1 FROM records r, json_each(CAST(r.body AS TEXT), '$.context.labels') l
+        WHERE r.object_id = objects.object_id AND r.seq = 1 AND r.kind = 'instantiated'
+          AND l.key = :lk AND l.value = :lv))
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: browse_by_status
+SELECT * FROM objects
+WHERE status = :status
+  AND created_at <= COALESCE(:until, 1e300)
+  AND created_at >= COALESCE(:since, -1e300)
+  AND created_at <= COALESCE(:c_at, 1e300)
+  AND (:c_at IS NULL OR created_at < :c_at OR object_id > :c_id)
+  AND (:status IS NULL
+       OR (:status = 'parked' AND parked = 1)
+       OR (:status = 'paused' AND paused = 1 AND parked = 0)
+       OR (:status = 'running' AND lease_owner IS NOT NULL AND lease_expires > :now)
+       OR (:status NOT IN ('parked', 'paused', 'running') AND status = :status
+           AND (status IN ('completed', 'failed', 'cancelled')
+                OR (parked = 0 AND paused = 0))))
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:version IS NULL OR agent_version = :version)
+  AND (:parent IS NULL OR parent_id = :parent)
+  AND (:node IS NULL OR (substr(lease_owner, 1, length(:node) + 1) = :node || '/'
+                         AND lease_expires > :now))
+  AND (:q IS NULL OR substr(object_id, 1, length(:q)) = :q)
+  AND (:lk IS NULL OR EXISTS (
+        SELECT 1 FROM records r, json_each(CAST(r.body AS TEXT), '$.context.labels') l
+        WHERE r.object_id = objects.object_id AND r.seq = 1 AND r.kind = 'instantiated'
+          AND l.key = :lk AND l.value = :lv))
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: browse_by_agent
+SELECT * FROM objects
+WHERE agent = :agent
+  AND created_at <= COALESCE(:until, 1e300)
+  AND created_at >= COALESCE(:since, -1e300)
+  AND created_at <= COALESCE(:c_at, 1e300)
+  AND (:c_at IS NULL OR created_at < :c_at OR object_id > :c_id)
+  AND (:status IS NULL
+       OR (:status = 'parked' AND parked = 1)
+       OR (:status = 'paused' AND paused = 1 AND parked = 0)
+       OR (:status = 'running' AND lease_owner IS NOT NULL AND lease_expires > :now)
+       OR (:status NOT IN ('parked', 'paused', 'running') AND status = :status
+           AND (status IN ('completed', 'failed', 'cancelled')
+                OR (parked = 0 AND paused = 0))))
+  AND (:phase IS NULL OR phase = :phase)
+  AND (:agent IS NULL OR agent = :agent)
+  AND (:version IS NULL OR agent_version = :version)
+  AND (:parent IS NULL OR parent_id = :parent)
+  AND (:node IS NULL OR (substr(lease_owner, 1, length(:node) + 1) = :node || '/'
+                         AND lease_expires > :now))
+  AND (:q IS NULL OR substr(object_id, 1, length(:q)) = :q)
+  AND (:lk IS NULL OR EXISTS (
+        SELECT 1 FROM records r, json_each(CAST(r.body AS TEXT), '$.context.labels') l
+        WHERE r.object_id = objects.object_id AND r.seq = 1 AND r.kind = 'instantiated'
+          AND l.key = :lk AND l.value = :lv))
+ORDER BY created_at DESC, object_id
+LIMIT :limit;
+
+-- name: records_of_kinds
+-- An object's records of some kinds (:kinds, a JSON array), oldest first: its intent and
+-- refinements, when its memory is too long to read whole for a page.
+SELECT object_id, seq, trace_id, ts_us, node_id, policy_ref, kind, body, prev_hash, hash,
+       signature
+FROM records
+WHERE object_id = :object_id AND kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY seq
+LIMIT :limit;
+
+-- name: status_counts
+SELECT status, COUNT(*) FROM objects GROUP BY status;
+
+-- name: awaiting_outside
+-- Questions for people: dormant objects no node holds, waiting for an event that is not
+-- one of perdure's own (perdure:...), most recently updated first.
+SELECT * FROM objects
+WHERE waiting_event IS NOT NULL AND lease_owner IS NULL
+  AND waiting_event NOT LIKE 'perdure:%' AND status = 'dormant'
+ORDER BY updated_at DESC, object_id
+LIMIT :limit;
+
+-- name: lease_holders
+SELECT object_id, lease_owner FROM objects
+WHERE lease_owner IS NOT NULL AND lease_expires > :now
+ORDER BY object_id
+LIMIT :limit;
+
+-- name: ended_since
+SELECT status, updated_at FROM objects
+WHERE updated_at >= :since AND status IN ('completed', 'failed', 'cancelled');
+
+-- name: updated_since
+SELECT object_id FROM objects
+WHERE updated_at >= :since
+ORDER BY updated_at DESC, object_id
+LIMIT :limit;
+
+-- name: bodies_since
+-- Records of some objects (:ids) and kinds (:kinds), both JSON arrays, written since
+-- :since_us: the last hour's spend and wake latency.
+SELECT object_id, seq, kind, ts_us, body FROM records
+WHERE object_id IN (SELECT value FROM json_each(:ids)) AND ts_us >= :since_us
+  AND kind IN (SELECT value FROM json_each(:kinds))
+ORDER BY object_id, seq;
+
+-- name: sent_at
+-- When some inbox events (:ids, a JSON array) were sent.
+SELECT event_id, sent_at FROM inbox WHERE event_id IN (SELECT value FROM json_each(:ids));

@@ -1,7 +1,7 @@
 """``perdure tail ID [--follow] [--json]``: an object's memory as it is written.
 
 A streamed model call's batches are printed as the text they hold, as they arrive;
-every other record as its one-line description (``perdure.inspect.describe``), so a
+every other record as its one-line description (``perdure.describe.describe``), so a
 recovery after a crash shows where it happened. With ``--follow`` it goes on until the
 object ends; ``--json`` prints one JSON object per record (JSON Lines).
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
-from perdure import inspect as view
-from perdure._resource_lines import shown_body
+from perdure import describe as view
 from perdure.follow import StreamEvent, follow
+from perdure.resources.lines import shown_body
 
 __all__ = ["event_json", "event_line", "tail"]
 

@@ -155,7 +155,7 @@ async def run_pydantic_agent(run: Run, agent: Any, prompt: str, *, client: Any, 
     async def ask(history: list[Any], info: AgentInfo) -> Any:
         tools = [ToolSpec(t.name, t.description or "", dict(t.parameters_json_schema))
                  for t in (*info.function_tools, *info.output_tools)]
-        gate.model_call = str(run._key(consume=False))
+        gate.model_call = run.next_position()
         reply = await run.model(client, model=model, messages=_messages(history, info.instructions),
                                 tools=tools, name=name)
         parts: list[Any] = [TextPart(reply.text)] if reply.text else []

@@ -38,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perdure._data_keys import DataKeys
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.records import Record
 from perdure.core.sealing import (
@@ -55,6 +54,7 @@ from perdure.core.sealing import (
     wrap_data_key,
 )
 from perdure.errors import DataKeyError, SerializationError
+from perdure.keys.data_keys import DataKeys
 from perdure.stores.base import DataKeyRow, Store
 
 __all__ = ["KeyCache", "Rewrapped", "SealedScan", "Sealer", "needs_sealing", "no_key_note",

@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from perdure._data_keys import DataKeys
-from perdure.engine.sealer import rewrap
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.sealer import rewrap
 
 __all__ = ["data_key", "rotate_data"]
 

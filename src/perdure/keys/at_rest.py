@@ -14,28 +14,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from perdure._data_keys import DataKeys
 from perdure.core.arguments import start_differences
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.records import Record
 from perdure.core.sealing import has_secrets, marked
 from perdure.core.secret import Secret
-from perdure.engine.sealer import Sealer, needs_sealing, sealed_arguments
-from perdure.engine.settings import AgentDef
 from perdure.errors import DataKeyError
+from perdure.keys.data_keys import DataKeys
+from perdure.keys.sealer import Sealer, needs_sealing, sealed_arguments
 from perdure.stores.base import Store
 
 __all__ = ["differences", "opened_body", "sealed_goal", "sealed_payload", "start_arguments"]
 
 
-def start_arguments(store: Store, keys: DataKeys | None, definition: AgentDef,
+def start_arguments(store: Store, keys: DataKeys | None, agent: str, encrypt: bool,
                     object_id: str, args: Sequence[Any], kwargs: Mapping[str, Any]
                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments as the object's first record keeps them (sealed where needed)."""
-    if not needs_sealing(args, kwargs, seal_all=definition.encrypt):
+    """The arguments as the object's first record keeps them (sealed where needed: all of
+    them when the ``agent`` encrypts all)."""
+    if not needs_sealing(args, kwargs, seal_all=encrypt):
         return tuple(args), dict(kwargs)
-    sealer = Sealer(store, keys, object_id, seal_all=definition.encrypt)
-    return sealed_arguments(sealer, args, kwargs, agent=definition.name)
+    sealer = Sealer(store, keys, object_id, seal_all=encrypt)
+    return sealed_arguments(sealer, args, kwargs, agent=agent)
 
 
 def sealed_payload(store: Store, keys: DataKeys | None, object_id: str, event: str,

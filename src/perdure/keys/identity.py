@@ -22,7 +22,6 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from perdure._keys import KeyFolder, default_node_id, read_roots
 from perdure.core.chain import Signer
 from perdure.core.trust import (
     Certificate,
@@ -32,9 +31,10 @@ from perdure.core.trust import (
     public_key_bytes,
     when,
 )
-from perdure.engine.anchors import HeadAnchors
-from perdure.engine.verifier import Verifier
 from perdure.errors import ConfigurationError, NodeIdentityError
+from perdure.keys.anchors import HeadAnchors
+from perdure.keys.folder import KeyFolder, default_node_id, read_roots
+from perdure.keys.verifier import Verifier
 from perdure.stores.base import Store
 
 __all__ = ["NodeIdentity", "TrustSpec", "parse_trust"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from perdure.approvals import PendingApproval, shown
+from perdure.core.approvals import PendingApproval, shown
 from perdure.errors import ConfigurationError
 
 __all__ = ["approvals", "approve", "reject"]

@@ -16,7 +16,6 @@ from typing import Any
 
 import click
 
-from perdure._keys import KeyFolder, default_node_id
 from perdure.core.trust import (
     Certificate,
     fingerprint,
@@ -26,6 +25,7 @@ from perdure.core.trust import (
     when,
 )
 from perdure.errors import ConfigurationError
+from perdure.keys.folder import KeyFolder, default_node_id
 
 __all__ = ["keys"]
 
@@ -291,7 +291,7 @@ def rotate(obj: Any, days: float | None, data: bool) -> None:
     """Give this node a new key (the old one is kept as node.key.<fingerprint>.old);
     with --data, re-wrap the data keys of secrets under a new key-encryption key."""
     if data:
-        from perdure._cli_secrets import rotate_data
+        from perdure.cli.data_keys import rotate_data
 
         rotate_data(obj)
         return

@@ -27,21 +27,23 @@ from typing import TYPE_CHECKING
 
 from perdure.core.records import Record
 from perdure.core.sealing import marked
-from perdure.engine.sealer import KeyCache, Sealer
 from perdure.errors import DataKeyError
+from perdure.keys.sealer import KeyCache, Sealer
 
 if TYPE_CHECKING:
-    from perdure.app import App
+    from perdure.keys.data_keys import DataKeys
+    from perdure.stores.base import Store
 
 __all__ = ["RecordOpener"]
 
 
 class RecordOpener:
-    """Opens the sealed values of records read by ``app``'s caller (see the module)."""
+    """Opens the sealed values of records read from ``store`` with ``keys`` (``None``:
+    opens nothing) for a caller (see the module)."""
 
-    def __init__(self, app: App) -> None:
-        self._store = app.store
-        self._keys = app.data_keys if app.open_sealed else None
+    def __init__(self, store: Store, keys: DataKeys | None) -> None:
+        self._store = store
+        self._keys = keys
         self._cache = KeyCache(256)
         self._sealers: dict[str, Sealer] = {}
 

@@ -3,7 +3,7 @@
 - ``perdure questions [--agent NAME] [--limit N] [--json]``: what waiting objects ask
   (``App.questions``), newest first, with the event that answers each
   (``perdure send ID EVENT JSON`` answers), and how many tool calls wait for approval and
-  objects are parked (what else waits for a person; see ``perdure.questions``).
+  objects are parked (what else waits for a person; see ``perdure.core.questions``).
 - ``perdure query ID NAME [ARG_JSON ...] [--app module:app]``: a query declared in the
   agent's code, over the object's checked memory; prints the answer as JSON.
 - ``perdure fork ID --at SEQ [--id NEW]``: a new object from the object's memory up to
@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from perdure import inspect as view
+from perdure import describe as view
 from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 

@@ -23,17 +23,14 @@ from rich.table import Table
 from rich.text import Text
 
 from perdure import __version__
-from perdure import inspect as view
-from perdure._cli_approvals import approvals, approve, reject
-from perdure._cli_keys import keys
-from perdure._cli_secrets import data_key
-from perdure._cli_steer import fork, query, questions, retry
-from perdure._cli_tail import tail
-from perdure._cli_ui import start_ui, ui
-from perdure._identity import NodeIdentity
-from perdure._keys import KeyFolder, default_key_dir
-from perdure._resource_lines import shown_body, slot_lines
+from perdure import describe as view
 from perdure.app import App
+from perdure.cli.approvals import approvals, approve, reject
+from perdure.cli.data_keys import data_key
+from perdure.cli.keys import keys
+from perdure.cli.steer import fork, query, questions, retry
+from perdure.cli.tail import tail
+from perdure.cli.ui import start_ui, ui
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
 from perdure.core.records import Record
@@ -48,7 +45,10 @@ from perdure.errors import (
     RecordDecodeError,
     StoreError,
 )
-from perdure.handle import ObjectInfo
+from perdure.info import ObjectInfo
+from perdure.keys.folder import KeyFolder, default_key_dir
+from perdure.keys.identity import NodeIdentity
+from perdure.resources.lines import shown_body, slot_lines
 
 __all__ = ["main"]
 

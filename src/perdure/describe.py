@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from perdure._resource_lines import RESOURCE_LINES
 from perdure.core.bodies import (
     JSON,
     Body,
@@ -62,13 +61,14 @@ from perdure.core.bodies import (
 )
 from perdure.core.bodies.tools import DECIDED
 from perdure.core.lifecycle import Status
+from perdure.core.questions import asking_note
+from perdure.core.questions import question_text as question
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import SEALED, sealed_shown
 from perdure.core.usage import UsageTotals, decimal_text
 from perdure.errors import RecordDecodeError
-from perdure.handle import ObjectInfo
-from perdure.questions import asking_note
-from perdure.questions import question_text as question
+from perdure.info import ObjectInfo
+from perdure.resources.lines import RESOURCE_LINES
 from perdure.stores.base import NodeInfo
 
 __all__ = [

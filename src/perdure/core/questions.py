@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from perdure.approvals import pending_in
+from perdure.core.approvals import pending_in
 from perdure.core.records import Kind, Record
 from perdure.core.sealing import sealed_shown
 

@@ -1,4 +1,4 @@
-"""Execution-state records in words, for ``perdure show`` (``perdure.inspect``).
+"""Execution-state records in words, for ``perdure show`` (``perdure.describe``).
 
 Descriptors are never printed: they hold paths, URLs with credentials and secret
 environment values. A resource is named with its recipe and descriptor version; a
