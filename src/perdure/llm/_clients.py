@@ -23,6 +23,7 @@ or an error (a provider message that quotes it has it replaced by ``***``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import hashlib
 import importlib
@@ -201,10 +202,11 @@ class _SdkClient:
         warm(self._provider, self._rehearse)
         return self._make_sdk(key)
 
-    async def _rehearse(self, server: ScriptedServer) -> None:
-        """Send the sample request whole and streamed through this client's code and a
-        client of the SDK made as ours are, to ``server``: the SDK's first-use work is
-        done here, on the warm-up's thread, not on a worker's loop (see ``_warm``)."""
+    async def _rehearse(self, server: ScriptedServer, calls: list[str]) -> None:
+        """Make ``calls`` (``complete``, ``stream``) of the sample request through this
+        client's code and a client of the SDK made as ours are, to ``server``: the SDK's
+        first-use work is done here, on the warm-up's thread, not on a worker's loop
+        (see ``_warm``). The failures the server is scripted to answer are expected."""
         twin = copy.copy(self)
         twin._base_url = (server.anthropic_base_url if self._provider == "anthropic"
                           else server.openai_base_url)
@@ -214,9 +216,13 @@ class _SdkClient:
         twin._sdk, twin._key_digest = twin._make_sdk(_WARM_KEY, http), _digest(_WARM_KEY)
         request = sample_request(self._provider)
         try:
-            await twin.complete(request)
-            async for _ in twin.stream(request):
-                pass
+            for call in calls:
+                with contextlib.suppress(ModelCallError):
+                    if call == "complete":
+                        await twin.complete(request)
+                    else:
+                        async for _ in twin.stream(request):
+                            pass
         finally:
             await twin.aclose()
 

@@ -23,12 +23,13 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from perdure.llm._types import Message, ModelParams, ModelRequest, ToolCall, ToolSpec
 
 if TYPE_CHECKING:
-    from perdure.llm.scripted import RecordedRequest, ScriptedReply, ScriptedServer
+    from perdure.llm.scripted import ScriptedFailure, ScriptedReply, ScriptedServer
 
 __all__ = ["sample_request", "warm", "warmed"]
 
@@ -61,19 +62,32 @@ def warmed() -> frozenset[str]:
     return frozenset(_warmed - _failed)
 
 
-def _rehearsal_reply(request: RecordedRequest) -> ScriptedReply:
-    from perdure.llm.scripted import ScriptedReply, ScriptedToolCall
+def _rehearsal() -> list[tuple[str, ScriptedReply | ScriptedFailure]]:
+    """What the rehearsal sends (``complete`` or ``stream``) and how the server answers:
+    replies, then the failures a call can meet (errors of status, an error event in a
+    stream, a connection dropped mid-stream), each building its exceptions once."""
+    from perdure.llm.scripted import ScriptedFailure, ScriptedReply, ScriptedToolCall
 
-    return ScriptedReply(text="ok", tool_calls=(ScriptedToolCall("f", '{"x": 1}'),))
+    reply = ScriptedReply(text="ok ok ok", chunk_chars=2,
+                          tool_calls=(ScriptedToolCall("f", '{"x": 1}'),))
+    return [("complete", reply), ("stream", reply),
+            ("complete", ScriptedFailure(429)), ("complete", ScriptedFailure(500)),
+            ("stream", replace(reply, error_after=1)),
+            ("stream", replace(reply, drop_after=1))]
 
 
-def warm(provider: str, rehearse: Callable[[ScriptedServer], Coroutine[Any, Any, None]]) -> bool:
+Rehearse = Callable[["ScriptedServer", list[str]], Coroutine[Any, Any, None]]
+"""``rehearse(server, calls)``: make each call (``complete`` or ``stream``) of the sample
+request, in order, through the client's code to ``server``; failures are expected."""
+
+
+def warm(provider: str, rehearse: Rehearse) -> bool:
     """Warm ``provider``'s SDK once per process (call on a thread, never on a loop);
     whether it is warm.
 
-    ``rehearse(server)`` sends ``sample_request(provider)`` whole and streamed through
-    the client's own code to ``server`` (a scripted server on 127.0.0.1, answering with
-    text and a tool call). A warm-up that fails is logged at WARNING and not repeated:
+    ``rehearse`` sends ``sample_request(provider)`` whole and streamed through the
+    client's own code to a scripted server on 127.0.0.1 answering as ``_rehearsal``
+    says. A warm-up that fails is logged at WARNING and not repeated:
     calls still work, only their first use may hold up the loop."""
     with _lock:
         if provider in _warmed:
@@ -81,8 +95,9 @@ def warm(provider: str, rehearse: Callable[[ScriptedServer], Coroutine[Any, Any,
         try:
             from perdure.llm.scripted import ScriptedServer
 
-            with ScriptedServer(responder=_rehearsal_reply) as server:
-                asyncio.run(rehearse(server))
+            plan = _rehearsal()
+            with ScriptedServer(*(step for _, step in plan)) as server:
+                asyncio.run(rehearse(server, [call for call, _ in plan]))
         except Exception:
             log.warning("could not warm the %s SDK up; its first call may hold up the "
                         "event loop", provider, exc_info=True)
