@@ -77,8 +77,20 @@ class LoopWatchdog:
                 self._excused += slept  # the process had no CPU: not the loop's doing
             last, cpu = now, used
             if self._stack is None and now - self._beat - self._excused > self.threshold:
-                frame = sys._current_frames().get(self._loop_thread)
-                self._stack = "".join(traceback.format_stack(frame)) if frame else "?"
+                self._stack = self._where()
+
+    def _where(self) -> str:
+        """The loop thread's stack; when it is only waiting in ``select`` (held up by
+        another thread keeping the GIL), the other threads' stacks too."""
+        frames = sys._current_frames()
+        frame = frames.get(self._loop_thread)
+        stack = "".join(traceback.format_stack(frame)) if frame else "?"
+        if frame is None or frame.f_code.co_name not in ("select", "poll", "_run_once"):
+            return stack
+        others = [f"thread {ident}:\n" + "".join(traceback.format_stack(other))
+                  for ident, other in frames.items()
+                  if ident not in (self._loop_thread, threading.get_ident())]
+        return stack + "the loop was idle; the other threads were at:\n" + "\n".join(others)
 
     def start(self) -> None:
         """Begin watching the running loop (call on it)."""
