@@ -35,8 +35,8 @@ POLICY = perdure.Policy(
 )
 
 
-def _sink() -> sqlite3.Connection:
-    conn = sqlite3.connect(os.environ[SINK_ENV], timeout=30, isolation_level=None)
+def _sink(path: Path | None = None) -> sqlite3.Connection:
+    conn = sqlite3.connect(path or os.environ[SINK_ENV], timeout=30, isolation_level=None)
     conn.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, tool TEXT, "
                  "args TEXT, runs INTEGER)")
     return conn
@@ -53,7 +53,7 @@ def _effect(tool: str, key: str, args: str) -> None:
 
 def effects(sink: Path) -> list[tuple[str, str, str]]:
     """``(tool, args, key)`` of every effect in the sink, ordered by tool and args."""
-    conn = sqlite3.connect(sink)
+    conn = _sink(sink)  # the table made here too: a writer may have made only the file
     try:
         return sorted((t, a, k) for k, t, a, _ in conn.execute("SELECT * FROM effects"))
     finally:

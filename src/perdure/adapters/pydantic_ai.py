@@ -19,6 +19,7 @@ retries) are kept.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,13 @@ __all__ = ["run_pydantic_agent"]
 
 
 def _sdk() -> Any:
+    """``pydantic_ai`` and the modules used here, imported (on a thread: importing them
+    builds pydantic validators, most of a second that must not hold up the loop)."""
     try:
         import pydantic_ai
+        import pydantic_ai.messages
+        import pydantic_ai.models.function
+        import pydantic_ai.toolsets
     except ImportError as exc:
         raise ConfigurationError("Pydantic AI agents need the pydantic-ai extra: "
                                  "pip install 'perdure[pydantic-ai]'") from exc
@@ -141,7 +147,7 @@ async def run_pydantic_agent(run: Run, agent: Any, prompt: str, *, client: Any, 
     its ``AgentRunResult``. ``client`` and ``model`` are what ``run.model`` asks;
     ``idempotent``: when given, only the named tools are idempotent (the others record
     ``tool_started`` first). ``run_options`` go to ``agent.run`` (``deps=``, ...)."""
-    _sdk()
+    await asyncio.to_thread(_sdk)
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
     from pydantic_ai.models.function import AgentInfo, FunctionModel
 

@@ -8,8 +8,11 @@ blocking it) and reports the stall, with its length, once the loop beats again.
 
 A whole process left without a CPU (a loaded machine) is not a stall of the loop: when
 the watchdog thread itself woke late and the process used little CPU meanwhile, that
-time is excused. Off by default; ``perdure worker --warn-stalls MS`` turns it on (the
-test suite does, and fails a test during which a worker's loop stalled).
+time is excused, and so is a gap the loop spent waiting in its selector while the
+process hardly used the CPU (the loop thread was not scheduled; a thread keeping the GIL
+busy would have used it, and is reported with the other threads' stacks). Off by
+default; ``perdure worker --warn-stalls MS`` turns it on (the test suite does, and fails
+a test during which a worker's loop stalled).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class LoopWatchdog:
         self._beat = time.monotonic()
         self._stack: str | None = None
         self._excused = 0.0
+        self._beat_cpu = time.process_time()
+        self._idle = False
         self._done = threading.Event()
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
@@ -63,9 +68,13 @@ class LoopWatchdog:
             now = time.monotonic()
             gap = now - self._beat - self._excused
             stack, self._stack = self._stack, None
-            if stack is not None and gap > self.threshold:
+            cpu = time.process_time()
+            # Waiting in its selector the whole time while the process hardly ran (no
+            # thread keeping the GIL busy): the loop was not scheduled, not blocked.
+            idle = self._idle and cpu - self._beat_cpu < gap / 2
+            if stack is not None and gap > self.threshold and not idle:
                 self.on_stall(Stall(gap, stack))
-            self._beat, self._excused = now, 0.0
+            self._beat, self._beat_cpu, self._excused, self._idle = now, cpu, 0.0, False
             await asyncio.sleep(self.interval)
 
     def _watch(self) -> None:
@@ -77,8 +86,21 @@ class LoopWatchdog:
                 self._excused += slept  # the process had no CPU: not the loop's doing
             last, cpu = now, used
             if self._stack is None and now - self._beat - self._excused > self.threshold:
-                frame = sys._current_frames().get(self._loop_thread)
-                self._stack = "".join(traceback.format_stack(frame)) if frame else "?"
+                self._stack = self._where()
+
+    def _where(self) -> str:
+        """The loop thread's stack; when it is only waiting in ``select`` (held up by
+        another thread keeping the GIL), the other threads' stacks too."""
+        frames = sys._current_frames()
+        frame = frames.get(self._loop_thread)
+        stack = "".join(traceback.format_stack(frame)) if frame else "?"
+        if frame is None or frame.f_code.co_name not in ("select", "poll", "_run_once"):
+            return stack
+        self._idle = True
+        others = [f"thread {ident}:\n" + "".join(traceback.format_stack(other))
+                  for ident, other in frames.items()
+                  if ident not in (self._loop_thread, threading.get_ident())]
+        return stack + "the loop was idle; the other threads were at:\n" + "\n".join(others)
 
     def start(self) -> None:
         """Begin watching the running loop (call on it)."""

@@ -23,6 +23,8 @@ or an error (a provider message that quotes it has it replaced by ``***``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import hashlib
 import importlib
 import inspect
@@ -31,13 +33,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from perdure.errors import ConfigurationError, NodeLacksError
 from perdure.llm._failures import ModelCallError, broken_stream, classify_exception
 from perdure.llm._reply import ModelReply, StreamChunk
 from perdure.llm._stream import Continuation, StreamAssembler, joined_prefix
 from perdure.llm._types import ModelRequest
+from perdure.llm._warm import sample_request, warm
+
+if TYPE_CHECKING:
+    from perdure.llm.scripted import ScriptedServer
 from perdure.llm._wire_anthropic import (
     AnthropicStreamState,
     anthropic_body,
@@ -97,12 +103,25 @@ class ModelClient(Protocol):
         ...
 
 
-def _dump(event: Any) -> Mapping[str, Any]:
-    """An SDK event object (or a mapping) as its JSON object."""
-    if isinstance(event, Mapping):
-        return event
-    dumped: Mapping[str, Any] = event.model_dump(mode="json")
-    return dumped
+_WARM_KEY = "warm-up"
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+async def _plain(raw: Any, package: str, *, stream: bool) -> Any:
+    """An SDK's raw response (``with_raw_response``) read as plain JSON: the reply as a
+    dict, or the SDK's stream (it still parses the server-sent events and raises on an
+    error event) yielding each event as a dict.
+
+    Not the SDK's own models: building them validates through pydantic, whose validators
+    and serializers are built at first use (for the Responses events, half a second or
+    more of work holding the GIL), which would stall a worker's loop, and costs time on
+    every event after. The dialects read the JSON as the API documents it."""
+    sdk = importlib.import_module(package)
+    parsed = raw.parse(to=sdk.AsyncStream[object] if stream else object)
+    return await parsed if inspect.isawaitable(parsed) else parsed
 
 
 class _SdkClient:
@@ -144,6 +163,11 @@ class _SdkClient:
         return self._base_url
 
     @property
+    def _package(self) -> str:
+        """The SDK's package: ``openai`` or ``anthropic``."""
+        return self._provider.partition(".")[0]
+
+    @property
     def continuation(self) -> Continuation:
         """How this client continues salvaged text."""
         return Continuation.TURN
@@ -163,24 +187,50 @@ class _SdkClient:
                 "server that needs none takes any non-empty string")
         return key
 
-    def _make_sdk(self, key: str) -> Any:
+    def _make_sdk(self, key: str, http_client: Any = None) -> Any:
         raise NotImplementedError
 
     def _imported_sdk(self, key: str) -> Any:
-        """The SDK imported and its client made (on a thread: see ``__init__``)."""
-        package = self._provider.partition(".")[0]
+        """The SDK imported, warmed up and its client made (on a thread: see
+        ``__init__``)."""
+        package = self._package
         try:
             importlib.import_module(package)
         except ModuleNotFoundError:
             raise NodeLacksError(f"the {package!r} package is not installed on this node: "
                                  f"pip install 'perdure[llm]'") from None
+        warm(self._provider, self._rehearse)
         return self._make_sdk(key)
+
+    async def _rehearse(self, server: ScriptedServer, calls: list[str]) -> None:
+        """Make ``calls`` (``complete``, ``stream``) of the sample request through this
+        client's code and a client of the SDK made as ours are, to ``server``: the SDK's
+        first-use work is done here, on the warm-up's thread, not on a worker's loop
+        (see ``_warm``). The failures the server is scripted to answer are expected."""
+        twin = copy.copy(self)
+        twin._base_url = (server.anthropic_base_url if self._provider == "anthropic"
+                          else server.openai_base_url)
+        twin._api_key, twin._headers, twin._sdk = (lambda: _WARM_KEY), {}, None
+        # trust_env off: no proxy between it and 127.0.0.1
+        http = importlib.import_module(self._package).DefaultAsyncHttpxClient(trust_env=False)
+        twin._sdk, twin._key_digest = twin._make_sdk(_WARM_KEY, http), _digest(_WARM_KEY)
+        request = sample_request(self._provider)
+        try:
+            for call in calls:
+                with contextlib.suppress(ModelCallError):
+                    if call == "complete":
+                        await twin.complete(request)
+                    else:
+                        async for _ in twin.stream(request):
+                            pass
+        finally:
+            await twin.aclose()
 
     async def _client(self) -> tuple[Any, str]:
         """The SDK client for the current key (made once, re-keyed when the key changes,
         sharing its connections)."""
         key = await self._key()
-        digest = hashlib.sha256(key.encode()).hexdigest()
+        digest = _digest(key)
         if self._sdk is None:
             self._sdk = await asyncio.to_thread(self._imported_sdk, key)
         elif digest != self._key_digest:
@@ -230,11 +280,17 @@ class _SdkClient:
         sdk, key = await self._client()
         started = time.monotonic()
         try:
-            result = await self._send(sdk, body)
-            data = _dump(result)
+            raw = await self._send(sdk, body)
+            data = await _plain(raw, self._package, stream=False)
         except Exception as exc:
             raise self._error(exc, request, key, started=False) from exc
-        request_id = getattr(result, "_request_id", None)
+        if not isinstance(data, Mapping):
+            failure = classify_exception(TypeError(f"the server answered {type(data).__name__}"
+                                                   ", not a JSON object"),
+                                         now=datetime.now(UTC), stream_started=False,
+                                         stateful=request.stateful)
+            raise ModelCallError(failure, model=request.model, provider=self._provider)
+        request_id = raw.http_response.headers.get(self._request_id_header)
         return self._reply(data, request, request_id, time.monotonic() - started)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamChunk | ModelReply]:
@@ -248,14 +304,14 @@ class _SdkClient:
         handle, finished = self._stream_handler()
         started = time.monotonic()
         try:
-            events = await self._send(sdk, body)
+            raw = await self._send(sdk, body)
+            events = await _plain(raw, self._package, stream=True)
         except Exception as exc:
             raise self._error(exc, request, key, started=False) from exc
-        headers = getattr(getattr(events, "response", None), "headers", None) or {}
-        request_id = headers.get(self._request_id_header)
+        request_id = raw.http_response.headers.get(self._request_id_header)
         try:
             async for event in events:
-                for chunk in handle(_dump(event), assembler):
+                for chunk in handle(event, assembler):
                     yield chunk
         except Exception as exc:
             raise self._error(exc, request, key, started=True, assembler=assembler) from exc
@@ -307,11 +363,12 @@ class ChatCompletionsClient(_SdkClient):
         """``turn`` or ``continue_final_message``, as configured."""
         return self._continuation
 
-    def _make_sdk(self, key: str) -> Any:
+    def _make_sdk(self, key: str, http_client: Any = None) -> Any:
         import openai  # imported already, when the client was made
 
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
-                                  timeout=self._timeout, default_headers=self._headers)
+                                  timeout=self._timeout, default_headers=self._headers,
+                                  http_client=http_client)
 
     def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         return chat_body(request, stream=stream, continuation=self._continuation,
@@ -319,8 +376,8 @@ class ChatCompletionsClient(_SdkClient):
 
     async def _send(self, sdk: Any, body: dict[str, Any]) -> Any:
         named, rest = _split(body, "model", "messages")
-        return await sdk.chat.completions.create(**named, extra_body=rest,
-                                                 timeout=self._timeout)
+        return await sdk.chat.completions.with_raw_response.create(
+            **named, extra_body=rest, timeout=self._timeout)
 
     def _reply(self, data: Mapping[str, Any], request: ModelRequest,
                request_id: str | None, latency: float) -> ModelReply:
@@ -339,18 +396,20 @@ class ResponsesClient(_SdkClient):
     _default_env = "OPENAI_API_KEY"
     _request_id_header = "x-request-id"
 
-    def _make_sdk(self, key: str) -> Any:
+    def _make_sdk(self, key: str, http_client: Any = None) -> Any:
         import openai  # imported already, when the client was made
 
         return openai.AsyncOpenAI(api_key=key, base_url=self._base_url, max_retries=0,
-                                  timeout=self._timeout, default_headers=self._headers)
+                                  timeout=self._timeout, default_headers=self._headers,
+                                  http_client=http_client)
 
     def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         return responses_body(request, stream=stream)
 
     async def _send(self, sdk: Any, body: dict[str, Any]) -> Any:
         named, rest = _split(body, "model", "input")
-        return await sdk.responses.create(**named, extra_body=rest, timeout=self._timeout)
+        return await sdk.responses.with_raw_response.create(**named, extra_body=rest,
+                                                            timeout=self._timeout)
 
     def _reply(self, data: Mapping[str, Any], request: ModelRequest,
                request_id: str | None, latency: float) -> ModelReply:
@@ -386,11 +445,12 @@ class AnthropicClient(_SdkClient):
         """``prefill``: the salvaged text is sent as the start of the reply."""
         return Continuation.PREFILL
 
-    def _make_sdk(self, key: str) -> Any:
+    def _make_sdk(self, key: str, http_client: Any = None) -> Any:
         import anthropic  # imported already, when the client was made
 
         return anthropic.AsyncAnthropic(api_key=key, base_url=self._base_url, max_retries=0,
-                                        timeout=self._timeout, default_headers=self._headers)
+                                        timeout=self._timeout, default_headers=self._headers,
+                                        http_client=http_client)
 
     def _body(self, request: ModelRequest, *, stream: bool) -> dict[str, Any]:
         return anthropic_body(request, stream=stream,
@@ -398,7 +458,8 @@ class AnthropicClient(_SdkClient):
 
     async def _send(self, sdk: Any, body: dict[str, Any]) -> Any:
         named, rest = _split(body, "model", "messages", "max_tokens")
-        return await sdk.messages.create(**named, extra_body=rest, timeout=self._timeout)
+        return await sdk.messages.with_raw_response.create(**named, extra_body=rest,
+                                                           timeout=self._timeout)
 
     def _reply(self, data: Mapping[str, Any], request: ModelRequest,
                request_id: str | None, latency: float) -> ModelReply:
