@@ -91,20 +91,22 @@ def work_sync(n: int, acc: int, i: int) -> int:
 
 
 async def work_async(n: int, acc: int, i: int) -> int:
-    """Async step: one unit of work, sleeping with ``asyncio.sleep``."""
-    info, sink, execution = _begin()
+    """Async step: one unit of work, sleeping with ``asyncio.sleep``. The sink is a SQLite
+    file many processes write: its writes wait on a lock, so they go to a thread, never
+    on the worker's loop."""
+    info, sink, execution = await asyncio.to_thread(_begin)
     await asyncio.sleep(step_delay(n, i + 1))
     value = work_value(acc, i)
-    _deliver(info, sink, execution, {"in": acc, "i": i, "out": value})
+    await asyncio.to_thread(_deliver, info, sink, execution, {"in": acc, "i": i, "out": value})
     return value
 
 
 async def publish(n: int, acc: int, approval: Any) -> dict[str, Any]:
     """Async step after the approval: publishes the final value with who approved it."""
-    info, sink, execution = _begin()
+    info, sink, execution = await asyncio.to_thread(_begin)
     await asyncio.sleep(step_delay(n, 99))
     value = {"value": acc, "by": approval["by"] if isinstance(approval, dict) else None}
-    _deliver(info, sink, execution, value)
+    await asyncio.to_thread(_deliver, info, sink, execution, value)
     return value
 
 

@@ -27,6 +27,7 @@ model is told it failed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,12 +42,17 @@ __all__ = ["McpServer", "annotated_risk", "mcp_tools"]
 
 
 def _sdk() -> Any:
+    """The SDK, with what its first call would load lazily loaded now: the SDK checks a
+    tool's result against its output schema with ``jsonschema``, imported on first use
+    (a few hundred ms), so this runs on a thread, never on a worker's loop."""
     try:
         import mcp
         from mcp.client.stdio import stdio_client
     except ImportError as exc:
         raise ConfigurationError(
             "MCP tools need the mcp extra: pip install 'perdure[mcp]'") from exc
+    with contextlib.suppress(ImportError):
+        import jsonschema.validators  # type: ignore[import-untyped]  # noqa: F401 - loads it
     return mcp, stdio_client
 
 
@@ -64,7 +70,7 @@ class McpServer:
         self.cwd = cwd
 
     async def _session(self, work: Callable[[Any], Awaitable[Any]]) -> Any:
-        mcp, stdio_client = _sdk()
+        mcp, stdio_client = await asyncio.to_thread(_sdk)
         params = mcp.StdioServerParameters(command=self.command, args=self.args,
                                            env=self.env, cwd=self.cwd)
         async with stdio_client(params) as streams:

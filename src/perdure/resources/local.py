@@ -10,6 +10,7 @@ installed here does the same.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ctypes
 import hashlib
@@ -303,17 +304,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+# Processes are started on one thread that lives as long as the process: forking (and
+# finding the program) takes long enough to stall a worker's loop, and PR_SET_PDEATHSIG
+# fires when the *thread* that forked exits, so a short-lived pool thread would take the
+# child with it. This thread ends only as the process does, as the child should.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                 thread_name_prefix="perdure-spawner")
+
+
 async def _start(argv: list[str], cwd: str | None, env: dict[str, Any],
                  ready: dict[str, Any] | None, timeout: float) -> Process:
     full_env = {**os.environ, **revealed(env)}
-    if shutil.which(argv[0], path=full_env.get("PATH")) is None:
-        raise CannotRestoreError(f"program {argv[0]!r} is not installed on this node")
-    if cwd is not None and not Path(cwd).is_dir():
-        raise CannotRestoreError(f"directory {cwd} does not exist on this node")
-    popen = subprocess.Popen(
-        argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    popen = await asyncio.wrap_future(_SPAWNER.submit(_spawn, argv, cwd, full_env))
     live = Process(popen, argv, ready)
     try:
         await _wait_ready(live, ready, timeout)
@@ -321,6 +323,20 @@ async def _start(argv: list[str], cwd: str | None, env: dict[str, Any],
         await asyncio.to_thread(_stop, popen)
         raise
     return live
+
+
+def _spawn(argv: list[str], cwd: str | None, env: dict[str, str]
+           ) -> subprocess.Popen[bytes]:
+    """Start the program (on the spawner thread); ``CannotRestoreError`` when this node
+    has no such program or directory."""
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        raise CannotRestoreError(f"program {argv[0]!r} is not installed on this node")
+    if cwd is not None and not Path(cwd).is_dir():
+        raise CannotRestoreError(f"directory {cwd} does not exist on this node")
+    return subprocess.Popen(
+        argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
 
 async def _wait_ready(live: Process, ready: dict[str, Any] | None, timeout: float) -> None:
