@@ -14,10 +14,18 @@ with a deadline (``Policy(approval_ttl=...)``) takes only a decision signed by t
 ``decide`` refuses to send a later one (``ApprovalExpiredError``), and the object refuses
 one that comes anyway, whenever it sees it, and records the call as expired (which counts
 as rejected): a late decision never runs the tool.
+
+For an agent that encrypts all, a proposal's arguments and the gate's reason are stored
+sealed: ``approvals(app)`` opens them with the App's data keys (``App.open_sealed``), so
+the person reads what they approve; an App that does not open (the CLI's) lists them
+sealed (``"<sealed>"`` in the reason, the sealed value as stored in ``arguments``) and can
+still decide by id, since a decision names the proposal's id and argument hash, both in
+clear. An edit sent to such an object is sealed under its data key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterable, Mapping
@@ -27,14 +35,18 @@ from typing import TYPE_CHECKING, Any
 from perdure.core.codec import MAX_DEPTH, decode, encode
 from perdure.core.gate import args_digest, canonical_args, late_problem
 from perdure.core.records import Kind, Record
+from perdure.core.sealing import SEALED, has_secrets, open_sealed, sealed_shown
 from perdure.errors import (
     ApprovalError,
     ApprovalExpiredError,
     ConfigurationError,
+    PerdureError,
     SerializationError,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from perdure.app import App
 
 __all__ = ["PendingApproval", "approvals", "check_deadline", "decide", "decision_problem",
@@ -47,7 +59,9 @@ APPROVAL_EVENT = "perdure:approval"  # engine.commands.tools.APPROVAL_EVENT (no 
 class PendingApproval:
     """A tool call waiting for a person: the object, the proposal (id and argument hash),
     the tool and its arguments, its risk, who may approve (empty: any trusted identity),
-    why it needs a person, the policy, and when it was asked and expires."""
+    why it needs a person, the policy, and when it was asked and expires. Read from
+    memory that was not opened, the arguments of an agent that encrypts all are the
+    sealed value as stored and the reason is ``"<sealed>"``."""
 
     object_id: str
     proposal_id: str
@@ -94,21 +108,23 @@ def pending_in(records: Iterable[Record]) -> list[PendingApproval]:
         if entry["closed"] or gated is None or gated.get("verdict") != "approval":
             continue
         proposed = entry["proposed"]
-        try:
-            arguments = decode(str(proposed["args"]).encode())
-        except ValueError:
-            arguments = proposed["args"]
+        arguments = proposed["args"]
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = decode(arguments.encode())
+        reason = sealed_shown(gated.get("reason", ""))
         found.append(PendingApproval(
             str(entry["object_id"]), str(proposed["proposal"]),
             str(proposed["args_hash"]), str(proposed["name"]), arguments,
             str(gated.get("risk", "")), tuple(gated.get("approvers", ())),
-            str(gated.get("reason", "")), str(gated.get("policy", "")), float(entry["at"]),
+            str(reason), str(gated.get("policy", "")), float(entry["at"]),
             gated.get("expires_at")))
     return found
 
 
 def _pending_of(app: App, object_id: str) -> list[PendingApproval]:
-    return pending_in(app.history(object_id))
+    """The object's pending proposals, opened where the App opens what it reads."""
+    return pending_in(app.history(object_id, opened=True))
 
 
 def approvals(app: App, *, limit: int = 1000) -> list[PendingApproval]:
@@ -144,7 +160,12 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
                                "tool": target.tool, "decision": decision, "reason": reason,
                                "decided_at": now}
     if edit is not None:
-        payload["edit"] = dict(edit)
+        if has_secrets(dict(edit)):
+            raise ConfigurationError("an edit cannot hold a perdure.Secret: give the new "
+                                     "arguments as plain JSON")
+        from perdure._app_secrets import sealed_edit
+
+        payload["edit"] = sealed_edit(app.store, app.data_keys, object_id, dict(edit))
     data = encode(payload, what="approval decision", max_depth=MAX_DEPTH)
     # One decision per proposal and deciding client: another client (one allowed where
     # this one was refused) can still decide.
@@ -168,13 +189,16 @@ def check_deadline(target: PendingApproval, now: float) -> None:
             "counts as rejected and the tool will not run; nothing was sent")
 
 
-def decision_problem(record: Record, expires_at: float | None = None) -> str | None:
+def decision_problem(record: Record, expires_at: float | None = None, *,
+                     data_key: Callable[[str], bytes] | None = None) -> str | None:
     """Check a ``tool_decided`` record's evidence again, from memory alone: the sealed
     event it kept must verify under the recorded key, come from the recorded identity and
     say what the record says (proposal, argument hash, decision, reason, edit), and, for
     a proposal whose ``tool_gated`` record gave it a deadline (``expires_at``), have been
     signed by then. ``None`` when it holds; else what does not (an ``expire`` has no
-    signature to check)."""
+    signature to check). An edit sent to an agent that encrypts all is sealed in the
+    evidence and the record: checking it needs ``data_key(object_id)``, the data key of
+    the object a sealed value names (``Sealer.data_key`` gives it)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -211,13 +235,25 @@ def decision_problem(record: Record, expires_at: float | None = None) -> str | N
     if late is not None:
         return late
     if said.get("decision") == "edit":
+        signed, recorded = said.get("edit") or {}, body.get("edit")
+        mac_key = None
+        if isinstance(signed, dict) and SEALED in signed:
+            if data_key is None:
+                return "the signed edit is sealed: give data_key to check it"
+            try:
+                mac_key = data_key(str(signed[SEALED].get("of")))
+                signed = open_sealed(signed, data_key, owner=record.object_id)
+                recorded = open_sealed(recorded, data_key, owner=record.object_id)
+            except (AttributeError, PerdureError) as exc:
+                return f"the signed edit does not open: {exc}"
         try:
-            edited = canonical_args(said.get("edit") or {})
+            edited = canonical_args(signed)
         except (SerializationError, TypeError, ValueError):
             return "the signed edit is not a JSON object"
-        if body.get("decision") == "edit" and body.get("edit") != edited:
+        if body.get("decision") == "edit" and recorded != edited:
             return "the signed edit is not the recorded one"
-        if body.get("decision") == "approve" and body.get("args_hash") != args_digest(edited):
+        if (body.get("decision") == "approve"
+                and body.get("args_hash") != args_digest(edited, mac_key)):
             return "the approval with an edit names other arguments than the signed edit"
         if body.get("decision") not in ("edit", "approve"):
             return "the signed decision says something else than the record"
@@ -232,5 +268,8 @@ def decision_problem(record: Record, expires_at: float | None = None) -> str | N
 
 
 def shown(arguments: Any) -> str:
-    """Arguments as readable JSON (indented)."""
+    """Arguments as readable JSON (indented); sealed ones as ``<sealed>``."""
+    arguments = sealed_shown(arguments)
+    if arguments == "<sealed>":
+        return "<sealed>"
     return json.dumps(arguments, indent=2, ensure_ascii=False, sort_keys=True)

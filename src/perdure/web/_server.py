@@ -37,9 +37,16 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from perdure import inspect as view
+from perdure._reading import RecordOpener
 from perdure.app import App
+from perdure.approvals import APPROVAL_EVENT, pending_in
 from perdure.core.records import Kind
-from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
+from perdure.errors import (
+    ConfigurationError,
+    PerdureError,
+    RecordDecodeError,
+    SealBrokenError,
+)
 from perdure.follow import follow
 from perdure.handle import ObjectInfo, info_from_row
 from perdure.web import _actions as actions
@@ -384,12 +391,19 @@ class Dashboard:
                 if children:
                     lineage_usage = view.usage(self.app.usage(oid, lineage=True))
             report = self.app.verify(oid) if want_verify else None
+            pending = None
+            if info.waiting_event == APPROVAL_EVENT and not damaged:
+                try:  # what a person approves, opened with this dashboard's keys
+                    pending = pending_in(RecordOpener(self.app).records(records))
+                except SealBrokenError as exc:
+                    log.warning("%s; its tool calls are shown sealed", exc,
+                                extra={"action": "seal_broken"})
             return self._html(pages.object_page(
                 info, records, tree=tree, children=children, usage=usage,
                 lineage_usage=lineage_usage, report=report, questions=self._questions(info),
                 who=session.principal, csrf=session.csrf,
                 flash=flash,
-                error=damaged or error, newest=tail))
+                error=damaged or error, newest=tail, pending=pending))
         return await run_in_threadpool(build)
 
     async def inbox(self, request: Request, session: Session, sid: str) -> Response:
