@@ -23,8 +23,8 @@ pytest.importorskip("openai")
 from click.testing import CliRunner
 
 import perdure
-from perdure.cli import cli
 from perdure.approvals import decision_problem
+from perdure.cli import cli
 from perdure.core.gate import args_digest, canonical_args
 from perdure.core.sealing import SEALED
 from perdure.engine.sealer import Sealer
@@ -275,7 +275,7 @@ def test_tool_calls_of_an_encrypt_all_agent_are_sealed_and_approved_opened(
     assert result["text"] == "all sent"
     assert [c[0] for c in result["calls"]] == ["done", "done", "done"]
     assert result["calls"][1][1] == {"sent": f"sent ed {CANARY}", "to": "bob"}
-    assert RAN == [f"one {CANARY}", f"ed {CANARY}", f"three {CANARY}"]  # each once
+    assert [f"one {CANARY}", f"ed {CANARY}", f"three {CANARY}"] == RAN  # each once
     assert len(server.requests) == 4
 
     # Sealed in memory, the events and every other table; readable opened.
@@ -298,3 +298,48 @@ def test_tool_calls_of_an_encrypt_all_agent_are_sealed_and_approved_opened(
     for args in (["show", "tool-1"], ["show", "tool-1", "--json"], ["tail", "tool-1"],
                  ["result", "tool-1"], ["approvals"]):
         cli_prints(*args)
+
+
+def register_secret_tool(app: perdure.App, base_url: str | None = None) -> perdure.App:
+    """An agent *without* encryption whose tool returns a ``Secret``."""
+
+    @app.tool(risk="low")
+    def fetch_token(user: str) -> dict[str, Any]:
+        """A credential for ``user``, as a secret."""
+        return {"user": user, "token": perdure.Secret(f"tok-{CANARY}")}
+
+    @app.agent(name="plain_tooler")
+    async def plain_tooler(run: perdure.Run) -> dict[str, Any]:
+        assert base_url is not None
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "k")
+        try:
+            done = await run.agent(
+                client, model="gpt-4o", messages=[Message.user("get a token")],
+                tools=[fetch_token],
+                policy=perdure.Policy("tokens", rules=(perdure.Allow({"fetch_token"}),)))
+        finally:
+            await client.aclose()
+        [call] = done.calls
+        return {"secret": call.result["token"] == perdure.Secret(f"tok-{CANARY}"),
+                "told": call.text()}
+
+    return app
+
+
+def test_a_secret_a_tool_returns_is_sealed_for_any_agent(
+        make_app: MakeApp, server: ScriptedServer, raw: RawSQL) -> None:
+    """The agent gets the ``Secret`` back (also on replay); memory holds it sealed and
+    the model, whose conversation memory keeps in clear, is told ``[secret]``."""
+    app = register_secret_tool(make_app(), server.openai_base_url)
+    server.script(ScriptedReply(tool_calls=(
+        ScriptedToolCall("fetch_token", json.dumps({"user": "ada"}), "t1"),)),
+        ScriptedReply(text="got it"))
+    handle = app.start("plain_tooler", object_id="plain-1")
+    with app.background_worker():
+        result = handle.result(timeout=TIMEOUT)
+    assert result == {"secret": True,
+                      "told": '{"token": "[secret]", "user": "ada"}'}
+    assert CANARY not in json.dumps(server.requests[1].body)
+    assert CANARY.encode() not in stored_bytes(raw)
+    [done] = [r for r in app.history("plain-1") if r.kind == "tool_result"]
+    assert set(done.body["result"]["token"]) == {SEALED} and done.body["result"]["user"] == "ada"
