@@ -14,6 +14,13 @@ with a deadline (``Policy(approval_ttl=...)``) takes only a decision signed by t
 ``decide`` refuses to send a later one (``ApprovalExpiredError``), and the object refuses
 one that comes anyway, whenever it sees it, and records the call as expired (which counts
 as rejected): a late decision never runs the tool.
+
+For an agent that encrypts all, a proposal's arguments and the gate's reason are stored
+sealed: ``approvals(app)`` opens them with the App's data keys (``App.open_sealed``), so
+the person reads what they approve; an App that does not open (the CLI's) lists them
+sealed (``"<sealed>"`` in the reason, the sealed value as stored in ``arguments``) and can
+still decide by id, since a decision names the proposal's id and argument hash, both in
+clear. An edit sent to such an object is sealed under its data key.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from perdure.core.approvals import PendingApproval, check_deadline, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.events import APPROVAL_EVENT
+from perdure.core.sealing import has_secrets
 from perdure.errors import (
     ApprovalError,
     ConfigurationError,
@@ -32,6 +40,7 @@ from perdure.errors import (
 from perdure.keys.client import lookup_id
 
 if TYPE_CHECKING:
+
     from perdure.app import App
 
 __all__ = ["approvals", "decide"]
@@ -39,7 +48,8 @@ __all__ = ["approvals", "decide"]
 
 
 def _pending_of(app: App, object_id: str) -> list[PendingApproval]:
-    return pending_in(app.history(object_id))
+    """The object's pending proposals, opened where the App opens what it reads."""
+    return pending_in(app.history(object_id, opened=True))
 
 
 def approvals(app: App, *, limit: int = 1000) -> list[PendingApproval]:
@@ -75,7 +85,12 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
                                "tool": target.tool, "decision": decision, "reason": reason,
                                "decided_at": now}
     if edit is not None:
-        payload["edit"] = dict(edit)
+        if has_secrets(dict(edit)):
+            raise ConfigurationError("an edit cannot hold a perdure.Secret: give the new "
+                                     "arguments as plain JSON")
+        from perdure.keys.at_rest import sealed_edit
+
+        payload["edit"] = sealed_edit(app.store, app.data_keys, object_id, dict(edit))
     data = encode(payload, what="approval decision", max_depth=MAX_DEPTH)
     # One decision per proposal and deciding client: another client (one allowed where
     # this one was refused) can still decide.
@@ -87,5 +102,3 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
                             f"decided by this client ({app.node_id}); a decision cannot be "
                             "changed")
     return target
-
-

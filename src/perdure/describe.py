@@ -296,10 +296,16 @@ def _model_started(body: ModelStarted) -> Line:
                 f"to client {body.client} (in doubt if no outcome follows)", False)
 
 
+def _said(text: Any) -> str:
+    """A text of a tool call's record (``<sealed>`` for an agent that encrypts all)."""
+    shown = sealed_shown(text)
+    return shown if isinstance(shown, str) else json.dumps(shown, sort_keys=True)
+
+
 def _tool_proposed(body: ToolProposed) -> Line:
     edit = f" (edit of {body.edited_from})" if body.edited_from else ""
     return Line(f"#{body.pos} proposal {body.proposal} {body.name}("
-                f"{clip(body.args, ARGS_SHOWN)}) args {body.args_hash[:12]} from model call "
+                f"{clip(_said(body.args), ARGS_SHOWN)}) args {body.args_hash[:12]} from model call "
                 f"#{body.model_call}{edit}", False)
 
 
@@ -308,7 +314,8 @@ def _tool_gated(body: ToolGated) -> Line:
     until = f" until {when(body.expires_at)}" if body.expires_at is not None else ""
     verdict = {"allow": "allowed", "deny": "DENIED",
                "approval": f"needs approval{who}{until}"}.get(body.verdict, body.verdict)
-    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {verdict}: {body.reason} "
+    return Line(f"#{body.pos} proposal {body.proposal} {body.name} {verdict}: "
+                f"{_said(body.reason)} "
                 f"[policy {body.policy}, rule {body.rule or '-'}, risk {body.risk}]",
                 body.verdict != "allow")
 
@@ -317,7 +324,7 @@ def _tool_decided(body: ToolDecided) -> Line:
     if body.decision == "expire":
         return Line(f"#{body.pos} proposal {body.proposal} {body.name} expired: "
                     f"{body.reason}", True)
-    edit = f" -> {clip(body.edit, ARGS_SHOWN)}" if body.edit else ""
+    edit = f" -> {clip(_said(body.edit), ARGS_SHOWN)}" if body.edit else ""
     reason = f": {body.reason}" if body.reason else ""
     return Line(f"#{body.pos} proposal {body.proposal} {body.name} {DECIDED[body.decision]} by "
                 f"{body.identity} (key {body.key[:16]}){edit}{reason}", True)
@@ -332,7 +339,7 @@ def _tool_result(body: ToolResult) -> Line:
     took = f" ({body.latency:.4f}s)" if body.latency is not None else ""
     if body.outcome == "done":
         return Line(f"#{body.pos} {body.name} -> {clip(_json(body.result), 80)}{took}", False)
-    return Line(f"#{body.pos} {body.name} {body.outcome}: {body.error}{took}", True)
+    return Line(f"#{body.pos} {body.name} {body.outcome}: {_said(body.error)}{took}", True)
 
 
 _DESCRIBE: dict[type[Body], Callable[[Any], Line]] = {

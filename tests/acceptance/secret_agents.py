@@ -85,6 +85,24 @@ def build_app(store: str, key_dir: str | None) -> perdure.App:
         aim = run.intent.goal.get("aim")
         return f"{echoed}/{note}/{first.text}/{streamed.text}/{aim}"
 
+    @new.tool(risk="high")
+    def send_note(to: str, body: str) -> dict[str, str]:
+        """Send a note (high risk: a person approves it)."""
+        return {"sent": body, "to": to}
+
+    @new.agent(name="canary_tools", encrypt=True)
+    async def canary_tools(run: perdure.Run, text: str, base_url: str) -> str:
+        # The model proposes send_note with ``text`` in its arguments; a person approves.
+        client = ChatCompletionsClient(base_url=base_url, api_key=lambda: "test")
+        try:
+            done = await run.agent(
+                client, model="gpt-4o", messages=[Message.user(text)], tools=[send_note],
+                policy=perdure.Policy("notes", rules=(perdure.Allow({"send_note"}),)),
+                max_turns=3)
+        finally:
+            await client.aclose()
+        return done.text
+
     @new.define_query(agent="canary_all")
     def said(view: perdure.MemoryView) -> list[Any]:
         return [view.step("echo"), *view.emitted("said")]

@@ -7,7 +7,10 @@ password, restored on the second worker after the first is killed; the environme
 also handed to a dev server, whose descriptor keeps it);
 an agent registered with ``encrypt=True`` gets it inside plain strings, emits it, sends
 it to a model and gets it back in the replies (one streamed), asks a question whose
-prompt and choices hold it, and has a goal holding it refined in from outside. Real ``perdure
+prompt and choices hold it, and has a goal holding it refined in from outside; another
+``encrypt=True`` agent's model proposes a high-risk tool call whose arguments hold it,
+which a person approves through the API once the CLI listed it sealed, and the tool's
+result holds it too. Real ``perdure
 worker`` processes run both objects; one is SIGKILLed while they wait, another replays
 their memory and finishes them. The canary is then searched for, byte for byte, in:
 
@@ -16,8 +19,8 @@ their memory and finishes them. The canary is then searched for, byte for byte, 
 - every file of a PostgreSQL server the test starts for itself (``initdb``/``pg_ctl``
   into a temporary folder: its heap, its WAL, its log), after a ``CHECKPOINT``;
 - the worker processes' logs and the CLI's output (``show``, ``show --json``, ``tail``,
-  ``result``, ``query``, ``questions``, ``ls``, ``ls --json``, ``export-heads``,
-  ``verify``).
+  ``result``, ``query``, ``questions``, ``approvals``, ``ls``, ``ls --json``,
+  ``export-heads``, ``verify``).
 
 It must be found 0 times; a plain marker argument passed beside it must be found, so
 that the search is known to read the data it claims to read.
@@ -25,6 +28,7 @@ that the search is known to read the data it claims to read.
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import time
@@ -35,7 +39,12 @@ import pytest
 
 import perdure
 from perdure import Secret
-from perdure.llm.scripted import ScriptedReply, ScriptedServer
+from perdure.llm.scripted import (
+    RecordedRequest,
+    ScriptedReply,
+    ScriptedServer,
+    ScriptedToolCall,
+)
 from tests.acceptance import secret_agents
 from tests.acceptance.harness import PERDURE_CMD, REPO_ROOT, Cluster, WorkerProc, wait_until
 from tests.acceptance.test_postgres import PrivateServer, private_pg
@@ -77,6 +86,18 @@ def found(needle: bytes, paths: list[Path]) -> dict[str, int]:
     return counts
 
 
+def respond(request: RecordedRequest) -> ScriptedReply:
+    """The model: with tools offered, it proposes ``send_note`` of the user's text, then
+    says what the tool told it; without, it echoes the user (in chunks when streamed)."""
+    messages = request.body.get("messages") or []
+    if not request.body.get("tools"):
+        return ScriptedReply(text=f"echo: {request.last_user_text()}", chunk_chars=6)
+    if messages and messages[-1].get("role") == "tool":
+        return ScriptedReply(text=f"done {messages[-1].get('content')}")
+    args = json.dumps({"to": "bob", "body": request.last_user_text()})
+    return ScriptedReply(tool_calls=(ScriptedToolCall("send_note", args, "c1"),))
+
+
 def wait_status(app: perdure.App, oid: str, status: str) -> None:
     wait_until(f"{oid} {status}", lambda: str(app.get(oid).status) == status, 30)
 
@@ -89,15 +110,17 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
     marker = f"plain-marker-{secrets.token_hex(6)}"
     app = secret_agents.build_app(cluster.store_url, str(cluster.key_dir))
     # The model echoes what it is told (the canary), in chunks when it streams.
-    model = ScriptedServer(responder=lambda request: ScriptedReply(
-        text=f"echo: {request.last_user_text()}", chunk_chars=6)).start()
+    model = ScriptedServer(responder=respond).start()
     try:
         one = app.options(object_id="canary-1").start("canary", Secret(canary), marker, db_url)
         whole = app.options(object_id="canary-2").start(
             "canary_all", f"all-{canary}", model.openai_base_url)
+        tools = app.options(object_id="canary-3").start(
+            "canary_tools", f"tool-{canary}", model.openai_base_url)
         first = spawn(cluster)
         wait_status(app, "canary-1", "dormant")
         wait_status(app, "canary-2", "dormant")
+        wait_status(app, "canary-3", "dormant")
 
         def search(when: str) -> None:
             if callable(flush):
@@ -108,13 +131,19 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
         search("while the first worker holds the store open")
         # What an asking object shows before it is answered: the question sealed.
         for args in (["questions"], ["questions", "--json"], ["ls", "--json"],
-                     ["show", "canary-2"], ["show", "canary-2", "--json"]):
+                     ["show", "canary-2"], ["show", "canary-2", "--json"], ["approvals"],
+                     ["approvals", "--json"], ["show", "canary-3"]):
             done = cluster.cli(*args)
             assert done.returncode == 0, (args, done.stderr)
             assert canary not in done.stdout + done.stderr, f"canary in perdure {args}"
         assert "<sealed>" in cluster.cli("questions").stdout
+        assert "<sealed>" in cluster.cli("approvals").stdout
         first.kill()
         asked = len(model.requests)
+        # The App holding the key reads the proposal opened, and approves it.
+        [pending] = [p for p in app.approvals() if p.object_id == "canary-3"]
+        assert pending.arguments == {"to": "bob", "body": f"tool-{canary}"}
+        app.approve("canary-3", pending.proposal_id)
         app.refine("canary-2", goal={"aim": f"aim-{canary}"})
         app.send("canary-1", "credentials", {"token": Secret(canary), "user": "ada"})
         app.send("canary-2", "note", f"note-{canary}")
@@ -128,7 +157,10 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
         assert {e["name"] for e in restored} >= {"env", "db"}, reports
         assert whole.result(timeout=30) == (f"all-{canary}/note-{canary}/echo: all-{canary}/"
                                             f"echo: again all-{canary}/aim-{canary}")
-        assert len(model.requests) == asked  # the replay on the second worker asked nobody
+        assert tools.result(timeout=30) == (
+            f'done {{"sent": "tool-{canary}", "to": "bob"}}')
+        # the replays on the second worker asked nobody again (canary-3: its next turn)
+        assert len(model.requests) == asked + 1
         kinds = {r.kind for r in app.history("canary-2")}
         assert {"model_call", "model_chunks", "intent_refined", "emitted"} <= kinds
         search("while the second worker holds the store open")
@@ -148,7 +180,10 @@ def run_canary(cluster: Cluster, at_rest: list[Path], db_url: str,
                      ["result", "canary-1"], ["result", "canary-1", "--json"],
                      ["result", "canary-2"], ["ls"], ["ls", "--json"], ["export-heads"],
                      ["--app", APP_SPEC, "query", "canary-2", "said"],
-                     ["verify", "canary-1"], ["verify", "canary-2"]):
+                     ["verify", "canary-1"], ["verify", "canary-2"],
+                     ["show", "canary-3"], ["show", "canary-3", "--json"],
+                     ["tail", "canary-3"], ["result", "canary-3"], ["verify", "canary-3"],
+                     ["approvals", "--json"]):
             done = cluster.cli(*args)
             assert done.returncode == 0, (args, done.stderr)
             assert canary not in done.stdout + done.stderr, f"canary in perdure {args}"

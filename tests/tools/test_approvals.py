@@ -4,6 +4,7 @@ same tool only), identities per risk level, expiry, decisions that cannot count.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,7 +51,12 @@ def _pending(app: perdure.App, object_id: str) -> perdure.PendingApproval:
 
 
 def _sink_effects(sink: Path) -> list[tuple[str, str, str]]:
-    return effects(sink) if sink.exists() else []
+    """The effects so far: none while the sink is not made yet (the file exists a moment
+    before its table does)."""
+    try:
+        return effects(sink) if sink.exists() else []
+    except sqlite3.OperationalError:
+        return []
 
 
 def test_a_rejected_call_never_runs_and_the_model_sees_the_reason(

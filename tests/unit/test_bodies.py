@@ -72,6 +72,8 @@ ERROR = {"type": "builtins:ValueError", "message": "bad", "args": ["bad"], "attr
          "dropped": []}
 
 # (typed body, the dict the engine writes for it)
+_SEALED_TEXT = {"perdure:sealed": {"v": 1, "of": "o-1", "data": "AAAA"}}
+
 CASES: list[tuple[RecordBody, dict[str, Any]]] = [
     (Instantiated(INTENT, CONTEXT),
      {"intent": INTENT.to_body(), "context": CONTEXT.to_body()}),
@@ -252,6 +254,24 @@ CASES: list[tuple[RecordBody, dict[str, Any]]] = [
     (ToolResult(5, "send", "5:0", "denied", error="not listed"),
      {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:0", "outcome": "denied",
       "error": "not listed"}),
+    # An agent that encrypts all: what a tool call says, sealed in place of the text.
+    (ToolProposed(5, "send", "5:0", 0, "c1", _SEALED_TEXT, "ab", "4"),
+     {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:0", "revision": 0,
+      "call_id": "c1", "args": _SEALED_TEXT, "args_hash": "ab", "model_call": "4"}),
+    (ToolGated(5, "send", "5:0", "ab", "deny", _SEALED_TEXT, "p@0123", "", "low"),
+     {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:0", "args_hash": "ab",
+      "verdict": "deny", "reason": _SEALED_TEXT, "policy": "p@0123", "rule": "",
+      "risk": "low", "approvers": [], "expires_at": None}),
+    (ToolDecided(5, "send", "5:0", "ab", "edit", "", "alice", "ff", "ee", _SEALED_TEXT),
+     {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:0", "args_hash": "ab",
+      "decision": "edit", "reason": "", "identity": "alice", "key": "ff", "event_hash": "ee",
+      "edit": _SEALED_TEXT}),
+    (ToolResult(5, "send", "5:0", "failed", error=_SEALED_TEXT, latency=0.1),
+     {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:0", "outcome": "failed",
+      "error": _SEALED_TEXT, "latency": 0.1}),
+    (ToolResult(5, "send", "5:1", "done", _SEALED_TEXT),
+     {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:1", "outcome": "done",
+      "result": _SEALED_TEXT}),
     (Dormant.approval(5, "send", "perdure:approval", None),
      {"pos": 5, "cmd": "tool", "reason": "approval", "wake_at": None, "name": "send",
       "event": "perdure:approval"}),
@@ -362,6 +382,10 @@ STEP = {"pos": 1, "cmd": "step", "name": "s", "attempt": 1, "latency": 0.1, "res
      "'context.labels' holds a value that is not a string"),
     ("intent_refined", {"intent": INTENT.to_body(), "changes": {}}, "no 'event_id'"),
     ("progress", {"fields": [1]}, "'fields' is a list, not an object"),
+    ("tool_proposed", {"pos": 5, "cmd": "tool", "name": "send", "proposal": "5:0",
+                       "revision": 0, "call_id": "c1", "args": {"to": "bob"},
+                       "args_hash": "ab", "model_call": "4"},
+     "'args' is an object, not a string or a sealed value"),
 ])
 def test_malformed_bodies_fail_closed(kind: str, body: Any, says: str) -> None:
     """Nothing undecodable becomes a default: each problem is a ``RecordDecodeError``

@@ -10,8 +10,9 @@ finds the proposals the gate sent to a person that nobody has decided on yet;
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,8 @@ from perdure.core.codec import decode
 from perdure.core.events import APPROVAL_EVENT
 from perdure.core.gate import args_digest, canonical_args, late_problem
 from perdure.core.records import Kind, Record
-from perdure.errors import ApprovalExpiredError, SerializationError
+from perdure.core.sealing import SEALED, open_sealed, sealed_shown
+from perdure.errors import ApprovalExpiredError, PerdureError, SerializationError
 
 __all__ = ["PendingApproval", "check_deadline", "decision_problem", "pending_in", "shown"]
 
@@ -28,7 +30,9 @@ __all__ = ["PendingApproval", "check_deadline", "decision_problem", "pending_in"
 class PendingApproval:
     """A tool call waiting for a person: the object, the proposal (id and argument hash),
     the tool and its arguments, its risk, who may approve (empty: any trusted identity),
-    why it needs a person, the policy, and when it was asked and expires."""
+    why it needs a person, the policy, and when it was asked and expires. Read from
+    memory that was not opened, the arguments of an agent that encrypts all are the
+    sealed value as stored and the reason is ``"<sealed>"``."""
 
     object_id: str
     proposal_id: str
@@ -75,15 +79,16 @@ def pending_in(records: Iterable[Record]) -> list[PendingApproval]:
         if entry["closed"] or gated is None or gated.get("verdict") != "approval":
             continue
         proposed = entry["proposed"]
-        try:
-            arguments = decode(str(proposed["args"]).encode())
-        except ValueError:
-            arguments = proposed["args"]
+        arguments = proposed["args"]
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = decode(arguments.encode())
+        reason = sealed_shown(gated.get("reason", ""))
         found.append(PendingApproval(
             str(entry["object_id"]), str(proposed["proposal"]),
             str(proposed["args_hash"]), str(proposed["name"]), arguments,
             str(gated.get("risk", "")), tuple(gated.get("approvers", ())),
-            str(gated.get("reason", "")), str(gated.get("policy", "")), float(entry["at"]),
+            str(reason), str(gated.get("policy", "")), float(entry["at"]),
             gated.get("expires_at")))
     return found
 
@@ -98,13 +103,16 @@ def check_deadline(target: PendingApproval, now: float) -> None:
             "counts as rejected and the tool will not run; nothing was sent")
 
 
-def decision_problem(record: Record, expires_at: float | None = None) -> str | None:
+def decision_problem(record: Record, expires_at: float | None = None, *,
+                     data_key: Callable[[str], bytes] | None = None) -> str | None:
     """Check a ``tool_decided`` record's evidence again, from memory alone: the sealed
     event it kept must verify under the recorded key, come from the recorded identity and
     say what the record says (proposal, argument hash, decision, reason, edit), and, for
     a proposal whose ``tool_gated`` record gave it a deadline (``expires_at``), have been
     signed by then. ``None`` when it holds; else what does not (an ``expire`` has no
-    signature to check)."""
+    signature to check). An edit sent to an agent that encrypts all is sealed in the
+    evidence and the record: checking it needs ``data_key(object_id)``, the data key of
+    the object a sealed value names (``Sealer.data_key`` gives it)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -141,13 +149,25 @@ def decision_problem(record: Record, expires_at: float | None = None) -> str | N
     if late is not None:
         return late
     if said.get("decision") == "edit":
+        signed, recorded = said.get("edit") or {}, body.get("edit")
+        mac_key = None
+        if isinstance(signed, dict) and SEALED in signed:
+            if data_key is None:
+                return "the signed edit is sealed: give data_key to check it"
+            try:
+                mac_key = data_key(str(signed[SEALED].get("of")))
+                signed = open_sealed(signed, data_key, owner=record.object_id)
+                recorded = open_sealed(recorded, data_key, owner=record.object_id)
+            except (AttributeError, PerdureError) as exc:
+                return f"the signed edit does not open: {exc}"
         try:
-            edited = canonical_args(said.get("edit") or {})
+            edited = canonical_args(signed)
         except (SerializationError, TypeError, ValueError):
             return "the signed edit is not a JSON object"
-        if body.get("decision") == "edit" and body.get("edit") != edited:
+        if body.get("decision") == "edit" and recorded != edited:
             return "the signed edit is not the recorded one"
-        if body.get("decision") == "approve" and body.get("args_hash") != args_digest(edited):
+        if (body.get("decision") == "approve"
+                and body.get("args_hash") != args_digest(edited, mac_key)):
             return "the approval with an edit names other arguments than the signed edit"
         if body.get("decision") not in ("edit", "approve"):
             return "the signed decision says something else than the record"
@@ -162,5 +182,8 @@ def decision_problem(record: Record, expires_at: float | None = None) -> str | N
 
 
 def shown(arguments: Any) -> str:
-    """Arguments as readable JSON (indented)."""
+    """Arguments as readable JSON (indented); sealed ones as ``<sealed>``."""
+    arguments = sealed_shown(arguments)
+    if arguments == "<sealed>":
+        return "<sealed>"
     return json.dumps(arguments, indent=2, ensure_ascii=False, sort_keys=True)

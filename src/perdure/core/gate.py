@@ -28,6 +28,7 @@ which counts as rejected), whenever and in whatever order a node comes to see th
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -74,9 +75,16 @@ def canonical_args(args: Mapping[str, Any]) -> str:
     return encode(dict(args), what="tool arguments").decode()
 
 
-def args_digest(args_json: str) -> str:
-    """The hex SHA-256 of canonical argument text."""
-    return hashlib.sha256(args_json.encode()).hexdigest()
+def args_digest(args_json: str, data_key: bytes | None = None) -> str:
+    """The digest of canonical argument text a proposal (and a decision on it) names:
+    its hex SHA-256; for arguments stored sealed, an HMAC-SHA256 under a key derived
+    from the object's ``data_key`` (64 hex digits as well), so that the stored hash is
+    no way to confirm a guess of the arguments for whoever lacks the key, while every
+    holder of the key computes the same digest again."""
+    if data_key is None:
+        return hashlib.sha256(args_json.encode()).hexdigest()
+    mac_key = hashlib.sha256(b"perdure:args-digest:1\x00" + data_key).digest()
+    return hmac.new(mac_key, args_json.encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

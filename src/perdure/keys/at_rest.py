@@ -24,7 +24,8 @@ from perdure.keys.data_keys import DataKeys
 from perdure.keys.sealer import Sealer, needs_sealing, sealed_arguments
 from perdure.stores.base import Store
 
-__all__ = ["differences", "opened_body", "sealed_goal", "sealed_payload", "start_arguments"]
+__all__ = ["differences", "opened_body", "sealed_edit", "sealed_goal", "sealed_payload",
+           "start_arguments"]
 
 
 def start_arguments(store: Store, keys: DataKeys | None, agent: str, encrypt: bool,
@@ -63,6 +64,18 @@ def sealed_goal(store: Store, keys: DataKeys | None, object_id: str, goal: Any) 
         return goal  # refused with the reason by ``Intent.refined``, or kept as it is
     sealer = Sealer(store, keys, object_id, seal_all=seal_all)
     return sealer.store_value(goal, what="goal of a refinement")[0]
+
+
+def sealed_edit(store: Store, keys: DataKeys | None, object_id: str,
+                edit: dict[str, Any]) -> Any:
+    """A person's edit of a tool call's arguments as the approval event carries it:
+    sealed whole under the object's data key when its agent encrypts all (the object
+    refuses one in clear), as it is otherwise."""
+    row = store.data_key(object_id)
+    if row is None or not row.seal_all:
+        return edit
+    sealer = Sealer(store, keys, object_id, seal_all=True)
+    return sealer.store_value(edit, what="edited arguments of a tool call")[0]
 
 
 def opened_body(store: Store, keys: DataKeys | None, record: Record) -> dict[str, Any]:

@@ -188,7 +188,7 @@ def pending_approvals(app: App) -> tuple[list[PendingApproval], list[str]]:
             if row.waiting_event != APPROVAL_EVENT:
                 continue
             try:
-                found.extend(pending_in(app.history(row.object_id)))
+                found.extend(pending_in(app.history(row.object_id, opened=True)))
             except RecordDecodeError as exc:
                 problems.append(f"object {row.object_id}: its memory cannot be read "
                                 f"({exc}); see `perdure verify {row.object_id}`")
@@ -202,7 +202,7 @@ def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
     workers would refuse this dashboard's key), before anything is written."""
     app.get(object_id, explain=False)
     app.client.check_audience(object_id)  # a key its workers would refuse: say so, not "forged"
-    pending = {p.proposal_id: p for p in pending_in(app.history(object_id))}
+    pending = {p.proposal_id: p for p in pending_in(app.history(object_id, opened=True))}
     target = pending.get(proposal_id)
     if target is None:
         raise ApprovalError(f"object {object_id!r} has no proposal {proposal_id!r} waiting "

@@ -368,16 +368,19 @@ def object_page(info: ObjectInfo, records: Sequence[Record], *, tree: Sequence[v
                 children: Sequence[ObjectInfo], usage: str | None, lineage_usage: str | None,
                 report: VerifyReport | None, questions: Sequence[Question], who: Principal,
                 csrf: str, flash: str | None = None,
-                error: str | None = None, newest: Sequence[Record] | None = None) -> str:
+                error: str | None = None, newest: Sequence[Record] | None = None,
+                pending: Sequence[PendingApproval] | None = None) -> str:
     """Everything about one object; ``newest``: the records the timeline draws, when
-    ``records`` is not the whole memory."""
+    ``records`` is not the whole memory; ``pending``: its tool calls waiting for a
+    person, read from memory opened with the dashboard's keys (else from ``records``)."""
     head = " ".join(
         _status(text) if style and text == str(info.status) else f"<span>{_e(text)}</span>"
         for text, style in view.headline(info))
     why = [x for x in (info.note, view.origin(info)) if x]
     if not questions and info.waiting_event != APPROVAL_EVENT and view.waiting_for(info):
         why.append(view.waiting_for(info) or "")
-    pending = pending_in(records) if info.waiting_event == APPROVAL_EVENT else []
+    if pending is None:
+        pending = pending_in(records) if info.waiting_event == APPROVAL_EVENT else []
     try:
         failure = view.failure(records)
     except RecordDecodeError as exc:
@@ -434,8 +437,8 @@ def approval_card(item: PendingApproval, who: Principal, csrf: str, *,
     reject with a reason (``back``: ``inbox``, or ``object`` to return to its page);
     ``refused``: events sent to the object's wait that its workers refused."""
     oid, pid = item.object_id, item.proposal_id
-    args = json.dumps(item.arguments, ensure_ascii=False, indent=2, sort_keys=True,
-                      default=str)
+    args = json.dumps(sealed_shown(item.arguments), ensure_ascii=False, indent=2,
+                      sort_keys=True, default=str)
     acts = ""
     if who.can_act:
         hidden = (f'{_csrf(csrf)}<input type="hidden" name="object_id" value="{_e(oid)}">'

@@ -38,9 +38,15 @@ from starlette.staticfiles import StaticFiles
 
 from perdure import describe as view
 from perdure.app import App
-from perdure.core.events import is_reserved
+from perdure.core.approvals import pending_in
+from perdure.core.events import APPROVAL_EVENT, is_reserved
 from perdure.core.records import Kind
-from perdure.errors import ConfigurationError, PerdureError, RecordDecodeError
+from perdure.errors import (
+    ConfigurationError,
+    PerdureError,
+    RecordDecodeError,
+    SealBrokenError,
+)
 from perdure.follow import follow
 from perdure.info import ObjectInfo, info_from_row
 from perdure.web import _actions as actions
@@ -385,12 +391,20 @@ class Dashboard:
                 if children:
                     lineage_usage = view.usage(self.app.usage(oid, lineage=True))
             report = self.app.verify(oid) if want_verify else None
+            pending = None
+            if info.waiting_event == APPROVAL_EVENT and not damaged:
+                try:  # what a person approves, opened with this dashboard's keys
+                    pending = pending_in(
+                        self.app.client.opener(self.app.open_sealed).records(records))
+                except SealBrokenError as exc:
+                    log.warning("%s; its tool calls are shown sealed", exc,
+                                extra={"action": "seal_broken"})
             return self._html(pages.object_page(
                 info, records, tree=tree, children=children, usage=usage,
                 lineage_usage=lineage_usage, report=report, questions=self._questions(info),
                 who=session.principal, csrf=session.csrf,
                 flash=flash,
-                error=damaged or error, newest=tail))
+                error=damaged or error, newest=tail, pending=pending))
         return await run_in_threadpool(build)
 
     async def inbox(self, request: Request, session: Session, sid: str) -> Response:

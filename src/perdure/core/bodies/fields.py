@@ -23,6 +23,13 @@ Position = int | str
 JSON = Any
 """A JSON value as memory holds it (a step's result, an event's payload, ...)."""
 
+_SEALED = "perdure:sealed"  # perdure.core.sealing.SEALED (the one key of a sealed value)
+
+
+def _is_sealed(value: object) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(_SEALED), dict)
+
+
 _BRANCH_POSITION = re.compile(r"[0-9]+(\.[0-9]+)+").fullmatch
 
 
@@ -76,6 +83,18 @@ class BodyReader:
         if type(value) is not str:
             raise self._wrong(key, value, "a string")
         return value
+
+    def text_or_sealed(self, key: str) -> str | dict[str, Any]:
+        """A string, or a sealed value in its place (``{"perdure:sealed": {...}}``: an
+        agent that encrypts all keeps the text sealed; opened, it is the string)."""
+        value = self.value(key)
+        if type(value) is not str and not _is_sealed(value):
+            raise self._wrong(key, value, "a string or a sealed value")
+        return value  # type: ignore[no-any-return]
+
+    def optional_text_or_sealed(self, key: str) -> str | dict[str, Any] | None:
+        """``text_or_sealed``, or ``None`` when the key is absent."""
+        return self.text_or_sealed(key) if key in self._body else None
 
     def nullable_text(self, key: str) -> str | None:
         """A string or null (the key must be there)."""

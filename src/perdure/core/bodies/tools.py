@@ -9,7 +9,13 @@ reject, edit or expire; signed by the approving client: its identity, its key an
 seal's digest), ``tool_started`` before a non-idempotent tool runs, and
 ``tool_result`` (what the model is told: the result, or why the call did not run). An
 edit is a new ``tool_proposed`` at the same position (``revision`` one higher, naming
-the proposal it edits) that goes through the gate again. Pure: no I/O.
+the proposal it edits) that goes through the gate again.
+
+For an agent that encrypts all, what the call says is sealed under the object's data
+key (``Sealed`` in place of the text): a proposal's ``args``, the gate's ``reason``
+(it may quote an argument), a decision's ``edit`` and a result's ``result`` and
+``error``; the names, ids, verdicts, hashes and outcomes stay in clear for routing,
+listing and verification. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from typing import Any, ClassVar
 from perdure.core.bodies.fields import JSON, Body, BodyReader, Position, put
 from perdure.core.records import Kind
 
-__all__ = ["DECIDED", "DECISIONS", "TOOL_OUTCOMES", "VERDICTS", "ToolDecided", "ToolGated",
-           "ToolProposed", "ToolResult", "ToolStarted"]
+__all__ = ["DECIDED", "DECISIONS", "TOOL_OUTCOMES", "VERDICTS", "Sealed", "ToolDecided",
+           "ToolGated", "ToolProposed", "ToolResult", "ToolStarted"]
+
+Sealed = dict[str, Any]
+"""A sealed value in place of a text (``{"perdure:sealed": {...}}``); opened, the text."""
 
 VERDICTS = ("allow", "deny", "approval")
 DECIDED = {"approve": "approved", "reject": "rejected", "edit": "edited",
@@ -40,8 +49,10 @@ def _head(fields: BodyReader) -> tuple[Position, str, str]:
 @dataclass(frozen=True, slots=True)
 class ToolProposed(Body):
     """The model proposed calling tool ``name`` with ``args`` (canonical JSON text,
-    SHA-256 ``args_hash``) as ``call_id``, in the model call at position ``model_call``;
-    ``proposal`` is its id (``<pos>:<revision>``); an edit names the one it replaces."""
+    ``args_hash``) as ``call_id``, in the model call at position ``model_call``;
+    ``proposal`` is its id (``<pos>:<revision>``); an edit names the one it replaces.
+    ``args_hash`` is the SHA-256 of the canonical text, keyed (HMAC) under the object's
+    data key when the arguments are sealed (``perdure.core.gate.args_digest``)."""
 
     kind: ClassVar[Kind] = Kind.TOOL_PROPOSED
     pos: Position
@@ -49,7 +60,7 @@ class ToolProposed(Body):
     proposal: str
     revision: int
     call_id: str
-    args: str
+    args: str | Sealed
     args_hash: str
     model_call: str
     edited_from: str | None = None
@@ -66,7 +77,8 @@ class ToolProposed(Body):
     def read(cls, fields: BodyReader) -> ToolProposed:
         pos, name, proposal = _head(fields)
         return cls(pos, name, proposal, fields.integer("revision"), fields.text("call_id"),
-                   fields.text("args"), fields.text("args_hash"), fields.text("model_call"),
+                   fields.text_or_sealed("args"), fields.text("args_hash"),
+                   fields.text("model_call"),
                    fields.optional_text("edited_from"))
 
 
@@ -82,7 +94,7 @@ class ToolGated(Body):
     proposal: str
     args_hash: str
     verdict: str
-    reason: str
+    reason: str | Sealed
     policy: str
     rule: str
     risk: str
@@ -99,7 +111,7 @@ class ToolGated(Body):
     def read(cls, fields: BodyReader) -> ToolGated:
         pos, name, proposal = _head(fields)
         return cls(pos, name, proposal, fields.text("args_hash"),
-                   fields.choice("verdict", VERDICTS), fields.text("reason"),
+                   fields.choice("verdict", VERDICTS), fields.text_or_sealed("reason"),
                    fields.text("policy"), fields.text("rule"), fields.text("risk"),
                    fields.texts("approvers"), fields.nullable_number("expires_at"))
 
@@ -124,7 +136,7 @@ class ToolDecided(Body):
     identity: str
     key: str
     event_hash: str | None = None
-    edit: str | None = None
+    edit: str | Sealed | None = None
     evidence: dict[str, Any] | None = None
 
     def encode(self) -> dict[str, Any]:
@@ -143,7 +155,7 @@ class ToolDecided(Body):
         return cls(pos, name, proposal, fields.text("args_hash"),
                    fields.choice("decision", DECISIONS), fields.text("reason"),
                    fields.text("identity"), fields.text("key"),
-                   fields.optional_text("event_hash"), fields.optional_text("edit"),
+                   fields.optional_text("event_hash"), fields.optional_text_or_sealed("edit"),
                    fields.optional_mapping("evidence"))
 
 
@@ -180,7 +192,7 @@ class ToolResult(Body):
     proposal: str
     outcome: str
     result: JSON = None
-    error: str | None = None
+    error: str | Sealed | None = None
     latency: float | None = None
 
     def encode(self) -> dict[str, Any]:
@@ -197,5 +209,6 @@ class ToolResult(Body):
         pos, name, proposal = _head(fields)
         outcome = fields.choice("outcome", TOOL_OUTCOMES)
         result = fields.value("result") if outcome == "done" else None
-        return cls(pos, name, proposal, outcome, result, fields.optional_text("error"),
+        return cls(pos, name, proposal, outcome, result,
+                   fields.optional_text_or_sealed("error"),
                    fields.optional_number("latency"))

@@ -11,6 +11,11 @@ sees it, and the call then expires). A decision that cannot count is refused on
 record (``event_refused``) and consumed, and the call keeps waiting; one naming a
 proposal that waits for nothing (decided, edited, never asked) is refused too, so a
 stale event cannot keep waking the object.
+
+An edit to an object whose agent encrypts all comes sealed under the object's data key
+(``perdure.approvals.decide`` seals it): it is opened here, and one in clear, or one that
+does not open on this node, is refused, so that no edited argument reaches memory (the
+decision's evidence keeps the signed payload as it came) in clear.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from perdure.core.bodies import EventRefused, ToolDecided, ToolProposed
 from perdure.core.codec import decode
 from perdure.core.events import APPROVAL_EVENT
 from perdure.core.gate import GateDecision, approval_problem, canonical_args, late_problem
+from perdure.core.sealing import SEALED, has_secrets
 from perdure.core.trust import EventSeal
 from perdure.engine.commands.waits import _inbox, vouched
+from perdure.errors import DataKeyError, SealBrokenError
 
 if TYPE_CHECKING:
     from perdure.engine.commands.tools import _Call
@@ -62,7 +69,9 @@ async def take_decision(run: Run, call: _Call, proposal: ToolProposed,
         if digest is None:
             continue  # refused (bad seal or a replayed copy), on record
         identity, key = _sender(run, ev)
-        problem = _payload_problem(payload, call.name)
+        payload, problem = _opened_edit(run, payload)
+        if problem is None:
+            problem = _payload_problem(payload, call.name)
         if problem is None:
             problem = approval_problem(decision, proposal.args_hash,
                                        str(payload.get("args_hash")), identity)
@@ -92,6 +101,28 @@ def _waiting(run: Run) -> set[str]:
         found = {p.proposal_id for p in pending_in(records)}
         _WAITING[run] = found
     return found
+
+
+def _opened_edit(run: Run, payload: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """``payload`` with its edit opened, or why the edit cannot count (see the module)."""
+    edit = payload.get("edit")
+    if edit is None:
+        return payload, None
+    sealed = isinstance(edit, dict) and SEALED in edit
+    sealer = run._sealer
+    if not sealed:
+        if sealer is not None and sealer.seal_all:
+            return payload, ("the edit is in clear, and this object keeps everything its "
+                             "agent writes sealed: send the edit sealed under its data key "
+                             "(`perdure approve --edit` and app.approve do)")
+        return payload, None
+    try:
+        opened = run._opened(edit)
+    except (DataKeyError, SealBrokenError) as exc:
+        return payload, f"the edit's sealed arguments do not open here: {exc}"
+    if has_secrets(opened):
+        return payload, "an edit cannot hold a perdure.Secret"
+    return {**payload, "edit": opened}, None
 
 
 def _payload_problem(payload: Mapping[str, Any], tool: str) -> str | None:

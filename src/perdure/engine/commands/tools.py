@@ -23,10 +23,19 @@ stops:
 4. allowed or approved: a non-idempotent tool records ``tool_started`` first (after a
    crash the call is in doubt, never run twice); the tool runs with the call's
    idempotency key and its result (or failure) is recorded.
+
+Sealing: for an agent that encrypts all, what a call says goes to memory sealed under
+the object's data key (the proposal's arguments, the gate's reason, an edit, the result
+and the error), and the arguments' hash is keyed under it (``args_digest``); the gate,
+the checks of a decision and the tool itself work on the opened values, and replay reads
+the run's records opened, so nothing runs or is asked again. For any agent, a
+``perdure.Secret`` in a tool's result is sealed on its own, as a step's is: the agent
+gets it back in ``ToolOutcome.result``, and the model is told ``[secret]`` in its place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import weakref
@@ -59,6 +68,8 @@ from perdure.core.gate import (
     decide,
 )
 from perdure.core.records import Kind, Record, RecordDraft
+from perdure.core.sealing import SHOWN, marked
+from perdure.core.secret import Secret
 from perdure.core.usage import usage_totals
 from perdure.engine.commands.tool_approvals import take_decision
 from perdure.engine.context import StepInfo
@@ -101,8 +112,16 @@ class ToolOutcome:
         """The tool message the model gets: the result as text, or what happened."""
         if self.outcome == "done":
             return self.result if isinstance(self.result, str) else json.dumps(
-                self.result, ensure_ascii=False, sort_keys=True)
+                self.result, ensure_ascii=False, sort_keys=True, default=_unshown)
         return f"[{self.outcome}] {self.error or ''}".rstrip()
+
+
+def _unshown(value: Any) -> str:
+    """A ``Secret`` in a result, as the model is told it: ``[secret]`` (the value stays
+    out of the conversation, which memory keeps)."""
+    if isinstance(value, Secret):
+        return SHOWN
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 @dataclass
@@ -190,6 +209,31 @@ def _decided(body: Mapping[str, Any]) -> ToolDecided:
                        body.get("event_hash"), body.get("edit"), body.get("evidence"))
 
 
+def _text(value: Any) -> str:
+    """A text field of a record the run reads (opened already)."""
+    return value if isinstance(value, str) else str(value)
+
+
+def _seals_all(run: Run) -> bool:
+    return run._sealer is not None and run._sealer.seal_all
+
+
+def _kept(run: Run, text: str | None, what: str) -> Any:
+    """A text of a tool call as memory keeps it: sealed for an agent that encrypts
+    all, as it is otherwise."""
+    if text is None or not _seals_all(run):
+        return text
+    return run._stored(text, what=what)[0]
+
+
+def stored_decided(run: Run, decided: ToolDecided) -> ToolDecided:
+    """A decision as memory keeps it (its edit sealed for an agent that encrypts all)."""
+    if decided.edit is None or not _seals_all(run):
+        return decided
+    return dataclasses.replace(decided, edit=_kept(run, _text(decided.edit),
+                                                   f"edit of tool call {decided.name!r}"))
+
+
 def _result(body: Mapping[str, Any]) -> ToolResult:
     return ToolResult(body["pos"], body["name"], body["proposal"], body["outcome"],
                       body.get("result"), body.get("error"), body.get("latency"))
@@ -197,12 +241,12 @@ def _result(body: Mapping[str, Any]) -> ToolResult:
 
 def _outcome(result: ToolResult, call_id: str) -> ToolOutcome:
     return ToolOutcome(result.proposal, result.name, call_id, result.outcome, result.result,
-                       result.error)
+                       None if result.error is None else _text(result.error))
 
 
 def _decision_of(gated: ToolGated) -> GateDecision:
-    return GateDecision(gated.verdict, gated.reason, gated.policy, gated.rule, gated.approvers,
-                        gated.expires_at, gated.risk)
+    return GateDecision(gated.verdict, _text(gated.reason), gated.policy, gated.rule,
+                        gated.approvers, gated.expires_at, gated.risk)
 
 
 @dataclass
@@ -228,15 +272,29 @@ class _Call:
 
     async def end(self, proposal: str, outcome: str, error: str) -> ToolOutcome:
         result = ToolResult(self.pos, self.name, proposal, outcome, error=error)
-        await self.commit(result.draft())
+        await self.commit(self.kept(result).draft())
         return _outcome(result, self.call_id)
+
+    def kept(self, result: ToolResult) -> ToolResult:
+        """A result as memory keeps it: its error sealed for an agent that encrypts
+        all, else with the texts of the secrets the run met redacted."""
+        if result.error is None:
+            return result
+        sealer = self.run._sealer
+        if not _seals_all(self.run):
+            return (result if sealer is None
+                    else dataclasses.replace(result, error=sealer.redact(result.error)))
+        return dataclasses.replace(result, error=_kept(
+            self.run, _text(result.error), f"error of tool call {self.name!r}"))
 
     def propose(self, args: Any, args_json: str, revision: int, edited_from: str | None
                 ) -> tuple[ToolProposed, GateDecision]:
         """Record a proposal and the gate's verdict on it (with the next commit)."""
         run = self.run
         pid = proposal_id(self.pos, revision)
-        digest = args_digest(args_json)
+        sealer = run._sealer if _seals_all(run) else None
+        digest = args_digest(args_json, None if sealer is None
+                             else sealer.data_key(create=True))
         proposed = ToolProposed(self.pos, self.name, pid, revision, self.call_id, args_json,
                                 digest, self.model_call, edited_from)
         counted = tally(run)
@@ -253,8 +311,12 @@ class _Call:
                                        self.model_call), self.policy, facts)
             if decision.verdict == ALLOW:  # a call let through counts against the caps
                 counted.calls.append((self.name, facts.now))
-        self.drafts += [proposed.draft(), ToolGated(
-            self.pos, self.name, pid, digest, decision.verdict, decision.reason,
+        what = f"arguments of tool call {self.name!r}"
+        kept = (proposed if sealer is None
+                else dataclasses.replace(proposed, args=_kept(run, args_json, what)))
+        self.drafts += [kept.draft(), ToolGated(
+            self.pos, self.name, pid, digest, decision.verdict,
+            _kept(run, decision.reason, f"the gate's reason on tool call {self.name!r}"),
             decision.policy, decision.rule, decision.risk, decision.approvers,
             decision.expires_at).draft()]
         return proposed, decision
@@ -303,7 +365,7 @@ async def call_tool(run: Run, name: str, arguments: str, call_id: str,
             decided = await take_decision(run, call, proposal, decision)
             if decided is None:
                 return await _wait(call, proposal, decision, state.dormant)
-            call.drafts.append(decided.draft())
+            call.drafts.append(stored_decided(run, decided).draft())
             if decided.decision == "approve":  # let through by a person: counted too
                 tally(run).calls.append((name, run._clock()))
             if decided.decision == "reject":
@@ -311,8 +373,8 @@ async def call_tool(run: Run, name: str, arguments: str, call_id: str,
                                       f"rejected by {decided.identity}: {decided.reason}; "
                                       "the call did not run")
             if decided.decision == "edit":
-                edit = decode(str(decided.edit).encode())
-                proposal, decision = call.propose(edit, str(decided.edit),
+                edit = decode(_text(decided.edit).encode())
+                proposal, decision = call.propose(edit, _text(decided.edit),
                                                   proposal.revision + 1, proposal.proposal)
                 state = _State(proposal=proposal)
                 editor = decided
@@ -369,18 +431,23 @@ async def _execute(call: _Call, proposal: ToolProposed, started: bool) -> ToolOu
         call.drafts.append(ToolStarted(call.pos, call.name, pid, key).draft())
     if call.drafts:
         await call.commit()
-    args = decode(proposal.args.encode())
+    args = decode(_text(proposal.args).encode())
     info = StepInfo(run.object_id, call.name, call.pos, 1, key, run.epoch)
     began = time.perf_counter()
+    kept: ToolResult | None = None
     try:
         value = await run._step_executor(info, tool.fn, (), tool.arguments(args, key))
-        recorded = decode(encode(value, what=f"result of tool {call.name!r}"))
+        data = run._stored(value, what=f"result of tool {call.name!r}")[1]
     except Exception as exc:  # noqa: BLE001 - recorded: the model is told it failed
         latency = round(time.perf_counter() - began, 6)
         result = ToolResult(call.pos, call.name, pid, "failed",
                             error=f"{type(exc).__name__}: {exc}", latency=latency)
     else:
         latency = round(time.perf_counter() - began, 6)
-        result = ToolResult(call.pos, call.name, pid, "done", recorded, latency=latency)
-    await call.commit(result.draft())
+        recorded = decode(data)  # canonical: what replay gets back
+        result = ToolResult(call.pos, call.name, pid, "done",
+                            run._opened(recorded) if marked(data) else recorded,
+                            latency=latency)
+        kept = dataclasses.replace(result, result=recorded)
+    await call.commit(call.kept(kept or result).draft())
     return _outcome(result, call.call_id)
