@@ -143,6 +143,7 @@ class _Ctx:
         top = command.info_name if command is not None and command.parent is not None else None
         if top is None or top in _MAY_MAKE_KEYS or app.identity.explicit_trust:
             return
+        app.store  # noqa: B018 - a store that cannot be opened says so first, in its own words
         folder = app.identity.folder
         if folder.roots():
             return
