@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
     from perdure.app import App
 
-__all__ = ["approvals", "decide"]
+__all__ = ["approvals", "decide", "waiting_decision"]
 
 
 
@@ -63,24 +63,48 @@ def approvals(app: App, *, limit: int = 1000) -> list[PendingApproval]:
     return found
 
 
-def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
-           reason: str = "", edit: Mapping[str, Any] | None = None) -> PendingApproval:
-    """Send ``decision`` (``approve``, ``reject`` or ``edit``) on a pending proposal; the
-    proposal decided. ``ApprovalError`` when no such proposal waits, or it was decided."""
+def waiting_decision(app: App, object_id: str, proposal_id: str) -> PendingApproval:
+    """The one policy every sender (``perdure approve``, ``App.approve``, the dashboard)
+    applies before it signs a decision: the proposal waits for a person, its deadline has
+    not passed, the object's memory verifies (a decision is never signed on what a forged
+    or damaged memory shows), this client's identity is among the proposal's approvers,
+    and the object's workers would accept this client's key. ``ApprovalError`` (or
+    ``ApprovalExpiredError``, ``ConfigurationError`` for a key the workers would refuse)
+    saying why, before anything is written."""
     lookup_id(object_id)
-    if not isinstance(reason, str):
-        raise ConfigurationError("reason must be text")
-    if decision == "edit" and not isinstance(edit, Mapping):
-        raise ConfigurationError("edit must be the new arguments as a JSON object")
+    app.client.check_audience(object_id)  # a key its workers would refuse: say so first
     pending = {p.proposal_id: p for p in _pending_of(app, object_id)}
     target = pending.get(proposal_id)
     if target is None:
         waiting = ", ".join(sorted(pending)) or "none"
         raise ApprovalError(
             f"object {object_id!r} has no proposal {proposal_id!r} waiting for approval "
-            f"(waiting: {waiting}); see `perdure approvals`")
+            f"(decided already, or expired; waiting: {waiting}); see `perdure approvals`")
+    check_deadline(target, time.time())
+    report = app.verify(object_id)
+    if not report.ok:
+        raise ApprovalError(
+            f"object {object_id!r}'s memory does not verify (record #{report.bad_seq}: "
+            f"{report.reason}); no decision is signed on what it shows: see "
+            f"`perdure verify {object_id}`")
+    if target.approvers and app.node_id not in target.approvers:
+        raise ApprovalError(
+            f"this client decides as {app.node_id!r}, which may not decide on "
+            f"{target.risk}-risk calls (allowed: {', '.join(target.approvers)}); decide "
+            "with an allowed identity's key folder (--key-dir)")
+    return target
+
+
+def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
+           reason: str = "", edit: Mapping[str, Any] | None = None) -> PendingApproval:
+    """Send ``decision`` (``approve``, ``reject`` or ``edit``) on a pending proposal; the
+    proposal decided. ``ApprovalError`` when no such proposal waits, or it was decided."""
+    if not isinstance(reason, str):
+        raise ConfigurationError("reason must be text")
+    if decision == "edit" and not isinstance(edit, Mapping):
+        raise ConfigurationError("edit must be the new arguments as a JSON object")
+    target = waiting_decision(app, object_id, proposal_id)
     now = time.time()
-    check_deadline(target, now)
     payload: dict[str, Any] = {"proposal": proposal_id, "args_hash": target.args_hash,
                                "tool": target.tool, "decision": decision, "reason": reason,
                                "decided_at": now}

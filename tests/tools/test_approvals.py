@@ -17,6 +17,7 @@ from perdure.cli import cli
 from perdure.core.approvals import decision_problem
 from perdure.core.bodies import decode
 from perdure.core.codec import encode
+from perdure.core.events import APPROVAL_EVENT
 from perdure.llm.scripted import ScriptedReply, ScriptedServer, ScriptedToolCall
 from tests.integration.engine_support import wait_until
 from tests.tools import support
@@ -137,7 +138,9 @@ def test_only_allowed_identities_may_approve(
         make_app: Callable[..., perdure.App], server: ScriptedServer, sink: Path,
         tmp_path: Path) -> None:
     """Under a policy where only ``alice`` approves high-risk calls, another client's
-    approval is refused on record and the call keeps waiting; alice's counts."""
+    approval is refused by the sender's policy at once; one that skips that policy (sent
+    straight into the inbox) is refused on record by the object and the call keeps
+    waiting; alice's counts."""
     server.script(_send(), ScriptedReply(text="Sent."))
     app = _app(make_app)
     alice = _app(make_app, node_id="alice")
@@ -145,14 +148,17 @@ def test_only_allowed_identities_may_approve(
     with app.background_worker():
         pending = _pending(app, "who-1")
         assert pending.approvers == ("alice",)
-        app.approve("who-1", pending.proposal_id)
+        with pytest.raises(perdure.ApprovalError, match="may not decide on high-risk calls"):
+            app.approve("who-1", pending.proposal_id)
+        payload = encode({"proposal": pending.proposal_id, "args_hash": pending.args_hash,
+                          "tool": pending.tool, "decision": "approve", "reason": "",
+                          "decided_at": time.time()})
+        assert app.client.send("who-1", APPROVAL_EVENT, payload, None)
         assert wait_until(lambda: any(r.kind == "event_refused"
                                       for r in app.history("who-1")), timeout=15)
         refused = next(r.body for r in app.history("who-1") if r.kind == "event_refused")
         assert "may not decide on high-risk calls" in refused["reason"]
         assert _sink_effects(sink) == []
-        with pytest.raises(perdure.ApprovalError, match="already decided"):
-            app.approve("who-1", pending.proposal_id)  # one decision per client
         alice.approve("who-1", pending.proposal_id)
         result = app.handle("who-1").result(timeout=20)
     assert result["calls"][0][:2] == ["send_message", "done"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.app import App
-from perdure.approvals import decide
-from perdure.core.approvals import PendingApproval, check_deadline, pending_in
+from perdure.approvals import decide, waiting_decision
+from perdure.core.approvals import PendingApproval, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_reserved
 from perdure.core.names import check_name
@@ -196,30 +196,11 @@ def pending_approvals(app: App) -> tuple[list[PendingApproval], list[str]]:
 
 
 def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
-    """The proposal, if it waits for a person, the object's memory verifies (chain and
-    signatures: what the page shows is what was recorded) and this dashboard may decide
-    on it; else ``ApprovalError`` saying why (``ConfigurationError`` when the object's
-    workers would refuse this dashboard's key), before anything is written."""
+    """The proposal, if a decision on it may be signed (``approvals.waiting_decision``:
+    the one policy of the CLI, the API and the dashboard), before the dashboard notes who
+    decides; else the error saying why, nothing written."""
     app.get(object_id, explain=False)
-    app.client.check_audience(object_id)  # a key its workers would refuse: say so, not "forged"
-    pending = {p.proposal_id: p for p in pending_in(app.history(object_id, opened=True))}
-    target = pending.get(proposal_id)
-    if target is None:
-        raise ApprovalError(f"object {object_id!r} has no proposal {proposal_id!r} waiting "
-                            "for approval (decided already, or expired); reload the inbox")
-    check_deadline(target, time.time())  # nothing noted for a decision that cannot count
-    report = app.verify(object_id)
-    if not report.ok:  # never sign a decision on what a forged or damaged memory shows
-        raise ApprovalError(
-            f"object {object_id!r}'s memory does not verify (record #{report.bad_seq}: "
-            f"{report.reason}); the dashboard decides on nothing it shows: see "
-            f"`perdure verify {object_id}`")
-    if target.approvers and app.node_id not in target.approvers:
-        raise ApprovalError(
-            f"this dashboard decides as {app.node_id!r}, which may not decide on "
-            f"{target.risk}-risk calls (allowed: {', '.join(target.approvers)}); "
-            "use `perdure approve` with an allowed identity's key folder")
-    return target
+    return waiting_decision(app, object_id, proposal_id)
 
 
 def _note_decision(app: App, who: Principal, target: PendingApproval, action: str,
