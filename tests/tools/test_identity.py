@@ -69,7 +69,7 @@ def test_a_non_approver_cannot_decide_under_any_approver_name(
     alice = _app(make_app, folders["alice"])
     assert (worker.node_id, alice.node_id) == ("worker", "alice")
     if approver_first:  # alice's node certified and its certificate in the store
-        alice._ensure_node()
+        alice.client.certified()
         assert "alice" in worker.verifier.names()
     worker.options(object_id="id-1").start("strict_agent", server.openai_base_url, "go")
     bob_key = perdure.KeyFolder(folders["bob"]).node_key()

@@ -120,7 +120,7 @@ def test_a_decision_after_the_deadline_never_runs_the_tool(
                           **said})
         dedupe = f"late:{len(said)}"
         alice.store.send("late-1", "perdure:approval", payload, dedupe, time.time(),
-                         alice._seal("late-1", "perdure:approval", payload, dedupe))
+                         alice.client.seal_event("late-1", "perdure:approval", payload, dedupe))
 
     result = _finish(store_url, key_dir, tmp_path, sink, app, "late-1")
     assert result["calls"] == [["send_message", "expired", result["calls"][0][2]]]  # type: ignore[index]

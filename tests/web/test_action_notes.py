@@ -76,7 +76,7 @@ def test_a_note_from_an_untrusted_key_is_refused(store_url: str, key_dir: Path,
             # Sealed past that check (an older sender): the workers refuse it into memory.
             data = encode({ACTION_NOTE: {"action": "send", "by": "eve"}},
                           what="action note", max_depth=MAX_DEPTH)
-            signer = stranger._ensure_node()
+            signer = stranger.client.certified()
             seal, _ = seal_event(signer.sign, signer.node_id, oid, REFINE_EVENT, data, None,
                                  os.urandom(12).hex())
             app.store.send(oid, REFINE_EVENT, data, None, time.time(), seal)

@@ -80,7 +80,7 @@ def test_a_refused_answer_is_on_the_page_and_in_the_inbox(stack: Served, sqlite_
     _waiting(stack, "asks-1")
     stranger = perdure.App(store=sqlite_url, key_dir=tmp_path / "stranger-keys")
     try:
-        signer = stranger._ensure_node()
+        signer = stranger.client.certified()
         data = b'"yes"'
         seal, _ = seal_event(signer.sign, signer.node_id, "asks-1", "answer", data, None,
                              os.urandom(12).hex())
