@@ -269,6 +269,7 @@ def test_a_public_address_needs_a_password(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="shorter than 8"):
         web.dashboard(app, host="0.0.0.0", passwords={"operator": "short"})
     web.dashboard(app, host="0.0.0.0", passwords={"operator": "a long password"})
+    app.client.certified()  # the folder set up as a worker's is: `ui` refuses an empty one
     app.close()
     done = subprocess.run(
         [sys.executable, "-m", "perdure", "--store", f"sqlite:///{tmp_path / 's.db'}",

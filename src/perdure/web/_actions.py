@@ -26,8 +26,10 @@ from perdure.approvals import decide, waiting_decision
 from perdure.core.approvals import PendingApproval, pending_in
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.events import ACTION_NOTE, APPROVAL_EVENT, REFINE_EVENT, is_reserved
+from perdure.core.lifecycle import Status
 from perdure.core.names import check_name
 from perdure.core.questions import Question as AskedQuestion
+from perdure.core.questions import may_ask
 from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
 from perdure.handle import Handle
 from perdure.info import ObjectInfo
@@ -167,8 +169,18 @@ class Question:
 def questions(app: App) -> list[Question]:
     """Open questions, newest first: what ``app.questions()`` finds (and ``perdure
     questions`` prints), every pending wait for an event sent from outside, with its
-    prompt and choices or without."""
-    return [Question.asked(q) for q in app.questions(limit=200)]
+    prompt and choices or without. An object whose row waits for such an event but
+    whose memory this node cannot vouch for (another cluster's key) is listed too, from
+    its row, without its words: what it asks is not shown, the wait is."""
+    found = [Question.asked(q) for q in app.questions(limit=200)]
+    listed = {q.object_id for q in found}
+    for row in app.store.list(status=Status.DORMANT.value, limit=200):
+        if (row.object_id not in listed and row.waiting_event is not None
+                and may_ask(row.note, row.waiting_event)):
+            found.append(Question(row.object_id, row.agent, row.waiting_event, None,
+                                  row.updated_at))
+    found.sort(key=lambda q: q.since, reverse=True)
+    return found
 
 
 # -- tool approvals ------------------------------------------------------------------------
