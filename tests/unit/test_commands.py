@@ -49,6 +49,7 @@ COMMANDS = {
     "patched": intent.patched,
     "deprecate_patch": intent.deprecate_patch,
     "delegate": lineage.delegate,
+    "options": lineage.options,
     "join": lineage.join,
     "gather": lineage.gather,
     "model": model.model,
@@ -59,7 +60,10 @@ COMMANDS = {
 }
 
 # What agents see, as it was before the commands moved to their modules: the
-# signature of each bound method and whether it must be awaited.
+# signature of each bound method and whether it must be awaited. Start options went
+# apart from an agent's arguments: ``delegate`` passes every argument to the child's
+# agent and ``options(object_id=...)`` names the child; ``next_position`` is what an
+# adapter asks for the position its next command will take.
 SURFACE = {
     "Run.resource": ("(name: 'str', recipe: 'Resource[T]') -> 'T'", True),
     "Run.release": ("(name: 'str') -> 'None'", True),
@@ -69,8 +73,10 @@ SURFACE = {
     "SyncRun.release": ("(name: 'str') -> 'None'", False),
     "SyncRun.checkpoint_resources": ("(*names: 'str') -> 'int'", False),
     "Run.check_finished": ("() -> 'None'", False),
-    "Run.delegate": ("(agent: 'Callable[..., Any] | str', *args: 'Any', "
-                     "object_id: 'str | None' = None, **kwargs: 'Any') -> 'ChildHandle'", True),
+    "Run.delegate": ("(agent: 'Callable[..., Any] | str', /, *args: 'Any', "
+                     "**kwargs: 'Any') -> 'ChildHandle'", True),
+    "Run.options": ("(*, object_id: 'str | None' = None) -> 'ChildStarter'", False),
+    "Run.next_position": ("() -> 'str'", False),
     "Run.deprecate_patch": ("(name: 'str') -> 'None'", False),
     "Run.gather": ("(*branches: 'Awaitable[Any]') -> 'list[Any]'", True),
     "Run.agent": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, str]]', "
@@ -105,9 +111,9 @@ SURFACE = {
     "Run.wait_for": ("(event: 'str', *, timeout: 'float | None' = None, prompt: 'Any' = None, "
                      "choices: 'Sequence[Any] | None' = None) -> 'Any'", True),
     "Run.emit": ("(name: 'str', data: 'Any' = None) -> 'None'", True),
-    "SyncRun.delegate": ("(agent: 'Callable[..., Any] | str', *args: 'Any', "
-                         "object_id: 'str | None' = None, **kwargs: 'Any') "
-                         "-> 'SyncChildHandle'", False),
+    "SyncRun.delegate": ("(agent: 'Callable[..., Any] | str', /, *args: 'Any', "
+                         "**kwargs: 'Any') -> 'SyncChildHandle'", False),
+    "SyncRun.options": ("(*, object_id: 'str | None' = None) -> 'SyncChildStarter'", False),
     "SyncRun.deprecate_patch": ("(name: 'str') -> 'None'", False),
     "SyncRun.join": ("(*children: 'SyncChildHandle | str') -> 'list[Any]'", False),
     "SyncRun.model": ("(client: 'ModelClient | Sequence[ModelClient | tuple[ModelClient, "
