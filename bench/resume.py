@@ -239,9 +239,9 @@ def one_length(db: Database, folder: Path, n: int, repeats: int = 1, admin_url: 
     for index in range(max(1, repeats)):
         # A new node each time, of the same cluster: a key folder of its own (no heads
         # seen before: each copy of the store is older than what an earlier resume saw),
-        # certified by the building node's root.
+        # certified by the building node's root under the node id it acts as.
         node_keys = folder / f"keys-resume{index}"
-        perdure.KeyFolder(keys).admit(perdure.KeyFolder(node_keys))
+        perdure.KeyFolder(keys).admit(perdure.KeyFolder(node_keys), name="bench-resume")
         with _copy_of(db, folder, index, admin_url) as url:
             runs.append(_resume_once(url, node_keys, oid, n))
     return {"steps": n, "store_bytes": size, **median_of(runs), "runs": runs}

@@ -154,6 +154,8 @@ def test_cli_bad_json_and_unknown_object(cli_dir: Path) -> None:
     _one_error_line(done, "--args is not valid JSON")
     done = _cli(cli_dir, *common, "send", "ghost", "go", "{bad")
     _one_error_line(done, "PAYLOAD is not valid JSON")
+    # a send needs a key folder with a trusted root (reading commands never make one)
+    assert _cli(cli_dir, *common, "keys", "init").returncode == 0
     done = _cli(cli_dir, *common, "send", "ghost", "go", "1")
     _one_error_line(done, "no object 'ghost'")
 
@@ -165,7 +167,7 @@ def test_cli_bad_json_and_unknown_object(cli_dir: Path) -> None:
     ("url", "hint"),
     [
         ("mysql://db/agents", "use sqlite:///FILE"),
-        ("agents.db", "use sqlite:///FILE"),
+        ("agents.db", "has no scheme; for a SQLite file write sqlite:///agents.db"),
         ("sqlite://host/agents.db", "use sqlite:///relative.db"),
         ("sqlite:///", "use sqlite:///agents.db"),
         ("sqlite:///agents.db?journal=off", "known: synchronous, busy_timeout"),
@@ -211,8 +213,8 @@ def _refused_url() -> str:
 @pytest.mark.parametrize(
     ("which", "needles"),
     [
-        ("unknown-database", ('database "perdure_no_such_db" does not exist',
-                              "perdure_no_such_db")),
+        ("unknown-database", ("the database 'perdure_no_such_db' does not exist",
+                              "createdb perdure_no_such_db")),
         ("refused-port", ("Connection refused", "check the server and the URL")),
     ],
 )

@@ -118,9 +118,12 @@ def url(store_url: str) -> str:
 @pytest.fixture
 def viewer(url: str, tmp_path: Path) -> Iterator[perdure.App]:
     """An App on the store without agents: to read and send from the test itself."""
-    # The test's nodes, its CLI and this viewer: one cluster, one root.
-    one_root(tmp_path / "keys-root", *(tmp_path / f"keys-{name}" for name in (
-        "viewer", "cli", "worker", "plain", "gpu", "older", "newer")))
+    # The test's nodes, its CLI and this viewer: one cluster, one root; each key folder
+    # is certified under the node id it acts as (a key acts only under its certificate's).
+    nodes = {"viewer": "viewer", "cli": "cli", "worker": "node-a", "plain": "plain",
+             "gpu": "gpu-node", "older": "older", "newer": "newer"}
+    one_root(tmp_path / "keys-root",
+             *((tmp_path / f"keys-{folder}", node_id) for folder, node_id in nodes.items()))
     reader = perdure.App(store=url, key_dir=tmp_path / "keys-viewer", node_id="viewer")
     yield reader
     reader.close()

@@ -121,6 +121,8 @@ def taken_port() -> Iterator[int]:
 def test_ui_on_a_port_in_use(tmp_path: Path, taken_port: int) -> None:
     """``perdure ui`` fails at once in one line, announcing no dashboard and issuing no
     token it would never show."""
+    # ``ui`` only reads: its key folder needs a trusted root first (it never makes one).
+    assert perdure(tmp_path, "keys", "init").returncode == 0
     done = perdure(tmp_path, "--store", f"sqlite:///{tmp_path / 's.db'}", "ui",
                    "--port", str(taken_port))
     assert "port is in use" in error_line(done, code=2)

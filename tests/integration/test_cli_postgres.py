@@ -129,8 +129,9 @@ def test_cli_on_postgresql_and_sigterm_releases_objects(tmp_path: Path, pg_url: 
     env = _env(tmp_path, pg_url)
     cli = _cli(env)
     (tmp_path / "effects.log").touch()
-    one_root(tmp_path / "keys-root", *(tmp_path / f"keys-{name}" for name in (
-        "cli", "observer", "node-a", "node-b")))
+    # The CLI and the workers act as "cli", "node-a" and "node-b": certified under those.
+    one_root(tmp_path / "keys-root", tmp_path / "keys-observer",
+             *((tmp_path / f"keys-{name}", name) for name in ("cli", "node-a", "node-b")))
     observer = perdure.App(store=pg_url, key_dir=tmp_path / "keys-observer")
     worker_a = _worker(env, tmp_path, "node-a")
     worker_b: subprocess.Popen[bytes] | None = None
