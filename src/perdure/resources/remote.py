@@ -12,6 +12,7 @@ transaction committed records a progress marker with the transaction id
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -117,8 +118,8 @@ def _revealed(value: Any) -> Any:
 
 async def _connect(url: str | Secret[str], password: str | Secret[str] | None,
                    settings: Mapping[str, str], role: str | None) -> Any:
-    try:
-        import psycopg
+    try:  # the driver's first import takes hundreds of ms: never on a worker's loop
+        psycopg = await asyncio.to_thread(importlib.import_module, "psycopg")
     except ImportError:
         raise CannotRestoreError("psycopg is not installed on this node: pip install "
                                  "'perdure[postgres]'") from None
