@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +69,7 @@ def _until(app: perdure.App, oid: str, status: Status) -> perdure.ObjectInfo:
 
 def test_an_exhausted_budget_makes_the_object_dormant_until_refined(
         make_app: Callable[..., perdure.App], server: ScriptedServer, store_url: str,
-        tmp_path: pytest.TempPathFactory) -> None:
+        key_dir: Path) -> None:
     """Two calls fit a 235-token budget, the third's reservation does not: the object
     goes dormant, saying why (``App.get``, ``perdure show``), with a ``dormant`` record;
     a rate-limited attempt charges nothing and the replay after the refinement counts
@@ -94,7 +95,7 @@ def test_an_exhausted_budget_makes_the_object_dormant_until_refined(
         dormant = [r for r in app.history("budget-1") if r.kind == Kind.DORMANT]
         assert dormant[-1].body["reason"] == "budget"
         assert dormant[-1].body["name"] == "ask2"
-        shown = _cli(store_url, tmp_path, "show", "budget-1")  # type: ignore[arg-type]
+        shown = _cli(store_url, key_dir, "show", "budget-1")
         assert "budget exhausted" in shown
         app.refine("budget-1", budget={"tokens": 1000})
         assert handle.result(timeout=TIMEOUT) == ["a", "b", "c"]

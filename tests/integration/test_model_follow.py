@@ -209,11 +209,11 @@ def test_a_follower_goes_through_a_worker_killed_mid_stream(
     assert story.startswith(text_of(events[:marker]))
     assert text_of(events[marker:]) == " The end."
 
-    lines = tail(store_url, tmp_path, "story-1").splitlines()
+    lines = tail(store_url, key_dir, "story-1").splitlines()
     assert plain_text(lines) == result["text"]
     [marked] = [line for line in lines if "model_recovered]" in line]
     assert "continue" in marked
-    joined = tail(store_url, tmp_path, "story-1", "--json")
+    joined = tail(store_url, key_dir, "story-1", "--json")
     docs = [json.loads(line) for line in joined.splitlines()]
     assert "".join(d.get("text", "") for d in docs if d["kind"] == "model_chunks") == (
         result["text"])
@@ -225,13 +225,13 @@ def plain_text(lines: list[str]) -> str:
     return "".join(line for line in lines if not line.startswith("["))
 
 
-def tail(store_url: str, tmp_path: Path, *args: str) -> str:
+def tail(store_url: str, key_dir: Path, *args: str) -> str:
     """``perdure tail ...`` in a process of its own: its stdout (it must exit 0)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")}
     env.update(PYTHONPATH=str(REPO_ROOT))
     done = subprocess.run(
         [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir",
-         str(tmp_path / "keys-cli"), "--node-id", "cli", "tail", *args],
+         str(key_dir), "tail", *args],
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done
     return done.stdout
@@ -239,7 +239,7 @@ def tail(store_url: str, tmp_path: Path, *args: str) -> str:
 
 def test_perdure_tail_follows_a_stream_as_it_arrives(
         make_app: Callable[..., perdure.App], server: ScriptedServer, store_url: str,
-        tmp_path: Path) -> None:
+        key_dir: Path) -> None:
     """``perdure tail ID --follow``, started before the object runs, prints the stream's
     text as it arrives, the other records as lines, and exits when the object ends."""
     app = make_app()
@@ -251,7 +251,7 @@ def test_perdure_tail_follows_a_stream_as_it_arrives(
     env.update(PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir",
-         str(tmp_path / "keys-cli"), "tail", "f-4", "--follow", "--timeout", str(TIMEOUT)],
+         str(key_dir), "tail", "f-4", "--follow", "--timeout", str(TIMEOUT)],
         cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with app.background_worker():
         result = handle.result(timeout=TIMEOUT)

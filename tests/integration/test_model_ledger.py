@@ -92,7 +92,7 @@ def test_usage_and_cost_per_object_and_over_the_lineage(
 
 def test_perdure_show_prints_each_call_and_the_totals(
         make_app: Callable[..., perdure.App], server: ScriptedServer, store_url: str,
-        tmp_path: Path) -> None:
+        key_dir: Path) -> None:
     """``perdure show`` has a line per model record and the object's totals;
     ``--json`` has the totals too."""
     app = make_app(prices=PRICES)
@@ -103,22 +103,22 @@ def test_perdure_show_prints_each_call_and_the_totals(
     handle = app.options(object_id="parent-1").start("parent")
     with app.background_worker():
         handle.result(timeout=TIMEOUT)
-    shown = _cli(store_url, tmp_path, "show", "parent-1")
+    shown = _cli(store_url, key_dir, "show", "parent-1")
     assert "model_call" in shown and "model_failed" in shown
     assert "HTTP 429 rate limited [rate_limited]" in shown
     assert "via openai.chat attempt 2" in shown
     assert "model calls: 2, 1 failed attempt(s)" in shown
     assert "cost $0.0025 (+ 1 call(s) not priced)" in shown
-    document = json.loads(_cli(store_url, tmp_path, "show", "parent-1", "--json"))
+    document = json.loads(_cli(store_url, key_dir, "show", "parent-1", "--json"))
     assert document["usage"]["calls"] == 2
     assert Decimal(document["usage"]["cost"]) == Decimal("0.0025")
 
 
-def _cli(url: str, tmp_path: Path, *args: str) -> str:
+def _cli(url: str, key_dir: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERDURE_")}
     env.update(PYTHONPATH=str(REPO_ROOT), COLUMNS="200")
     done = subprocess.run([sys.executable, "-m", "perdure", "--store", url, "--key-dir",
-                           str(tmp_path / "keys-cli"), "--node-id", "cli", *args],
+                           str(key_dir), *args],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done

@@ -31,19 +31,20 @@ def _register(app: perdure.App) -> None:
 
     @app.agent(name="sync_clash")
     def sync_clash(run: perdure.SyncRun, object_id: str) -> dict[str, Any]:
-        kid = run.options(object_id=f"{run.object_id}-kid").options(object_id="kid's own").delegate(
-            "clash", "child", deadline="today", labels=[], budget=1, max_failures=0, agent="x")
-        plain = run.options(object_id="also").delegate(
-            "clash", "plain", deadline="d", labels=["l"], budget=2, max_failures=3, agent="y")
+        kid = run.options(object_id=f"{run.object_id}-kid").delegate(
+            "clash", "child", object_id="kid's own", deadline="today", labels=[],
+            budget=1, max_failures=0, agent="x")
+        plain = run.delegate("clash", "plain", object_id="also", deadline="d",
+                             labels=["l"], budget=2, max_failures=3, agent="y")
         return {"mine": object_id, "kid": kid.result(), "plain": plain.result()}
 
     @app.agent(name="parent")
     async def parent(run: perdure.Run) -> list[Any]:
-        named = await run.options(object_id=f"{run.object_id}-named").options(
-            object_id="arg").delegate(
-            "clash", "named", deadline="d", labels=[], budget=0, max_failures=1, agent="z")
-        positional = await run.options(object_id="arg2").delegate(
-            "clash", "pos", deadline="d2", labels=["a"], budget=5, max_failures=2, agent="w")
+        named = await run.options(object_id=f"{run.object_id}-named").delegate(
+            "clash", "named", object_id="arg", deadline="d", labels=[], budget=0,
+            max_failures=1, agent="z")
+        positional = await run.delegate("clash", "pos", object_id="arg2", deadline="d2",
+                                        labels=["a"], budget=5, max_failures=2, agent="w")
         return [await named, await positional]
 
 
@@ -87,7 +88,7 @@ def test_delegated_children_get_their_arguments_and_their_ids(
     app = make_app()
     _register(app)
     handle = app.options(object_id="p-1").start("parent")
-    sync = app.options(object_id="s-1").options(object_id="kwarg").start("sync_clash")
+    sync = app.options(object_id="s-1").start("sync_clash", object_id="kwarg")
     with app.background_worker():
         named, positional = handle.result(timeout=TIMEOUT)
         done = sync.result(timeout=TIMEOUT)
@@ -117,7 +118,7 @@ def test_a_wrong_option_is_refused_before_anything_is_stored(
         with pytest.raises(ConfigurationError, match=says):
             app.options(**bad)
     with pytest.raises(ConfigurationError, match="agent 'clash' takes"):
-        app.options(deadline="friday").start("clash", "ship")  # the others are missing
+        app.start("clash", "ship", deadline="friday")  # the others are missing
     assert app.list() == []
     with pytest.raises(TypeError, match="deadline"):
         perdure.Run.options(None, deadline=3)  # type: ignore[arg-type,call-arg]

@@ -226,7 +226,7 @@ def test_resigned_forgery_fails_on_signature(
     conn.execute("COMMIT")
     assert app.history(OID)[3].body["result"] == 1000
     reason = ("signature does not verify" if claimed_node == "real"
-              else "has no registered public key")
+              else "'forger' is not certified by a root this node trusts")
     _assert_bad(app, store_url, key_dir, 4, reason)
 
 
