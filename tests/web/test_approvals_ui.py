@@ -167,7 +167,7 @@ def test_a_dashboard_not_allowed_to_decide_is_refused(served: Served,
                 client.post(f"/inbox/{verdict}", data={
                     "csrf": csrf, "object_id": held.object_id, "proposal_id": pid, **extra})
                 said = html.unescape(client.get("/inbox").text)
-                assert f"this dashboard decides as '{app.node_id}', which may not decide " \
+                assert f"this client decides as '{app.node_id}', which may not decide " \
                        "on high-risk calls (allowed: the-boss)" in said
         assert app.store.pending_events(held.object_id) == []  # nothing sent, no note
         assert app.get(held.object_id).records == head
