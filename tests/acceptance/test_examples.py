@@ -113,6 +113,8 @@ def reaper() -> Iterator[list[subprocess.Popen[str]]]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+        if proc.stdout is not None:  # its pipe, read or not, is closed with the test
+            proc.stdout.close()
 
 
 def _shell(script: str, cwd: Path, env: dict[str, str],
