@@ -175,8 +175,8 @@ class KeyFolder:
                 self._held = 0
                 os.close(fd)  # releases the lock
 
-    def _write_new(self, name: str, data: bytes, mode: int) -> bool:
-        """Write ``name`` atomically unless it exists; ``False`` if another process won."""
+    def _staged(self, name: str, data: bytes, mode: int) -> str:
+        """``data`` written and synced to a temporary file beside ``name``, with ``mode``."""
         self._make()
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}-", suffix=".tmp")
         try:
@@ -185,6 +185,11 @@ class KeyFolder:
         finally:
             os.close(fd)
         os.chmod(tmp, mode)
+        return tmp
+
+    def _write_new(self, name: str, data: bytes, mode: int) -> bool:
+        """Write ``name`` atomically unless it exists; ``False`` if another process won."""
+        tmp = self._staged(name, data, mode)
         try:
             os.link(tmp, self._file(name))
             return True
@@ -195,15 +200,7 @@ class KeyFolder:
 
     def _replace(self, name: str, data: bytes, mode: int) -> None:
         """Write ``name`` atomically, replacing it if it exists."""
-        self._make()
-        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=f".{name}-", suffix=".tmp")
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, mode)
-        os.replace(tmp, self._file(name))
+        os.replace(self._staged(name, data, mode), self._file(name))
 
     # -- private keys ----------------------------------------------------------------
 
