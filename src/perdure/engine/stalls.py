@@ -6,13 +6,16 @@ when something does. A task on the loop beats every ``interval``; a thread check
 beat and, when it is older than ``threshold``, takes the loop thread's stack (what was
 blocking it) and reports the stall, with its length, once the loop beats again.
 
-A whole process left without a CPU (a loaded machine) is not a stall of the loop: when
-the watchdog thread itself woke late and the process used little CPU meanwhile, that
-time is excused, and so is a gap the loop spent waiting in its selector while the
-process hardly used the CPU (the loop thread was not scheduled; a thread keeping the GIL
-busy would have used it, and is reported with the other threads' stacks). Off by
-default; ``perdure worker --warn-stalls MS`` turns it on (the test suite does, and fails
-a test during which a worker's loop stalled).
+Waiting for a CPU (a loaded machine) is not a stall of the loop. On Linux the kernel
+counts, per thread, the time it sat runnable in the run queue (``schedstat``); that time
+of the loop thread is taken off each gap, so what is reported is time the loop spent
+running something slow, blocked in a call or waiting for the GIL. Elsewhere a cruder
+rule stands in: when the watchdog thread itself woke late and the process used little
+CPU meanwhile, that time is excused, and so is a gap the loop spent waiting in its
+selector while the process hardly used the CPU (a thread keeping the GIL busy would
+have used it, and is reported with the other threads' stacks). Off by default;
+``perdure worker --warn-stalls MS`` turns it on (the test suite does, and fails a test
+during which a worker's loop stalled).
 """
 
 from __future__ import annotations
@@ -40,6 +43,16 @@ class Stall:
     stack: str
 
 
+def _queued(thread: int) -> float | None:
+    """Seconds the thread (native id) has spent runnable but waiting for a CPU, from the
+    kernel's ``schedstat``; ``None`` where the kernel does not say."""
+    try:
+        with open(f"/proc/self/task/{thread}/schedstat", "rb") as file:
+            return int(file.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _logged(stall: Stall) -> None:
     log.warning("event loop stalled for %.0f ms at:\n%s", stall.seconds * 1000, stall.stack,
                 extra={"action": "loop_stalled"})
@@ -62,10 +75,29 @@ class LoopWatchdog:
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
         self._loop_thread = 0
+        self._loop_native = 0
+        self._scheduled = False  # the kernel counts the loop thread's run-queue wait
+        self._beat_queued = 0.0
+
+    def _waited(self) -> float:
+        """The loop thread's wait for a CPU since its last beat (0 where not counted)."""
+        if not self._scheduled:
+            return 0.0
+        queued = _queued(self._loop_native)
+        return 0.0 if queued is None else max(0.0, queued - self._beat_queued)
 
     async def _beats(self) -> None:
         while True:
             now = time.monotonic()
+            if self._scheduled:
+                waited = self._waited()
+                stack, self._stack = self._stack, None
+                if stack is not None and now - self._beat - waited > self.threshold:
+                    self.on_stall(Stall(now - self._beat - waited, stack))
+                self._beat_queued += waited
+                self._beat = now
+                await asyncio.sleep(self.interval)
+                continue
             gap = now - self._beat - self._excused
             stack, self._stack = self._stack, None
             cpu = time.process_time()
@@ -80,6 +112,11 @@ class LoopWatchdog:
     def _watch(self) -> None:
         last, cpu = time.monotonic(), time.process_time()
         while not self._done.wait(self.interval):
+            if self._scheduled:
+                now = time.monotonic()
+                if self._stack is None and now - self._beat - self._waited() > self.threshold:
+                    self._stack = self._where()
+                continue
             now, used = time.monotonic(), time.process_time()
             slept = now - last
             if slept > 5 * self.interval and used - cpu < slept / 2:
@@ -105,6 +142,9 @@ class LoopWatchdog:
     def start(self) -> None:
         """Begin watching the running loop (call on it)."""
         self._loop_thread = threading.get_ident()
+        self._loop_native = threading.get_native_id()
+        queued = _queued(self._loop_native)
+        self._scheduled, self._beat_queued = queued is not None, queued or 0.0
         self._beat = time.monotonic()
         self._task = asyncio.get_running_loop().create_task(self._beats())
         self._thread = threading.Thread(target=self._watch, name="perdure-stall-watch",
