@@ -2,8 +2,9 @@
 
 A node tells its :class:`Hooks` what happens to the objects it runs, as small frozen
 events: a claim round, an object claimed, a step recorded, dormancy, a wake-up, an end,
-a commit batch, a lost lease, an integrity failure. Each carries what a listener needs
-(ids, durations in seconds) and nothing it would have to ask the store for.
+a commit batch, a lost lease, an integrity failure, the event loop's lag. Each carries
+what a listener needs (ids, durations in seconds) and nothing it would have to ask the
+store for.
 
 Listening costs nothing when nobody listens: the engine checks :attr:`Hooks.active`
 before it builds an event, so a node without listeners allocates nothing on its hot
@@ -37,6 +38,7 @@ __all__ = [
     "Hooks",
     "IntegrityFailure",
     "LeaseLost",
+    "LoopLag",
     "ObjectClaimed",
     "ObjectDormant",
     "ObjectTerminated",
@@ -150,6 +152,19 @@ class LeaseLost(HookEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class LoopLag(HookEvent):
+    """How late the node's event loop ran a timer due ``interval`` seconds after the
+    last one: ``seconds`` (0 when on time) is time the loop spent on something else or
+    waiting for a CPU, which every object on the node waited too. Sent every
+    ``interval`` while anyone listens; ``worst`` is the worst lag since the node
+    started."""
+
+    seconds: float
+    worst: float
+    interval: float
+
+
+@dataclass(frozen=True, slots=True)
 class IntegrityFailure(HookEvent):
     """Memory did not verify: the object was parked without running agent code."""
 
@@ -224,7 +239,8 @@ class Counters:
     ``commits``/``appends``/``records`` count the group committer's batches; ``steps``
     steps recorded; ``completed`` objects that reached their terminal record (any
     status); ``claims`` and ``held_claims`` claims, and those served from held records;
-    ``dormant``, ``lease_lost`` and ``integrity_failures`` as named.
+    ``dormant``, ``lease_lost`` and ``integrity_failures`` as named; ``worst_loop_lag``
+    the worst event-loop lag reported (seconds).
     """
 
     def __init__(self) -> None:
@@ -239,6 +255,7 @@ class Counters:
         self.dormant = 0
         self.lease_lost = 0
         self.integrity_failures = 0
+        self.worst_loop_lag = 0.0
 
     def attach(self, hooks: Hooks, *types: type[HookEvent]) -> Callable[[], None]:
         """Subscribe to ``hooks`` (to every event, or only to ``types``: a bench counting
@@ -267,5 +284,7 @@ class Counters:
                 self.lease_lost += 1
             case IntegrityFailure():
                 self.integrity_failures += 1
+            case LoopLag():
+                self.worst_loop_lag = max(self.worst_loop_lag, event.seconds)
             case _:
                 pass

@@ -24,6 +24,7 @@ from perdure.hooks import (
     HookEvent,
     Hooks,
     IntegrityFailure,
+    LoopLag,
     ObjectClaimed,
     ObjectDormant,
     ObjectTerminated,
@@ -183,3 +184,34 @@ def test_no_listener_no_events_and_a_failing_listener_breaks_nothing() -> None:
     stop_broken()
     stop_steps()
     assert not hooks.active
+
+
+@pytest.mark.loop_stalls_allowed
+def test_the_loops_lag_is_measured_and_its_worst_logged(
+        make_app: AppFactory, caplog: pytest.LogCaptureFixture) -> None:
+    """A step that holds the event loop (an async step calling a blocking function, the
+    mistake the measure is there to show) shows as lag to listeners and in the stop log:
+    a timer due in the held 0.6 s runs at least 0.6 s less one interval (0.25 s) late."""
+    app = make_app()
+
+    @app.agent()
+    async def blocker(run: perdure.Run) -> str:
+        async def hold() -> None:
+            time.sleep(0.6)  # blocks the loop: what a listener must be told of
+
+        await run.step(hold)
+        return "done"
+
+    lags: list[LoopLag] = []
+    app.hooks.subscribe(lags.append, LoopLag)
+    caplog.set_level("INFO", logger="perdure.worker")
+    with running(app):
+        handle = app.start(blocker)
+        assert handle.result(timeout=30) == "done"
+        wait_until(lambda: any(lag.seconds >= 0.3 for lag in lags), timeout=10)
+    worst = max(lag.worst for lag in lags)
+    assert worst >= 0.3
+    assert all(lag.interval > 0 and lag.worst >= lag.seconds >= 0 for lag in lags)
+    stopped = [r.getMessage() for r in caplog.records if "worst event-loop lag" in r.getMessage()]
+    assert stopped, "the node did not log its worst lag at its stop"
+    assert float(stopped[-1].rsplit("lag ", 1)[1].split(" ms")[0]) >= 300

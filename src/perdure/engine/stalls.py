@@ -30,7 +30,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["LoopWatchdog", "Stall"]
+__all__ = ["LAG_INTERVAL", "LoopLagMeter", "LoopWatchdog", "Stall"]
+
+LAG_INTERVAL = 0.25
+"""How often a node measures its event loop's lag (seconds)."""
 
 log = logging.getLogger("perdure.worker")
 
@@ -56,6 +59,31 @@ def _queued(thread: int) -> float | None:
 def _logged(stall: Stall) -> None:
     log.warning("event loop stalled for %.0f ms at:\n%s", stall.seconds * 1000, stall.stack,
                 extra={"action": "loop_stalled"})
+
+
+class LoopLagMeter:
+    """A node's own measure of its loop's lag, always on (unlike the watchdog): a task
+    asks to wake every ``interval`` and notes how late it woke. ``worst`` is the worst
+    lag seen; ``on_lag(seconds, worst)`` hears each measure (the node sends it to its
+    hooks as ``LoopLag`` when anyone listens). It costs one timer per ``interval``."""
+
+    def __init__(self, on_lag: Callable[[float, float], None] | None = None,
+                 interval: float = LAG_INTERVAL) -> None:
+        self.interval = interval
+        self.on_lag = on_lag
+        self.worst = 0.0
+
+    async def run(self) -> None:
+        """Measure until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.interval
+            await asyncio.sleep(self.interval)
+            lag = max(0.0, loop.time() - due)
+            if lag > self.worst:
+                self.worst = lag
+            if self.on_lag is not None:
+                self.on_lag(lag, self.worst)
 
 
 class LoopWatchdog:

@@ -40,9 +40,9 @@ from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
-from perdure.engine.stalls import LoopWatchdog
+from perdure.engine.stalls import LAG_INTERVAL, LoopLagMeter, LoopWatchdog
 from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
-from perdure.hooks import ClaimRound, Hooks, IntegrityFailure, LeaseLost
+from perdure.hooks import ClaimRound, Hooks, IntegrityFailure, LeaseLost, LoopLag
 from perdure.keys.anchors import HeadAnchors
 from perdure.keys.verifier import Verifier
 from perdure.stores.base import Claim, Event, Store
@@ -93,6 +93,13 @@ class Worker:
         self.committer = node.committer
         self.held = node.held
         self._wake = asyncio.Event()
+        #: This node's measure of its event loop's lag (``worst``: the worst seen).
+        self.lag_meter = LoopLagMeter(self._lagged)
+
+    def _lagged(self, seconds: float, worst: float) -> None:
+        hooks = self.node.hooks
+        if hooks.active:
+            hooks.emit(LoopLag(self.signer.node_id, seconds, worst, LAG_INTERVAL))
 
     # -- the loop ---------------------------------------------------------------
 
@@ -113,6 +120,8 @@ class Worker:
                  extra={"action": "node_up"})
         renewer = asyncio.create_task(renew_loop(node, stop))
         watcher = asyncio.create_task(control_loop(node))
+        lag_meter = self.lag_meter
+        lagging = asyncio.create_task(lag_meter.run())
 
         def pushed(_object_id: str) -> None:
             loop.call_soon_threadsafe(self._wake.set)
@@ -137,7 +146,7 @@ class Worker:
                 await node.write(node_gone, node)
             with contextlib.suppress(Exception):
                 await self.store.close_async()
-            for task in (renewer, watcher):
+            for task in (renewer, watcher, lagging):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -146,6 +155,9 @@ class Worker:
             node.shutdown()
             if watchdog is not None:
                 watchdog.stop()
+            log.info("node %s stopped: worst event-loop lag %.1f ms", self.signer.node_id,
+                     lag_meter.worst * 1000,
+                     extra={"action": "node_stopped", "worst_lag_ms": lag_meter.worst * 1000})
         return abandoned
 
     async def _start_up(self) -> None:
