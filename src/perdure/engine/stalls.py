@@ -8,12 +8,13 @@ blocking it) and reports the stall, with its length, once the loop beats again.
 
 Waiting for a CPU (a loaded machine) is not a stall of the loop. On Linux the kernel
 counts, per thread, the time it sat runnable in the run queue (``schedstat``); that time
-of the loop thread is taken off each gap, so what is reported is time the loop spent
-running something slow, blocked in a call or waiting for the GIL. Elsewhere a cruder
-rule stands in: when the watchdog thread itself woke late and the process used little
-CPU meanwhile, that time is excused, and so is a gap the loop spent waiting in its
-selector while the process hardly used the CPU (a thread keeping the GIL busy would
-have used it, and is reported with the other threads' stacks). Off by default;
+of the loop thread is taken off each gap. A gap the loop spent waiting in its selector
+while the process hardly used the CPU is excused too (the loop was not scheduled, or
+waited for the GIL held by a thread that was not; a thread keeping the GIL busy would
+have used the CPU, and is reported with the other threads' stacks). Where the kernel
+does not count, a cruder rule stands in: when the watchdog thread itself woke late and
+the process used little CPU meanwhile, that time is excused. What is reported is time
+the loop spent running something slow or blocked in a call. Off by default;
 ``perdure worker --warn-stalls MS`` turns it on (the test suite does, and fails a test
 during which a worker's loop stalled).
 """
@@ -117,24 +118,18 @@ class LoopWatchdog:
     async def _beats(self) -> None:
         while True:
             now = time.monotonic()
-            if self._scheduled:
-                waited = self._waited()
-                stack, self._stack = self._stack, None
-                if stack is not None and now - self._beat - waited > self.threshold:
-                    self.on_stall(Stall(now - self._beat - waited, stack))
-                self._beat_queued += waited
-                self._beat = now
-                await asyncio.sleep(self.interval)
-                continue
-            gap = now - self._beat - self._excused
+            waited = self._waited()
+            gap = now - self._beat - self._excused - waited
             stack, self._stack = self._stack, None
             cpu = time.process_time()
             # Waiting in its selector the whole time while the process hardly ran (no
-            # thread keeping the GIL busy): the loop was not scheduled, not blocked.
+            # thread keeping the GIL busy): the loop was not scheduled, or waited for the
+            # GIL held by a thread that was not, and was not blocked.
             idle = self._idle and cpu - self._beat_cpu < gap / 2
             if stack is not None and gap > self.threshold and not idle:
                 self.on_stall(Stall(gap, stack))
             self._beat, self._beat_cpu, self._excused, self._idle = now, cpu, 0.0, False
+            self._beat_queued += waited
             await asyncio.sleep(self.interval)
 
     def _watch(self) -> None:
