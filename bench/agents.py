@@ -62,11 +62,41 @@ async def paced_steps(run: Any, steps: int, effects: str, pace: float) -> int:
     return steps
 
 
+def sync_stamp(i: int) -> float:
+    """A plain ``def`` step (run on a code thread): the wall-clock time at which it ran."""
+    return time.time()
+
+
+async def sync_steps(run: Any, n: int) -> int:
+    """``n`` plain ``def`` steps one after another (the end-to-end workloads)."""
+    for i in range(n):
+        await run.step(sync_stamp, i)
+    return n
+
+
+def sync_steps_def(run: Any, n: int) -> int:
+    """The same as ``sync_steps``, written as a plain ``def`` agent (no ``await``)."""
+    for i in range(n):
+        run.step(sync_stamp, i)
+    return n
+
+
+async def one_sync_step(run: Any, i: int) -> float:
+    """One plain ``def`` step, then done; the result is when the step ran."""
+    ran: float = await run.step(sync_stamp, i)
+    return ran
+
+
 def register(target: perdure.App) -> perdure.App:
-    """Register the benchmark agents with ``target`` (``pinger``, ``one_step``, ``paced_steps``)."""
+    """Register the benchmark agents with ``target`` (``pinger``, ``one_step``,
+    ``paced_steps``, and the end-to-end ones: ``sync_steps``, ``sync_steps_def``,
+    ``one_sync_step``)."""
     target.agent(name="pinger")(pinger)
     target.agent(name="one_step")(one_step)
     target.agent(name="paced_steps")(paced_steps)
+    target.agent(name="sync_steps")(sync_steps)
+    target.agent(name="sync_steps_def")(sync_steps_def)
+    target.agent(name="one_sync_step")(one_sync_step)
     return target
 
 

@@ -382,13 +382,25 @@ def start_workers(
     key_dir: Path,
     count: int,
     *,
-    concurrency: int,
-    poll: float,
+    concurrency: int | None,
+    poll: float | None,
     log_dir: Path,
     gate: Path | None = None,
+    lease: float | None = 5,
 ) -> list[subprocess.Popen[bytes]]:
-    """Start ``count`` ``perdure worker`` processes on ``url`` running ``bench.agents``."""
+    """Start ``count`` ``perdure worker`` processes on ``url`` running ``bench.agents``.
+
+    ``concurrency``, ``poll`` and ``lease`` are passed as ``--concurrency``, ``--poll``
+    and ``--lease``; ``None`` passes nothing, so the worker keeps its own default (the
+    end-to-end part passes none of them)."""
     env = dict(os.environ)
+    settings: list[str] = []
+    for option, value, variable in (("--concurrency", concurrency, "PERDURE_CONCURRENCY"),
+                                    ("--lease", lease, "PERDURE_LEASE"),
+                                    ("--poll", poll, "PERDURE_POLL")):
+        env.pop(variable, None)  # (the worker reads these as its options' defaults)
+        if value is not None:
+            settings += [option, str(value)]
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), env.get("PYTHONPATH", "")) if p
     )
@@ -408,9 +420,7 @@ def start_workers(
                         "--key-dir", str(key_dir),
                         "--node-id", f"bench-w{i}",
                         "worker",
-                        "--concurrency", str(concurrency),
-                        "--lease", "5",
-                        "--poll", str(poll),
+                        *settings,
                     ],
                     cwd=REPO,
                     env=env,

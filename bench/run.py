@@ -17,6 +17,11 @@ and PostgreSQL:
   turn of a 10, 100 and 200-turn conversation beside LangGraph's ``SqliteSaver``, and the
   stream journal's cost in tokens per second against a plain SDK client
   (``bench/model.py``; needs ``perdure[llm]``, else "n/a").
+* ``e2e``: what users get through a ``perdure worker`` process with default settings,
+  started and awaited from a separate client process, with plain ``def`` steps:
+  sequential steps, 50 objects at once, start → result latency, idle worker CPU and
+  the worker's worst event-loop lag, each beside the floor and its goal
+  (``bench/e2e.py``).
 * ``ui``: the dashboard's objects list on SQLite filled to 100,000 objects: milliseconds
   per page of 50 (first, deep, filtered, searched, and the whole HTTP page) against a
   floor (``bench/ui.py``; needs ``perdure[ui]``).
@@ -43,7 +48,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, model, peers, recovery, resume, steps, ui, wake
+from bench import claims, e2e, model, peers, recovery, resume, steps, ui, wake
 from bench import resources as resource_bench
 from bench.common import (
     Backend,
@@ -55,7 +60,8 @@ from bench.common import (
     progress,
 )
 
-PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui")
+PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui",
+         "e2e")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -68,6 +74,7 @@ QUICK = {
     "model": model.QUICK,
     "resources": resource_bench.QUICK,
     "ui": ui.QUICK,
+    "e2e": e2e.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -82,6 +89,7 @@ FULL = {
     "model": model.FULL,
     "resources": resource_bench.FULL,
     "ui": ui.FULL,
+    "e2e": e2e.FULL,
 }
 
 
@@ -207,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
             if "resources" in parts:
                 figures["resources"] = timed("resources", resource_bench.measure, backend,
                                              here / "resources", sizes["resources"], args.pg)
+            if "e2e" in parts:
+                figures["e2e"] = timed("e2e", e2e.measure, backend, here / "e2e",
+                                       sizes["e2e"], args.pg)
             report["backends"][backend.name] = figures
         if "model" in parts:
             report["model"] = measure_model(run_dir / "model", sizes["model"],

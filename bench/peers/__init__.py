@@ -286,7 +286,40 @@ def _history(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dic
                         "per_step": storage.per_step(sizes_by_n)}}
 
 
-WORKLOADS = {"steps": _steps, "recovery": _recovery, "wake": _wake, "history": _history}
+LANGGRAPH_NO_E2E = (
+    "LangGraph has no worker process and no client that starts a run elsewhere: a run "
+    "goes on in the process that invokes it (its in-process figures are under steps)"
+)
+
+
+def _e2e(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[str, Any]:
+    """The end-to-end workloads (``bench/e2e.py``) as DBOS runs them: the workflows in
+    one process of their own that starts them and waits for their results."""
+    if t.peer == "langgraph":
+        return {"na": LANGGRAPH_NO_E2E}
+    from bench.e2e import latency_figures
+
+    out: dict[str, Any] = {}
+    with fresh_database(t.backend, folder / "sequential", admin) as db:
+        out["sequential"] = _run(t.peer, ["sequential", *t.store_args(db),
+                                          "--steps", str(sizes["seq_steps"])])
+    with fresh_database(t.backend, folder / "concurrent", admin) as db:
+        out["concurrent"] = _run(t.peer, ["concurrent", *t.store_args(db),
+                                          "--objects", str(sizes["objects"]),
+                                          "--steps", str(sizes["steps_per_object"])])
+    with fresh_database(t.backend, folder / "start_result", admin) as db:
+        got = _run(t.peer, ["start-result", *t.store_args(db),
+                            "--objects", str(sizes["start_result"])])
+    got.update(latency_figures(got.pop("ms_values")))
+    out["start_result"] = got
+    with fresh_database(t.backend, folder / "idle", admin) as db:
+        out["idle_cpu"] = _run(t.peer, ["idle", *t.store_args(db),
+                                        "--pace", str(sizes["idle_s"])])
+    return out
+
+
+WORKLOADS = {"steps": _steps, "recovery": _recovery, "wake": _wake, "history": _history,
+             "e2e": _e2e}
 
 
 def measure(parts: list[str], sizes: dict[str, Any], backends: list[Backend], folder: Path,

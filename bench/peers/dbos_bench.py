@@ -8,7 +8,9 @@ the workflows its executor left pending. Only DBOS's documented public API is us
 ``DBOS(config=...)``, ``DBOS.launch``, ``@DBOS.workflow``, ``@DBOS.step``,
 ``DBOS.start_workflow``, ``DBOS.recv``, ``DBOSClient.send``.
 
-Scenarios: ``sequential``, ``concurrent``, ``recovery-child`` (one process of the
+Scenarios: ``sequential``, ``concurrent``, ``start-result`` (one-step workflows started
+and awaited one after another), ``idle`` (the process's CPU with DBOS launched and
+nothing to do), ``recovery-child`` (one process of the
 crash-recovery workload), ``wake`` (a sender process; the workflows run in a
 ``wake-child`` process; ``--budget S`` starts no new round of wakes after S seconds,
 since with SQLite's default one-second polling each wake takes about a second),
@@ -62,6 +64,19 @@ def steps_workflow(n: int) -> int:
     for i in range(n):
         trivial(i)
     return n
+
+
+@DBOS.step()
+def wall_time(i: int) -> float:
+    """The wall-clock time at which the step ran (the start → result workload)."""
+    return time.time()
+
+
+@DBOS.workflow()
+def one_step_workflow(i: int) -> float:
+    """One step, then done; the result is when the step ran."""
+    ran: float = wall_time(i)
+    return ran
 
 
 @DBOS.step()
@@ -154,6 +169,37 @@ def concurrent(args: argparse.Namespace) -> dict[str, Any]:
     stamps = sorted(STAMPS)
     return {"objects": args.objects, "steps_per_object": args.steps,
             "steps_per_s": (total - 1) / (stamps[-1] - stamps[0])}
+
+
+def start_result(args: argparse.Namespace) -> dict[str, Any]:
+    """``--objects`` one-step workflows one after another, each started and its result
+    awaited before the next; milliseconds per pair."""
+    _launch(args.url)
+    total, start_calls, to_step = [], [], []
+    for i in range(args.objects):
+        wall = time.time()
+        began = time.perf_counter()
+        handle = DBOS.start_workflow(one_step_workflow, i)
+        called = time.perf_counter()
+        ran = handle.get_result()
+        total.append((time.perf_counter() - began) * 1e3)
+        start_calls.append((called - began) * 1e3)
+        to_step.append((ran - wall) * 1e3)
+    return {"pairs": args.objects, "ms_values": total,
+            "start_call_ms_median": statistics.median(start_calls),
+            "start_to_step_ms_median": statistics.median(to_step)}
+
+
+def idle(args: argparse.Namespace) -> dict[str, Any]:
+    """Launch DBOS with no workflow, wait a second, then this process's CPU time over
+    ``--pace`` seconds as a share of one core."""
+    _launch(args.url)
+    time.sleep(1.0)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(args.pace)
+    cpu1, wall1 = time.process_time(), time.monotonic()
+    return {"seconds": wall1 - wall0, "cpu_seconds": cpu1 - cpu0,
+            "percent_of_core": (cpu1 - cpu0) / (wall1 - wall0) * 100}
 
 
 def recovery_child(args: argparse.Namespace) -> dict[str, Any]:
@@ -269,7 +315,9 @@ def history_resume(args: argparse.Namespace) -> dict[str, Any]:
 
 
 SCENARIOS = {
-    "sequential": sequential, "concurrent": concurrent, "recovery-child": recovery_child,
+    "sequential": sequential, "concurrent": concurrent, "start-result": start_result,
+    "idle": idle,
+    "recovery-child": recovery_child,
     "wake": wake, "wake-child": wake_child, "history-build": history_build,
     "history-resume": history_resume,
 }

@@ -68,6 +68,39 @@ def _check_steps(figures: dict[str, Any]) -> None:
     assert conc["chain_verified"] is True
 
 
+def _check_e2e(figures: dict[str, Any]) -> None:
+    """The end-to-end part: every figure beside its floor and goal (the lag: ms or n/a)."""
+    e2e = figures["e2e"]
+    assert e2e["worker_options"] == "defaults"
+    assert e2e["floor"]["us_per_commit"] > 0 and e2e["floor"]["commits_per_s"] > 0
+    assert set(e2e["goals"]) == {"sequential_ratio_max", "concurrent_ratio_min",
+                                 "start_result_p50_ms_max", "start_result_p99_ms_max",
+                                 "idle_cpu_percent_max"}
+    for name, agent in (("sequential", "sync_steps"), ("sequential_def_agent",
+                                                       "sync_steps_def")):
+        seq = e2e[name]
+        assert seq["agent"] == agent
+        for key in ("us_per_step", "us_per_step_median", "steps_per_s",
+                    "ratio_to_floor_commit", "ms_start_to_first_step"):
+            assert seq[key] > 0, (name, key)
+        assert seq["chain_verified"] is True
+    conc = e2e["concurrent"]
+    for key in ("steps_per_s", "client_steps_per_s", "ratio_to_single_commit_rate"):
+        assert conc[key] > 0, key
+    assert conc["chain_verified"] is True
+    lat = e2e["start_result"]
+    assert lat["pairs"] > 0
+    for key in ("ms_p50", "ms_p90", "ms_p99", "ms_max", "start_call_ms_median",
+                "start_to_step_ms_median", "floor_ms"):
+        assert lat[key] > 0, key
+    assert lat["ms_p50"] <= lat["ms_p99"] <= lat["ms_max"]
+    assert lat["chain_verified"] is True
+    idle = e2e["idle_cpu"]
+    assert idle["seconds"] > 0 and idle["percent_of_core"] >= 0
+    lag = e2e["loop_lag"]
+    assert ("ms" in lag and lag["ms"] >= 0) or lag["na"]
+
+
 def test_steps_bench_quick_prints_every_figure_per_backend(tmp_path: Path) -> None:
     """``bench/steps.py --quick`` still runs as a script: floor, sequential, concurrent."""
     report = _run([sys.executable, str(ROOT / "bench" / "steps.py")], tmp_path)
@@ -84,7 +117,7 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
     """
     report = _run([sys.executable, "-m", "bench", "--no-peers"], tmp_path)
     assert report["parts"] == ["steps", "wake", "claims", "recovery", "history", "model",
-                               "resources", "ui"]  # (resources: test_bench_resources_smoke.py)
+                               "resources", "ui", "e2e"]  # (resources: its own smoke test)
     ui = report["ui"]  # the dashboard's list, on SQLite whatever the backends
     assert ui["objects"] > 0 and ui["verdict"] in ("PASS", "FAIL")
     for case in ("first_page", "deep_pages", "status", "agent", "label", "id_search",
@@ -120,23 +153,26 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
             assert got["ms_claim_to_next_step"] > 0 and got["store_bytes"] > 0
             assert got["chain_verified"] is True
         assert any(k.startswith("marginal") for k in figures["storage"]["perdure"])
+        _check_e2e(figures)
         assert set(figures["seconds"]) == set(report["parts"]) - {"model", "ui"}
     from bench.render import render
 
     tables = render(report)
     for title in ("Durable steps", "Wake latency", "Claim throughput", "Crash recovery",
-                  "Resume cost and storage", "Model calls", "Dashboard: the objects list"):
+                  "Resume cost and storage", "Model calls", "Dashboard: the objects list",
+                  "Through a worker process"):
         assert title in tables
 
 
 def test_peers_quick_print_figures_or_na(tmp_path: Path) -> None:
-    """The peers in quick mode on SQLite: a figure, or "n/a" with its reason, per workload.
+    """The peers in quick mode on SQLite: a figure, or "n/a" with its reason, per workload
+    (steps, and the end-to-end part beside perdure's through a worker process).
 
     Without ``perdure[bench]`` installed every peer workload is "n/a: ... not installed".
     """
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--dir", str(tmp_path),
-         "--backends", "sqlite_full", "--only", "steps"],
+         "--backends", "sqlite_full", "--only", "steps,e2e"],
         capture_output=True, text=True, timeout=180, cwd=ROOT, check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -150,9 +186,20 @@ def test_peers_quick_print_figures_or_na(tmp_path: Path) -> None:
         else:
             assert got["sequential"]["us_per_step"] > 0
             assert got["concurrent"]["steps_per_s"] > 0
+        e2e = peer["e2e"]
+        if "na" in e2e:
+            assert e2e["na"]
+        else:
+            assert peer["peer"] == "dbos"
+            assert e2e["sequential"]["us_per_step"] > 0
+            assert e2e["concurrent"]["steps_per_s"] > 0
+            assert 0 < e2e["start_result"]["ms_p50"] <= e2e["start_result"]["ms_p99"]
+            assert e2e["idle_cpu"]["percent_of_core"] >= 0
+    _check_e2e(report["backends"]["sqlite_full"])
     from bench.render import render
 
     assert "Steps: perdure and peers" in render(report)
+    assert "Through a worker process" in render(report)
     assert "Time taken by each part" in render(report)
 
 
