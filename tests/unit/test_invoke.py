@@ -9,7 +9,6 @@ checker. No store is involved.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.engine import replay
+from perdure.engine.code_threads import CodeThreads
 from perdure.engine.context import StepInfo
 from perdure.engine.invoke import invoke, served
 from perdure.engine.journal import HistoryEnd, Journal
@@ -105,8 +105,11 @@ def test_invoke_runs_either_kind_of_agent_with_the_intent_arguments(is_async: bo
     run = _run(_memory())
 
     async def main() -> Any:
-        with ThreadPoolExecutor(1) as pool:
-            return await invoke(agent, run, pool)
+        threads = CodeThreads(1, "test-code")
+        try:
+            return await invoke(agent, run, threads)
+        finally:
+            threads.shutdown()
 
     assert asyncio.run(main()) == 42
     assert isinstance(handed[0], Run if is_async else SyncRun)

@@ -81,7 +81,8 @@ async def finish(node: Node, journal: Journal, records: list[Record], ended_as: 
                     extra={"action": "object_failed", "object_id": journal.object_id})
     node.held.drop(journal.object_id)
     try:  # an ended object has no superseding state left to keep (engine.slots)
-        await node.slots.drop_all(journal.object_id)
+        if journal.slot_rows is not False:  # (else it has none: no write transaction)
+            await node.slots.drop_all(journal.object_id)
     except StoreError:
         log.warning("the checkpoint slots of ended object %s could not be deleted",
                     journal.object_id, exc_info=True, extra={"action": "slots_left"})

@@ -10,7 +10,6 @@ plain ``def`` step on a code thread too.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 from collections.abc import Callable, Mapping
 from inspect import CO_COROUTINE
 from types import FunctionType
@@ -18,6 +17,7 @@ from typing import Any
 
 from perdure.core.intent import Intent
 from perdure.engine.checkpoints import Marks
+from perdure.engine.code_threads import CodeThreads
 from perdure.engine.context import StepInfo, step_scope
 from perdure.engine.restore import close_resources, restore_resources
 from perdure.engine.run import Run, SyncRun
@@ -34,7 +34,7 @@ def served(agents: Mapping[str, AgentDef], intent: Intent) -> AgentDef | None:
     return agent
 
 
-async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executor) -> Any:
+async def invoke(agent: AgentDef, run: Run, threads: CodeThreads) -> Any:
     """Run ``agent`` against ``run`` (its memory) with the intent's arguments; its result.
 
     Whatever unwinds the agent (a signal such as ``Suspend`` or ``Park``, the agent's
@@ -46,16 +46,15 @@ async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executo
     if run._journal.committer is not None:  # (a replay check restores nothing)
         if slots is not None:
             run._slots = await slots.load(run.object_id, run._records)
+            if run._journal.slot_rows is None:  # none read now, none written yet: none
+                run._journal.slot_rows = bool(run._slots)
         await restore_resources(run, run._records)
     try:
         if agent.is_async:
             result = await agent.fn(run, *intent.args, **intent.kwargs)
         else:
-            loop = asyncio.get_running_loop()
-            sync = SyncRun(run, loop)
-            result = await loop.run_in_executor(
-                executor, lambda: agent.fn(sync, *intent.args, **intent.kwargs)
-            )
+            sync = SyncRun(run, asyncio.get_running_loop())
+            result = await threads.run(lambda: agent.fn(sync, *intent.args, **intent.kwargs))
         run.check_finished()
     finally:
         if run._held or run._replayed:
@@ -66,8 +65,8 @@ async def invoke(agent: AgentDef, run: Run, executor: concurrent.futures.Executo
 class StepRunner:
     """Runs a step's function for a run (``run`` is a ``Run``'s step executor)."""
 
-    def __init__(self, executor: concurrent.futures.Executor) -> None:
-        self._executor = executor
+    def __init__(self, threads: CodeThreads) -> None:
+        self._threads = threads
 
     async def run(self, info: StepInfo, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Any:
@@ -92,7 +91,7 @@ class StepRunner:
                 finally:
                     step_scope.reset(inner)
 
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, call)
+            result = await self._threads.run(call)
             failed = False
             return result
         finally:

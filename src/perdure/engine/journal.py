@@ -234,6 +234,10 @@ class Journal:
         self.secrets: set[str] = set()
         #: ``(seq, hash)`` of the newest record known durable (what a slot follows).
         self.durable_head = (self.head_seq, self.head_hash)
+        #: Whether the object may have checkpoint slot rows (``engine.slots``): ``None``
+        #: unknown, ``False`` none were read at the claim and none written since (its
+        #: end then has none to delete).
+        self.slot_rows: bool | None = None
 
     @classmethod
     def read_only(cls, records: Sequence[Record], *, object_id: str, signer: Signer,

@@ -19,7 +19,7 @@ from perdure.core.records import Record, RecordDraft
 from perdure.engine.node import Node
 from perdure.errors import IntegrityError, RecordDecodeError
 from perdure.hooks import ObjectClaimed
-from perdure.stores.base import Event, ObjectRow
+from perdure.stores.base import CheckpointRow, Event, ObjectRow
 
 __all__ = ["checked_memory", "event_refusal", "pending_events"]
 
@@ -27,8 +27,8 @@ log = logging.getLogger("perdure.worker")
 
 
 async def checked_memory(node: Node, oid: str, epoch: int = 0
-                         ) -> tuple[list[Record], ObjectRow | None]:
-    """The object's whole chain, vouched for, and its row.
+                         ) -> tuple[list[Record], ObjectRow | None, list[Event]]:
+    """The object's whole chain, vouched for, its row and its pending events.
 
     Links and hashes are checked up to the head the row records; the newest record's
     signature (or commit seal) must verify under a key certified by a root this node
@@ -37,34 +37,50 @@ async def checked_memory(node: Node, oid: str, epoch: int = 0
     earlier records; falls back to the full chain if the tail does not fit on.
     Raises ``IntegrityError`` or ``RecordDecodeError`` when the stored chain cannot
     be vouched for.
+
+    All of it is read and checked in one trip to a read thread: a claim pays one hop
+    there and back, not one per read.
     """
     began = time.perf_counter()
     held = node.held.get(oid)
+    records, row, events, slots, read, dropped = await node.read(_read_vouched, node, oid,
+                                                                 held)
+    node.slots.primed[oid] = slots
+    if dropped is not None:
+        log.info("%s: held records do not fit the store (%s); reading the whole chain",
+                 oid, dropped, extra={"action": "held_records_dropped"})
+    node.held.put(oid, records)
+    if node.hooks.active:
+        node.hooks.emit(ObjectClaimed(node.signer.node_id, oid, epoch, read,
+                                      held is not None and dropped is None,
+                                      time.perf_counter() - began))
+    return records, row, events
+
+
+def _read_vouched(node: Node, oid: str, held: list[Record] | None
+                  ) -> tuple[list[Record], ObjectRow | None, list[Event],
+                             list[CheckpointRow], int, BaseException | None]:
+    """On a read thread: the vouched chain (from ``held`` on, when it fits), the row,
+    the pending events, the checkpoint slot rows (verified when the agent runs), how
+    many records were read, and why ``held`` did not fit."""
+    dropped: BaseException | None = None
     if held is not None:
         last = held[-1]
         try:
-            tail: list[Record] = await node.read(node.store.chain, oid, last.seq, last.hash)
+            tail: list[Record] = node.store.chain(oid, last.seq, last.hash)
             records: list[Record] = held + tail
-            row = await node.read(_vouch, node, oid, records, len(held))
+            row = _vouch(node, oid, records, len(held))
         except (IntegrityError, RecordDecodeError) as exc:
-            log.info("%s: held records do not fit the store (%s); reading the whole chain",
-                     oid, exc, extra={"action": "held_records_dropped"})
-            node.held.drop(oid)
+            dropped = exc
         else:
-            node.held.put(oid, records)
-            if node.hooks.active:
-                node.hooks.emit(ObjectClaimed(node.signer.node_id, oid, epoch, len(tail),
-                                              True, time.perf_counter() - began))
-            return records, row
-    records = await node.read(node.store.chain, oid)
+            return (records, row, pending_events(node, oid), node.store.checkpoints(oid),
+                    len(tail), None)
+    records = node.store.chain(oid)
     if not records:
         raise IntegrityError(oid, 1, "object has no records")
-    row = await node.read(_vouch, node, oid, records, 0)
-    node.held.put(oid, records)
-    if node.hooks.active:
-        node.hooks.emit(ObjectClaimed(node.signer.node_id, oid, epoch, len(records), False,
-                                      time.perf_counter() - began))
-    return records, row
+    row = _vouch(node, oid, records, 0)
+    return (records, row, pending_events(node, oid), node.store.checkpoints(oid),
+            len(records), dropped)
 
 
 def _vouch(node: Node, oid: str, records: list[Record], known: int) -> ObjectRow | None:

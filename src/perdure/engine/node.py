@@ -30,6 +30,7 @@ from perdure.core.chain import Signer
 from perdure.core.cycle import LocalPolicy
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record
+from perdure.engine.code_threads import CodeThreads
 from perdure.engine.held import HeldRecords
 from perdure.engine.invoke import StepRunner
 from perdure.engine.journal import Committer, Journal
@@ -92,9 +93,7 @@ class Node:
                            capabilities=tuple(sorted(self.capabilities)))
         self.write_pool = concurrent.futures.ThreadPoolExecutor(1, "perdure-write")
         self.read_pool = concurrent.futures.ThreadPoolExecutor(2, "perdure-read")
-        self.code_pool = concurrent.futures.ThreadPoolExecutor(
-            settings.concurrency + 4, "perdure-code"
-        )
+        self.code_pool = CodeThreads(settings.concurrency + 4, "perdure-code")
         #: The step executor every run of this node gets (user code on the code pool).
         self.run_step = StepRunner(self.code_pool).run
         #: What this node tells listeners (``perdure.hooks``); inactive: no cost.
@@ -134,7 +133,7 @@ class Node:
         """Stop the threads (the write and read threads finish what they were given)."""
         self.write_pool.shutdown(wait=True)
         self.read_pool.shutdown(wait=True)
-        self.code_pool.shutdown(wait=False, cancel_futures=True)
+        self.code_pool.shutdown()
 
     # -- one object -----------------------------------------------------------------
 

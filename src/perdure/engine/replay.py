@@ -11,7 +11,6 @@ position, what was recorded and what the code asks for. Nothing is written.
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from perdure.core.chain import Signer
 from perdure.core.cycle import read_memory
 from perdure.core.records import Record
 from perdure.core.sealing import marked
+from perdure.engine.code_threads import CodeThreads
 from perdure.engine.context import StepInfo
 from perdure.engine.invoke import invoke, served
 from perdure.engine.journal import HistoryEnd, Journal
@@ -99,7 +99,7 @@ async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record]
     journal = Journal.read_only(records, object_id=oid, signer=signer, policy_ref="replay-check")
     run = Run(journal=journal, intent=intent, context=facts.context, records=records,
               load_events=_no_events, step_executor=_never_run, clock=time.time)
-    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool = CodeThreads(1, "perdure-replay")
     try:
         await invoke(agent, run, pool)
     except Park as park:
@@ -118,6 +118,6 @@ async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record]
         return ReplayReport(oid, intent.agent, intent.version, "error",
                             f"the agent raised {type(exc).__name__}: {said} while replaying")
     finally:
-        pool.shutdown(wait=False)
+        pool.shutdown()
     return ReplayReport(oid, intent.agent, intent.version, "compatible",
                         "replays to its recorded end")

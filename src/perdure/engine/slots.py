@@ -90,6 +90,10 @@ class Slots:
         self._write_pool = write_pool
         self._read_pool = read_pool
         self._clock = clock
+        #: Slot rows read with a claim's memory (``engine.memory``), by object: ``load``
+        #: takes them instead of reading again. Only this node writes an object's slots
+        #: while it holds the lease, so they stay current for the claim.
+        self.primed: dict[str, list[CheckpointRow]] = {}
 
     async def _io(self, pool: concurrent.futures.Executor, fn: Callable[..., Any],
                   *args: Any) -> Any:
@@ -99,6 +103,7 @@ class Slots:
         """Write ``value`` (already as stored: sealed) to ``slot``, after the journal's
         durable head, fenced on its epoch; ``LeaseLostError`` if the lease moved on."""
         body = encode(value, what=f"checkpoint slot {slot!r}")
+        journal.slot_rows = True  # (before the write: a write that fails may still land)
         seq, digest = journal.durable_head
         message = slot_message(journal.object_id, slot, seq, digest, body)
         row = CheckpointRow(journal.object_id, slot, journal.epoch, seq, digest, body,
@@ -122,7 +127,9 @@ class Slots:
     async def load(self, object_id: str, records: Sequence[Record]) -> dict[str, Slot]:
         """Every slot of ``object_id``, each verified against ``records`` (its verified
         chain); ``Park`` (an integrity failure) for a row that does not verify."""
-        rows = await self._io(self._read_pool, self.store.checkpoints, object_id)
+        rows = self.primed.pop(object_id, None)
+        if rows is None:
+            rows = await self._io(self._read_pool, self.store.checkpoints, object_id)
         if not rows:
             return {}
         await self._io(self._read_pool, self.verifier.refresh_if_stale)

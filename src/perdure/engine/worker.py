@@ -280,6 +280,8 @@ class Worker:
         except Exception:
             log.exception("engine error on %s; its lease will lapse", oid,
                           extra={"action": "engine_error"})
+        finally:
+            node.slots.primed.pop(oid, None)  # read with its memory, if the agent never ran
 
     async def _cycle(self, claim: Claim) -> None:
         """Evaluate the claimed object and perform the action selected; after a mutate or
@@ -287,7 +289,7 @@ class Worker:
         oid = claim.object_id
         node = self.node
         try:
-            records, row = await checked_memory(node, oid, claim.epoch)
+            records, row, first_events = await checked_memory(node, oid, claim.epoch)
         except (IntegrityError, RecordDecodeError) as exc:
             # Never run code on memory that could not be vouched for, and never loop on it.
             log.error("integrity failure: parked %s without running it: %s", oid, exc,
@@ -303,10 +305,12 @@ class Worker:
                 note=f"memory damaged or forged (node {self.signer.node_id} refused it): "
                      f"{exc}{hint}")
             return
+        events: list[Event] | None = first_events
         while True:
             if row is None:  # the row read with the chain serves the first evaluation
                 row = await node.read(self.store.get, oid)
-            events: list[Event] = await node.read(pending_events, node, oid)
+            if events is None:  # so do the events read with it
+                events = await node.read(pending_events, node, oid)
             refinements = children = 0
             for event in events:
                 if event.name == REFINE_EVENT:
@@ -332,4 +336,4 @@ class Worker:
             if appended is None:  # the object was let go
                 return
             records = records + appended
-            row = None
+            row = events = None
