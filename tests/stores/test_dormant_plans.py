@@ -11,8 +11,9 @@ do the same work with the copies as without them:
   handler called at every one), and a plan that searches an index, never a ``SCAN`` of
   the objects table;
 * PostgreSQL: no more ``objects`` rows read (returned or filtered out, from
-  ``EXPLAIN ANALYZE``) than the four real objects, and no sequential scan of the table, planned by the server as it
-  would plan them for a node (statistics up to date, nothing forced).
+  ``EXPLAIN ANALYZE``) than the four real objects, and no sequential scan of the
+  table, planned by the server as it would plan them for a node (statistics up to
+  date, nothing forced).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from perdure.stores import Store, open_store
 from perdure.stores.sqlite import _Q as SQLITE_Q
