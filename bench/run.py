@@ -17,6 +17,9 @@ and PostgreSQL:
   turn of a 10, 100 and 200-turn conversation beside LangGraph's ``SqliteSaver``, and the
   stream journal's cost in tokens per second against a plain SDK client
   (``bench/model.py``; needs ``perdure[llm]``, else "n/a").
+* ``dormant``: an idle worker's CPU, its two idle queries and a new object's latency
+  beside 0, 100,000 and 1,000,000 dormant objects, on SQLite FULL and PostgreSQL
+  (``bench/dormant.py``);
 * ``ui``: the dashboard's objects list on SQLite filled to 100,000 objects: milliseconds
   per page of 50 (first, deep, filtered, searched, and the whole HTTP page) against a
   floor (``bench/ui.py``; needs ``perdure[ui]``).
@@ -43,7 +46,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, model, peers, recovery, resume, steps, ui, wake
+from bench import claims, dormant, model, peers, recovery, resume, steps, ui, wake
 from bench import resources as resource_bench
 from bench.common import (
     Backend,
@@ -55,7 +58,8 @@ from bench.common import (
     progress,
 )
 
-PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui")
+PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui",
+         "dormant")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -68,6 +72,7 @@ QUICK = {
     "model": model.QUICK,
     "resources": resource_bench.QUICK,
     "ui": ui.QUICK,
+    "dormant": dormant.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -82,6 +87,7 @@ FULL = {
     "model": model.FULL,
     "resources": resource_bench.FULL,
     "ui": ui.FULL,
+    "dormant": dormant.FULL,
 }
 
 
@@ -207,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             if "resources" in parts:
                 figures["resources"] = timed("resources", resource_bench.measure, backend,
                                              here / "resources", sizes["resources"], args.pg)
+            if "dormant" in parts:
+                figures["dormant"] = timed("dormant", dormant.measure, backend,
+                                           here / "dormant", sizes["dormant"], args.pg)
             report["backends"][backend.name] = figures
         if "model" in parts:
             report["model"] = measure_model(run_dir / "model", sizes["model"],
