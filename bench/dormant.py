@@ -6,7 +6,8 @@ event nobody sends (``run.wait_for``). Starting a million through ``app.start`` 
 worker would take hours, so the store is filled by copying: two real dormant objects,
 one of each kind (started by the App and run by a worker in this process until they
 sleep), are copied with plain SQL, their ``objects`` row and their records under fresh
-ids, as many times as needed (in batches of 100,000). The copies are never run: nothing
+ids, as many times as needed (in batches of 100,000), then flushed to disk (a checkpoint
+and ``sync``) before anything is measured. The copies are never run: nothing
 is due before a month and nobody sends the event. They are the rows a store holding that
 many sleepers has. On PostgreSQL the tables are analysed after each fill, as autovacuum
 would do; SQLite keeps no statistics unless asked, and perdure never asks.
@@ -127,8 +128,10 @@ def _fill_sqlite(path: Path, first: int, last: int) -> None:
                                         numbers, "temp.tpl_"):
                 conn.execute(sql)
             conn.execute("COMMIT")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
         conn.close()
+    os.sync()  # the fill's pages reach the disk now, not during the measurements
 
 
 def _fill_postgres(url: str, first: int, last: int) -> None:
@@ -151,6 +154,9 @@ def _fill_postgres(url: str, first: int, last: int) -> None:
                     conn.execute(sql.encode())
         conn.execute(b"ANALYZE objects")
         conn.execute(b"ANALYZE records")
+        with contextlib.suppress(psycopg.Error):  # needs a superuser or pg_checkpoint
+            conn.execute(b"CHECKPOINT")
+    os.sync()
 
 
 def _fill(db: Database, key_dir: Path, have: int, want: int) -> None:
