@@ -48,7 +48,7 @@ from perdure.stores.base import Route
 
 __all__ = ["BACKENDS", "FULL", "QUICK", "app", "measure", "table"]
 
-QUICK = {"dormant": [0, 2_000, 10_000], "idle_s": 2.0, "starts": 3, "query_repeats": 20}
+QUICK = {"dormant": [0, 2_000, 10_000], "idle_s": 1.0, "starts": 3, "query_repeats": 20}
 FULL = {"dormant": [0, 100_000, 1_000_000], "idle_s": 10.0, "starts": 20,
         "query_repeats": 200}
 BACKENDS = ("sqlite_full", "postgresql")  # the part runs on these; others say n/a
