@@ -314,6 +314,7 @@ def history_table(report: dict[str, Any]) -> str:
 
 def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
+    from bench.dormant import table as dormant_table
     from bench.e2e import table as e2e_table
     from bench.render_model import conversation_table, stream_table
     from bench.resources import table as resource_table
@@ -335,6 +336,8 @@ def render(report: dict[str, Any]) -> str:
                           resource_table(report)),
                          ("Dashboard: the objects list", ui_table(report)),
                          ("Through a worker process", e2e_table(report)),
+                         ("Dormant objects: an idle node and a new object",
+                          dormant_table(report)),
                          ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")

@@ -22,6 +22,9 @@ and PostgreSQL:
   sequential steps, 50 objects at once, start → result latency, idle worker CPU and
   the worker's worst event-loop lag, each beside the floor and its goal
   (``bench/e2e.py``).
+* ``dormant``: an idle worker's CPU, its two idle queries and a new object's latency
+  beside 0, 100,000 and 1,000,000 dormant objects, on SQLite FULL and PostgreSQL
+  (``bench/dormant.py``);
 * ``ui``: the dashboard's objects list on SQLite filled to 100,000 objects: milliseconds
   per page of 50 (first, deep, filtered, searched, and the whole HTTP page) against a
   floor (``bench/ui.py``; needs ``perdure[ui]``).
@@ -48,7 +51,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, e2e, model, peers, recovery, resume, steps, ui, wake
+from bench import claims, dormant, e2e, model, peers, recovery, resume, steps, ui, wake
 from bench import resources as resource_bench
 from bench.common import (
     Backend,
@@ -61,7 +64,7 @@ from bench.common import (
 )
 
 PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui",
-         "e2e")
+         "e2e", "dormant")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -75,6 +78,7 @@ QUICK = {
     "resources": resource_bench.QUICK,
     "ui": ui.QUICK,
     "e2e": e2e.QUICK,
+    "dormant": dormant.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -90,6 +94,7 @@ FULL = {
     "resources": resource_bench.FULL,
     "ui": ui.FULL,
     "e2e": e2e.FULL,
+    "dormant": dormant.FULL,
 }
 
 
@@ -218,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
             if "e2e" in parts:
                 figures["e2e"] = timed("e2e", e2e.measure, backend, here / "e2e",
                                        sizes["e2e"], args.pg)
+            if "dormant" in parts:
+                figures["dormant"] = timed("dormant", dormant.measure, backend,
+                                           here / "dormant", sizes["dormant"], args.pg)
             report["backends"][backend.name] = figures
         if "model" in parts:
             report["model"] = measure_model(run_dir / "model", sizes["model"],

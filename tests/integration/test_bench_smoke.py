@@ -117,7 +117,8 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
     """
     report = _run([sys.executable, "-m", "bench", "--no-peers"], tmp_path)
     assert report["parts"] == ["steps", "wake", "claims", "recovery", "history", "model",
-                               "resources", "ui", "e2e"]  # (resources: its own smoke test)
+                               "resources", "ui", "e2e", "dormant"]
+    # (resources, dormant: test_bench_resources_smoke.py, test_bench_dormant_smoke.py)
     ui = report["ui"]  # the dashboard's list, on SQLite whatever the backends
     assert ui["objects"] > 0 and ui["verdict"] in ("PASS", "FAIL")
     for case in ("first_page", "deep_pages", "status", "agent", "label", "id_search",

@@ -131,3 +131,57 @@ def test_many_threads_claim_and_append_without_losing_or_doubling() -> None:
     for oid, chain in chains.items():
         assert store.records(oid) == chain.records
         assert store.chain(oid) == chain.records
+
+
+def test_due_times_in_the_heap_match_a_scan_of_every_row() -> None:
+    """``next_ready_at`` and the claim read due times from a heap kept beside the rows:
+    through a random run of claims, renewals, expiries, pauses, cancels, sends and
+    releases (seeded), both answer what a scan of every row answers."""
+    import random
+
+    rng = random.Random(26)
+    signer = make_signer()
+    ids = [f"obj-{i:02d}" for i in range(30)]
+    store, chains = _store_with(signer, *ids)
+    held: dict[str, int] = {}  # object id -> epoch of a lease taken here
+    now = NOW
+
+    def scanned_next() -> float | None:
+        assert store._tables is not None
+        due = [row.due() for row in store._tables.objects.values()]
+        return min((d for d in due if d is not None), default=None)
+
+    def scanned_claimable(at: float) -> list[str]:
+        assert store._tables is not None
+        rows = [row for row in store._tables.objects.values()
+                if (due := row.due()) is not None and due <= at]
+        return [row.object_id for row in sorted(rows, key=lambda r: (r.ready_at, r.order))]
+
+    for _ in range(600):
+        now += rng.choice([0.0, 0.5, 3.0])
+        oid = rng.choice(ids)
+        action = rng.randrange(7)
+        if action == 0:
+            limit = rng.randint(1, 4)
+            expected = scanned_claimable(now)[:limit]
+            claims = store.claim("w1", now, now + rng.choice([1.0, 10.0]), limit)
+            assert [c.object_id for c in claims] == expected
+            held.update({c.object_id: c.epoch for c in claims})
+        elif action == 1 and oid in held:
+            store.renew(oid, held[oid], now + rng.choice([1.0, 10.0]))
+        elif action == 2 and oid in held:
+            store.expire_lease(oid, "w1", held[oid], now)
+        elif action == 3 and oid in held:
+            chain = chains[oid]
+            ready_at = rng.choice([None, now, now + 5.0])
+            store.apply([chain.append(held.pop(oid), chain.extend(), status="dormant",
+                                      phase="dormancy", ready_at=ready_at,
+                                      waiting_event="e" if ready_at is None else None,
+                                      release=True)], now)
+        elif action == 4:
+            store.send(oid, "e", b"{}", None, now)
+        elif action == 5:
+            store.control(oid, now, paused=rng.random() < 0.5)
+        elif action == 6 and rng.random() < 0.2:
+            store.control(oid, now, cancel=True)
+        assert store.next_ready_at() == scanned_next()

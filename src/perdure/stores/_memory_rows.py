@@ -9,6 +9,7 @@ on the in-memory store means what it would on a file. Callers hold the store's l
 from __future__ import annotations
 
 import builtins
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +78,15 @@ class Row:
             self.head_seq, self.head_hash, self.result, self.parent_id, self.created_at,
             self.updated_at, self.requires, tuple(self.avoid))
 
+    def due(self) -> float | None:
+        """When the row can be claimed (``objects_due``): its ready time, or its lease
+        expiry if later; ``None`` while it waits for an event or is paused (not cancelled)."""
+        if self.ready_at is None or (self.paused and not self.cancel_requested):
+            return None
+        if self.lease_expires is not None and self.lease_expires > self.ready_at:
+            return self.lease_expires
+        return self.ready_at
+
     def claim(self) -> Claim:
         """The lease the row holds now, as ``claim`` and ``renew`` return it."""
         assert self.lease_expires is not None
@@ -142,6 +152,45 @@ class Tables:
     data_keys: dict[str, DataKeyRow] = field(default_factory=dict)
     checkpoints: dict[tuple[str, str], CheckpointRow] = field(default_factory=dict)
     woken: builtins.list[str] = field(default_factory=builtins.list)  # to tell subscribers
+    # Due times (the SQL stores' objects_due index) as a heap of (due, order, object_id):
+    # an entry is pushed whenever a write may change a row's due time, and is current
+    # while the row still has that due time (older ones are dropped when they surface).
+    due_heap: builtins.list[tuple[float, int, str]] = field(default_factory=builtins.list)
+
+    def due_changed(self, row: Row) -> None:
+        """Note ``row``'s due time after a write that may have changed it."""
+        due = row.due()
+        if due is not None:
+            heapq.heappush(self.due_heap, (due, row.order, row.object_id))
+            if len(self.due_heap) > 2 * len(self.objects) + 64:
+                self.due_heap = [(d, r.order, r.object_id) for r in self.objects.values()
+                                 if (d := r.due()) is not None]
+                heapq.heapify(self.due_heap)
+
+    def _current(self, entry: tuple[float, int, str]) -> Row | None:
+        row = self.objects.get(entry[2])
+        return row if row is not None and row.due() == entry[0] else None
+
+    def next_due(self) -> float | None:
+        """``next_ready_at``: the earliest due time (stale entries on top are dropped)."""
+        heap = self.due_heap
+        while heap:
+            if self._current(heap[0]) is not None:
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
+
+    def due_by(self, now: float) -> builtins.list[Row]:
+        """Rows due at ``now``: read off the top of the heap, which keeps them."""
+        heap = self.due_heap
+        kept: dict[str, tuple[float, int, str]] = {}
+        while heap and heap[0][0] <= now:
+            entry = heapq.heappop(heap)
+            if self._current(entry) is not None:
+                kept[entry[2]] = entry
+        for entry in kept.values():
+            heapq.heappush(heap, entry)
+        return [self.objects[oid] for oid in kept]
 
     def create(self, new: NewObject, now: float) -> bool:
         """``insert_object`` and ``insert_record``: ``False`` if the id is taken."""
@@ -153,13 +202,14 @@ class Tables:
             new.first.hash, new.parent_id, now, now, tuple(sorted(new.requires)),
             len(self.objects))
         self.records.setdefault(new.object_id, {})[new.first.seq] = record_params(new.first)
+        self.due_changed(self.objects[new.object_id])
         self.woken.append(new.object_id)
         return True
 
     def claim(self, owner: str, now: float, lease_until: float, limit: int, route: Route
               ) -> builtins.list[Claim]:
         """``claim_candidates`` (oldest ready first), then ``claim_one`` for each."""
-        rows = sorted((row for row in self.objects.values() if row.claimable(now, route)),
+        rows = sorted((row for row in self.due_by(now) if row.claimable(now, route)),
                       key=lambda row: (row.ready_at, row.order))
         claims = []
         for row in rows[:limit]:
@@ -172,6 +222,7 @@ class Tables:
             row.epoch += 1
             row.lease_owner, row.lease_expires = owner, float(lease_until)
             row.status, row.phase, row.updated_at = "running", "evaluation", float(now)
+            self.due_changed(row)
             claims.append(row.claim())
         return claims
 
@@ -197,6 +248,7 @@ class Tables:
                 and (row.ready_at is None or row.ready_at > now)
                 and row.status not in TERMINAL):
             row.ready_at = float(now)
+            self.due_changed(row)
 
     def pending(self, object_id: str, name: str, consuming: Sequence[int] = ()) -> bool:
         """Whether an event named ``name`` waits in the object's inbox, beside the ones
@@ -211,6 +263,7 @@ class Tables:
             if row.parent_id == parent_id and row.status not in TERMINAL:
                 row.cancel_requested, row.updated_at = True, now
                 row.ready_at = now if row.ready_at is None else min(row.ready_at, now)
+                self.due_changed(row)
                 self.woken.append(row.object_id)
 
 
@@ -279,6 +332,7 @@ def apply_one(t: Tables, op: Append, now: float, records: Sequence[tuple[Any, ..
         row.avoid = []
     elif op.avoid_node is not None:
         row.avoid = [*row.avoid, op.avoid_node]
+    t.due_changed(row)
     cancel = row.cancel_requested and notices_cancel(op)
     stored = t.records.setdefault(op.object_id, {})
     for rec in records:

@@ -345,6 +345,7 @@ class MemoryStore:
             if row is None or row.epoch != epoch or row.lease_owner is None:
                 return None
             row.lease_expires = float(lease_until)
+            t.due_changed(row)
             return row.claim()
 
     def leases_held(self, owner_prefix: str, now: float) -> builtins.list[tuple[str, str, int]]:
@@ -361,17 +362,14 @@ class MemoryStore:
             if row is None or row.epoch != epoch or row.lease_owner != owner:
                 return False
             row.lease_expires = row.updated_at = float(now)
+            t.due_changed(row)
             return True
 
     def next_ready_at(self) -> float | None:
         """Earliest time an object becomes claimable: its ready time, or its lease
         expiry if later."""
         with self._held() as t:
-            due = [row.ready_at if row.lease_expires is None
-                   else max(row.ready_at, row.lease_expires)
-                   for row in t.objects.values()
-                   if row.ready_at is not None and (not row.paused or row.cancel_requested)]
-        return min(due) if due else None
+            return t.next_due()
 
     def control(
         self,
@@ -400,6 +398,7 @@ class MemoryStore:
             if unpark and row.parked:
                 row.parked, row.note, row.ready_at, row.status = False, None, now, "ready"
                 row.updated_at, row.crashes = now, 0
+            t.due_changed(row)
             if cancel or unpark or paused is False:
                 t.woken.append(object_id)
             return row.value()

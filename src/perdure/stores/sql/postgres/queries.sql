@@ -118,10 +118,16 @@ SELECT seq, ts_us, concat_ws(chr(31), trace_id, node_id, policy_ref, kind), body
 FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
 
 -- name: claim
+-- The objects_ready index (its WHERE is the paused term below) serves the candidates
+-- from the oldest ready time up to now: objects sleeping until later, waiting for an
+-- event (no ready time) or paused are never read. It indexes ready_at + 0, not the
+-- column: ANALYZE keeps statistics of an index expression over the index's own rows,
+-- so the planner knows how few unpaused objects are due (paused ones keep a ready time
+-- in the past: counted in, they make a scan of all of objects_due look cheaper).
 WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now),
 candidates AS (
     SELECT o.object_id FROM objects o, db
-    WHERE o.ready_at <= %(now)s
+    WHERE o.ready_at + 0 <= %(now)s
       AND (o.paused = FALSE OR o.cancel_requested)
       AND (o.lease_expires IS NULL OR o.lease_expires <= db.now)
       AND (o.cancel_requested OR (
@@ -129,7 +135,7 @@ candidates AS (
              OR (o.agent || '@' || o.agent_version) = ANY(%(serves)s::text[]))
         AND o.requires <@ %(caps)s::text[]
         AND NOT (%(node)s::text = ANY(o.avoid))))
-    ORDER BY o.ready_at
+    ORDER BY o.ready_at + 0
     LIMIT %(limit)s
     FOR UPDATE OF o SKIP LOCKED
 )
@@ -401,6 +407,8 @@ WHERE object_id = %(object_id)s AND parked;
 
 -- name: next_ready_at
 -- When the next object becomes claimable: its ready time, or its lease expiry if later.
+-- The objects_due index holds exactly this expression under exactly this WHERE (keep
+-- them the same): the answer is its first entry, however many objects sleep.
 SELECT MIN(GREATEST(ready_at, COALESCE(lease_expires, ready_at)))
 FROM objects WHERE ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
 

@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 8
+-- version: 9
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -46,7 +46,12 @@ CREATE TABLE objects (
     crash_seq        BIGINT
 );
 
-CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
+-- Runnable objects by ready time, and by due time (the ready time, or the lease expiry if
+-- later): an idle or claiming node reads only what is due or held, however many sleep.
+CREATE INDEX objects_ready ON objects ((ready_at + 0))
+WHERE ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
+CREATE INDEX objects_due ON objects ((GREATEST(ready_at, COALESCE(lease_expires, ready_at))))
+WHERE ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
 CREATE INDEX objects_status ON objects (status, created_at);
 CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;

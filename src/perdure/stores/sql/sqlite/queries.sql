@@ -138,6 +138,9 @@ FROM records WHERE object_id = ? AND seq > ? ORDER BY seq;
 -- name: claim_candidates
 -- Runnable objects this node can serve: its agent@version, its capabilities, not an
 -- object that said this node cannot do its next step. Any node may finish a cancel.
+-- The objects_ready index (its WHERE is the paused term below) is walked from the
+-- oldest ready time up to now: objects sleeping until later, waiting for an event
+-- (no ready time) or paused are never read.
 SELECT object_id FROM objects
 WHERE ready_at <= :now
   AND (paused = 0 OR cancel_requested = 1)
@@ -294,6 +297,8 @@ WHERE object_id = :object_id AND parked = 1;
 
 -- name: next_ready_at
 -- When the next object becomes claimable: its ready time, or its lease expiry if later.
+-- The objects_due index holds exactly this expression under exactly this WHERE (keep
+-- them the same): the answer is its first entry, however many objects sleep.
 SELECT MIN(CASE WHEN lease_expires IS NOT NULL AND lease_expires > ready_at
                 THEN lease_expires ELSE ready_at END)
 FROM objects WHERE ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);

@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 9
+-- version: 10
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -39,7 +39,14 @@ CREATE TABLE objects (
     crash_seq INTEGER
 );
 
-CREATE INDEX objects_ready ON objects (ready_at) WHERE ready_at IS NOT NULL;
+-- Runnable objects by ready time, and by due time (the ready time, or the lease expiry if
+-- later): an idle or claiming node reads only what is due or held, however many sleep.
+CREATE INDEX objects_ready ON objects (ready_at)
+WHERE ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);
+CREATE INDEX objects_due ON objects (
+    CASE WHEN lease_expires IS NOT NULL AND lease_expires > ready_at
+         THEN lease_expires ELSE ready_at END)
+WHERE ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);
 CREATE INDEX objects_status ON objects (status, created_at);
 CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
