@@ -8,10 +8,15 @@ set to its tree, so each side uses its own ``perdure`` and its own ``bench``.
 
 Prints, per backend, the medians of each side and their ratio for: sequential steps
 (µs per step), concurrent steps per second, and the resume cost at each history length
-(claim → next new step, cold and on the same node). ``--json`` prints every run instead.
-Nothing asserts on speed.
+(claim → next new step, cold and on the same node), and the end-to-end figures through a
+worker process (``e2e``: sequential and concurrent sync steps, start → result p50 and p99,
+idle CPU). ``--json`` prints every run instead. Nothing asserts on speed.
+
+``--bench-here`` runs this checkout's benchmark on both sides, with only ``perdure``
+taken from ``REV``: for a part that ``REV``'s own ``bench`` does not have yet.
 
     python -m bench.compare f60f4d8 --only history,steps --backends sqlite_full,postgresql
+    python -m bench.compare 7270774 --bench-here --only e2e --backends sqlite_full
 """
 
 from __future__ import annotations
@@ -44,10 +49,13 @@ def _unpack(rev: str, into: Path) -> Path:
     return tree
 
 
-def _run(tree: Path, bench_args: list[str]) -> dict[str, Any]:
-    """One ``python -m bench`` run with ``tree``'s code; its JSON report."""
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree}"}
-    done = subprocess.run([sys.executable, "-m", "bench", *bench_args], cwd=tree, env=env,
+def _run(tree: Path, bench_args: list[str], bench_tree: Path | None = None
+         ) -> dict[str, Any]:
+    """One ``python -m bench`` run with ``tree``'s ``perdure`` and ``bench_tree``'s
+    benchmark (default: ``tree``'s too); its JSON report."""
+    bench_tree = bench_tree or tree
+    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{bench_tree}"}
+    done = subprocess.run([sys.executable, "-m", "bench", *bench_args], cwd=bench_tree, env=env,
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bench failed in {tree}:\n{done.stderr[-3000:]}")
@@ -63,6 +71,13 @@ def _figures(report: dict[str, Any]) -> dict[str, dict[str, float]]:
         if "sequential" in backend:
             got["sequential µs/step"] = backend["sequential"]["us_per_step"]
             got["concurrent steps/s"] = backend["concurrent"]["steps_per_s"]
+        e2e = backend.get("e2e")
+        if e2e:
+            got["e2e sequential sync µs/step"] = e2e["sequential"]["us_per_step"]
+            got["e2e 50 objects steps/s"] = e2e["concurrent"]["steps_per_s"]
+            got["e2e start→result p50 ms"] = e2e["start_result"]["ms_p50"]
+            got["e2e start→result p99 ms"] = e2e["start_result"]["ms_p99"]
+            got["e2e idle CPU %"] = e2e["idle_cpu"]["percent_of_core"]
         for length, resume in backend.get("resume", {}).items():
             got[f"resume {length} ms"] = resume["ms_claim_to_next_step"]
             got[f"resume {length} same node ms"] = resume["ms_claim_to_next_step_same_node"]
@@ -80,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", help="bench --backends (default: every backend)")
     parser.add_argument("--quick", action="store_true", help="bench --quick sizes")
     parser.add_argument("--json", action="store_true", help="print every run as JSON")
+    parser.add_argument("--bench-here", action="store_true", help="this checkout's bench "
+                        "on both sides (only perdure from REV)")
     args = parser.parse_args(argv)
     bench_args = ["--only", args.only, "--no-peers"]
     if args.backends:
@@ -95,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 order.reverse()
             for side, tree in order:
                 began = time.monotonic()
-                runs[side].append(_figures(_run(tree, bench_args)))
+                bench_tree = ROOT if args.bench_here else None
+                runs[side].append(_figures(_run(tree, bench_args, bench_tree)))
                 print(f"compare: round {round_no + 1} {side}: {time.monotonic() - began:.0f} s",
                       file=sys.stderr)
     if args.json:
