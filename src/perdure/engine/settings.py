@@ -42,6 +42,8 @@ class WorkerSettings:
 
     concurrency: int = 16
     lease_seconds: float = 30.0
+    # How often an idle node looks for work where the store cannot push wake-ups here
+    # (a folder beside a SQLite file that cannot be written, say); unused otherwise.
     poll_interval: float = 0.1
     drain_seconds: float = DRAIN_SECONDS
     control_interval: float = 0.25

@@ -104,8 +104,10 @@ class Worker:
         abandoned still running on code threads.
 
         Idle, the node sleeps until the next object is due (found through the
-        store's ready-time index) or a wake-up arrives: pushed by the store where it
-        can (PostgreSQL NOTIFY), otherwise by polling every ``poll_interval``.
+        store's ready-time index) or a wake-up is pushed (PostgreSQL ``NOTIFY``, SQLite's
+        folder of sockets beside the file, the memory store's calls), looking anyway
+        every ``idle_seconds``; only where the store cannot push here does it poll every
+        ``poll_interval``.
         """
         node = self.node
         loop = asyncio.get_running_loop()
@@ -115,7 +117,10 @@ class Worker:
         watcher = asyncio.create_task(control_loop(node))
 
         def pushed(_object_id: str) -> None:
-            loop.call_soon_threadsafe(self._wake.set)
+            # One hop to the loop per round is enough: the loop clears the flag before it
+            # claims, so a push that finds it set is seen by the claim to come.
+            if not self._wake.is_set():
+                loop.call_soon_threadsafe(self._wake.set)
 
         unsubscribe = self.store.subscribe(pushed)
         idle = self.settings.idle_seconds if unsubscribe is not None else (
