@@ -88,8 +88,9 @@ def wake_table(report: dict[str, Any]) -> str:
     rows = []
     for b in report["backends"].values():
         for figures in b.get("wake", {}).values():
-            how = (f"polls every {figures['poll_s']:g} s" if figures["wake_by"] == "poll"
-                   else "LISTEN/NOTIFY push")
+            how = {"poll": f"polls every {figures['poll_s']:g} s",
+                   "socket": "push through the socket folder"}.get(figures["wake_by"],
+                                                                    "LISTEN/NOTIFY push")
             if figures["poll_s"] == 0.1:
                 how += " (default)"
             rows.append([
