@@ -99,10 +99,6 @@ _TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
 _CHAIN_CHUNK = 1000 if psycopg.pq.version() >= 170000 else 0
 # The channels the listening connection hears, and the kind of notification each carries.
 _CHANNELS = {"perdure_wake": WAKE, "perdure_ended": ENDED}
-_LISTEN_ENDED = b"LISTEN perdure_ended"
-# Objects that ended or were parked, told after their commit (in a transaction of its own:
-# the group commit's transaction never waits on the notification queue for them).
-_NOTIFY_ENDED = b"SELECT pg_notify('perdure_ended', id) FROM unnest(%s::text[]) AS id"
 
 
 def _split_names(names: str) -> list[str] | None:
@@ -345,7 +341,7 @@ class PostgresStore(PostgresBrowse):
         if ended := self._ended(ops, outcomes):
             try:
                 with self._single() as conn:
-                    conn.execute(_NOTIFY_ENDED, (ended,))
+                    conn.execute(_Q["notify_ended"], (ended,))
             except psycopg.Error:  # the commit stands; callers find the end by polling
                 log.debug("end not notified", exc_info=True, extra={"action": "wake_not_sent"})
         return outcomes
@@ -419,7 +415,7 @@ class PostgresStore(PostgresBrowse):
         """``NOTIFY perdure_ended`` for the objects a commit made on the loop ended."""
         if ended := self._ended(ops, outcomes):
             try:
-                await conn.execute(_NOTIFY_ENDED, (ended,))
+                await conn.execute(_Q["notify_ended"], (ended,))
             except psycopg.Error:  # the commit stands; callers find the end by polling
                 log.debug("end not notified", exc_info=True, extra={"action": "wake_not_sent"})
 
@@ -593,7 +589,7 @@ class PostgresStore(PostgresBrowse):
                                      connect_timeout=max(1, int(self._connect_timeout))
                                      ) as conn:
                     conn.execute(_Q["listen"])
-                    conn.execute(_LISTEN_ENDED)
+                    conn.execute(_Q["listen_ended"])
                     if down:
                         log.warning("wake-up channel reconnected",
                                     extra={"action": "listen_up"})
