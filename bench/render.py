@@ -88,8 +88,12 @@ def wake_table(report: dict[str, Any]) -> str:
     rows = []
     for b in report["backends"].values():
         for figures in b.get("wake", {}).values():
-            how = (f"polls every {figures['poll_s']:g} s" if figures["wake_by"] == "poll"
-                   else "LISTEN/NOTIFY push")
+            if figures["wake_by"] == "poll":
+                how = f"polls every {figures['poll_s']:g} s"
+            elif figures["wake_by"] == "socket":
+                how = "push through the socket folder"
+            else:
+                how = "LISTEN/NOTIFY push"
             if figures["poll_s"] == 0.1:
                 how += " (default)"
             rows.append([

@@ -108,7 +108,7 @@ def measure_wake(backend: Backend, folder: Path, sizes: dict[str, Any], admin_ur
             out[name] = wake.wake_latency(
                 db, sub, poll=poll, objects=sizes["objects"],
                 wakes_per_object=sizes["wakes_per_object"],
-                jitter=poll if backend.kind == "sqlite" else 0.02,
+                jitter=0.02,
             )
     return out
 

@@ -7,8 +7,9 @@ object is dormant again, pauses a random 0 to ``jitter`` seconds (so sends do no
 in step with the worker's poll timer), notes ``time.time()`` and calls ``app.send``.
 Latency is the recorded step time minus that send time (one machine, one clock).
 
-On SQLite the idle worker polls every ``--poll`` seconds; on PostgreSQL the send's
-``NOTIFY`` wakes it. Wakes are spread over several objects (``wakes_per_object``
+The send pushes the wake-up: on SQLite through the folder of sockets beside the file,
+on PostgreSQL by ``NOTIFY``; the worker's ``--poll`` is only its fallback where pushing is
+unavailable. Wakes are spread over several objects (``wakes_per_object``
 each) so that no object's memory grows long enough to slow its replay.
 """
 
@@ -94,7 +95,7 @@ def wake_latency(
         "wakes": len(latencies),
         "objects": objects,
         "poll_s": poll if db.backend.kind == "sqlite" else None,
-        "wake_by": "poll" if db.backend.kind == "sqlite" else "notify",
+        "wake_by": "socket" if db.backend.kind == "sqlite" else "notify",
         "jitter_s": jitter,
         "ms_p50": statistics.median(latencies),
         "ms_p90": percentile(latencies, 0.90),
@@ -108,7 +109,8 @@ def wake_latency(
 
 
 def settings_for(backend: Backend, sqlite_polls: tuple[float, ...]) -> list[tuple[str, float]]:
-    """The (figure name, worker poll interval) pairs measured for ``backend``."""
+    """The (figure name, worker poll interval) pairs measured for ``backend``: SQLite
+    pushes too, so its default poll (the first of ``sqlite_polls``) is only a fallback."""
     if backend.kind == "sqlite":
-        return [(f"poll_{p:g}s", p) for p in sqlite_polls]
+        return [("push", sqlite_polls[0])]
     return [("notify", 0.01)]

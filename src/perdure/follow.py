@@ -1,7 +1,9 @@
 """Following an object's memory from outside it: a model call's stream as it arrives.
 
-``Handle.stream`` (and ``Handle.astream``) poll the object's memory through
-``App.history(..., after=seq)`` and yield one ``StreamEvent`` per record, in order:
+``Handle.stream`` (and ``Handle.astream``) read the object's memory through
+``App.history(..., after=seq)`` each time the store pushes a change to it (SQLite and the
+memory store push every commit; PostgreSQL pushes the end, and between the follower
+polls every ``poll`` seconds), and yield one ``StreamEvent`` per record, in order:
 each record once, so each journaled chunk once. A follower that starts mid-stream first
 gets the batches already journaled, then the new ones; one that reconnects passes the
 ``seq`` of the last event it saw as ``after`` and goes on without a duplicate. A stream
@@ -29,6 +31,7 @@ cannot open stays sealed. ``perdure tail`` follows with ``opened=False``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -165,6 +168,17 @@ def _reader(app: App, opened: bool) -> Callable[[list[Record]], list[Record]]:
     return app.client.opener(app.open_sealed).records
 
 
+def _watch(app: App, object_id: str, callback: Callable[[str], None]
+           ) -> tuple[Callable[[], None] | None, bool]:
+    """Subscribe ``callback`` to pushes about ``object_id``: its changes where the store
+    pushes them, else its end; the function that stops it (``None``: nothing is pushed),
+    and whether changes are."""
+    stop = app.store.subscribe_results(callback, object_id=object_id, changes=True)
+    if stop is not None:
+        return stop, True
+    return app.store.subscribe_results(callback, object_id=object_id), False
+
+
 def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
            every: bool = False, timeout: float | None = None, poll: float = 0.05,
            stop: threading.Event | None = None, opened: bool = False
@@ -179,15 +193,28 @@ def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
     module)."""
     cursor = _Cursor(after, until, every, timeout)
     read = _reader(app, opened)
-    while True:
-        yield from cursor.take(read(app.history(object_id, after=cursor.after)))
-        if cursor.done or (stop is not None and stop.is_set()):
-            return
-        pause = cursor.wait(object_id, poll)
-        if stop is not None:
-            stop.wait(pause)
-        else:
-            time.sleep(pause)
+    pushed = threading.Event()
+    unsubscribe, changes = _watch(app, object_id, lambda _oid: pushed.set())
+    every_s = max(poll, 1.0) if changes else poll  # with changes pushed: a safety look
+    try:
+        while True:
+            pushed.clear()  # before the read: a commit after it sets it again
+            yield from cursor.take(read(app.history(object_id, after=cursor.after)))
+            if cursor.done or (stop is not None and stop.is_set()):
+                return
+            pause = cursor.wait(object_id, every_s)
+            if stop is None:
+                pushed.wait(pause)
+                continue
+            until_s = time.monotonic() + pause
+            while not pushed.is_set() and not stop.is_set():  # ``stop`` seen within 0.1 s
+                left = until_s - time.monotonic()
+                if left <= 0:
+                    break
+                pushed.wait(min(left, 0.1))
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()
 
 
 async def afollow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
@@ -197,14 +224,27 @@ async def afollow(app: App, object_id: str, after: int = 0, *, until: Until = "e
     goes on meanwhile."""
     cursor = _Cursor(after, until, every, timeout)
     read = _reader(app, opened)
+    loop = asyncio.get_running_loop()
+    pushed = asyncio.Event()
+
+    def heard(_oid: str) -> None:
+        loop.call_soon_threadsafe(pushed.set)
 
     def batch() -> list[Record]:
         return read(app.history(object_id, after=cursor.after))
 
-    while True:
-        records = await asyncio.to_thread(batch)
-        for event in cursor.take(records):
-            yield event
-        if cursor.done:
-            return
-        await asyncio.sleep(cursor.wait(object_id, poll))
+    unsubscribe, changes = await asyncio.to_thread(_watch, app, object_id, heard)
+    every_s = max(poll, 1.0) if changes else poll  # with changes pushed: a safety look
+    try:
+        while True:
+            pushed.clear()  # before the read: a commit after it sets it again
+            records = await asyncio.to_thread(batch)
+            for event in cursor.take(records):
+                yield event
+            if cursor.done:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(pushed.wait(), cursor.wait(object_id, every_s))
+    finally:
+        if unsubscribe is not None:
+            unsubscribe()

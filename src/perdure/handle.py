@@ -54,35 +54,52 @@ class Handle:
         return self.app.get(self.object_id, explain=False).status
 
     def result(self, timeout: float | None = None, *, poll: float = 0.05) -> Any:
-        """Wait for the object to terminate and return its result, polling the store.
+        """Wait for the object to terminate and return its result.
+
+        The store pushes the object's end (PostgreSQL ``NOTIFY``, SQLite's folder of
+        sockets beside the file, the memory store in process), so this returns as soon as
+        the terminal record is committed; it looks anyway every ``poll`` seconds, at
+        least one. Where the store cannot push here it polls, every ``poll`` seconds at
+        most. The result is read from the signed terminal record either way.
 
         Raises ``AgentFailedError`` (with the recorded error), ``AgentCancelledError``,
         ``AgentParkedError`` (a person must act), or ``ResultTimeoutError``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        pushed = threading.Event()
+        stop = self.app.store.subscribe_results(lambda _oid: pushed.set(),
+                                                object_id=self.object_id)
         delay = 0.005
-        while True:
-            info = self.app.get(self.object_id, explain=False)  # ObjectNotFoundError
-            if info.status is Status.COMPLETED:
-                # From the signed terminal record, never from the row alone.
-                return self.app.outcome(self.object_id).get("result")
-            if info.status in (Status.FAILED, Status.CANCELLED):
-                return self._raise_terminal(info.status)
-            if info.status is Status.PARKED:
-                raise AgentParkedError(
-                    f"object {self.object_id!r} is parked: {info.note}; fix the cause and run "
-                    f"`perdure resume {self.object_id}`"
-                )
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeoutError(
-                    f"object {self.object_id!r} is still {info.status} after {timeout}s; it "
-                    "keeps running"
-                )
-            wait = min(delay, poll)
-            if deadline is not None:
-                wait = max(0.0, min(wait, deadline - time.monotonic()))
-            time.sleep(wait)
-            delay *= 2
+        try:
+            while True:
+                pushed.clear()  # before the read: an end committed after it sets it again
+                info = self.app.get(self.object_id, explain=False)  # ObjectNotFoundError
+                if info.status is Status.COMPLETED:
+                    # From the signed terminal record, never from the row alone.
+                    return self.app.outcome(self.object_id).get("result")
+                if info.status in (Status.FAILED, Status.CANCELLED):
+                    return self._raise_terminal(info.status)
+                if info.status is Status.PARKED:
+                    raise AgentParkedError(
+                        f"object {self.object_id!r} is parked: {info.note}; fix the cause and "
+                        f"run `perdure resume {self.object_id}`"
+                    )
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ResultTimeoutError(
+                        f"object {self.object_id!r} is still {info.status} after {timeout}s; "
+                        "it keeps running"
+                    )
+                wait = max(poll, 1.0) if stop is not None else min(delay, poll)
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                if stop is not None:
+                    pushed.wait(wait)
+                else:
+                    time.sleep(wait)
+                    delay *= 2
+        finally:
+            if stop is not None:
+                stop()
 
     def _raise_terminal(self, status: str) -> Any:
         body = self.app.outcome(self.object_id)

@@ -95,14 +95,11 @@ class ClaimRounds:
             self._nudge()
 
     def _nudge(self) -> None:
-        """On PostgreSQL an idle worker sleeps until pushed (up to ``idle_seconds``): push
-        it, so the rounds come sooner. Only the wait's length depends on this."""
-        url = self._app.store.url
-        if url.startswith(("postgresql:", "postgres:")):
-            import psycopg
+        """An idle worker sleeps until pushed (up to ``idle_seconds``): push it, so the
+        rounds come sooner. Only the wait's length depends on this."""
+        from tests.integration.push_support import nudge
 
-            with psycopg.connect(url, autocommit=True) as conn:
-                conn.execute("SELECT pg_notify('perdure_wake', '')")
+        nudge(self._app.store.url)
 
     def __enter__(self) -> ClaimRounds:
         return self

@@ -132,7 +132,7 @@ def test_all_benchmarks_quick_print_every_figure_per_backend(tmp_path: Path) -> 
     for name, figures in report["backends"].items():
         _check_steps(figures)
         wake = figures["wake"]
-        expected = {"notify"} if name == "postgresql" else {"poll_0.1s", "poll_0.01s"}
+        expected = {"notify"} if name == "postgresql" else {"push"}
         assert set(wake) == expected
         for how in wake.values():
             for key in ("ms_p50", "ms_p90", "ms_p99", "ms_max", "send_call_ms_median"):

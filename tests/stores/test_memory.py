@@ -64,8 +64,9 @@ def test_a_closed_memory_store_refuses_to_be_used() -> None:
 
 def test_subscribers_hear_of_objects_that_may_have_become_runnable() -> None:
     """Wake-ups go out for a new object, an event, a cancel, a signal and a release
-    that is runnable now, once the store's lock is let go; ``stop`` ends them, and a
-    subscriber that fails does not undo the write."""
+    that is runnable now, once the store's lock is let go (an object woken twice by one
+    commit is told once); ``stop`` ends them, and a subscriber that fails does not undo
+    the write."""
     signer = make_signer()
     store, chains = _store_with(signer, "a", "b")
     heard: list[str] = []
@@ -85,7 +86,7 @@ def test_subscribers_hear_of_objects_that_may_have_become_runnable() -> None:
         b.append(epochs["b"], b.extend(1), status="dormant", phase="dormancy", ready_at=NOW,
                  release=True),
     ], NOW) == [None, None]
-    assert heard[1:] == ["b", "b"]  # the signal to b, then b let go runnable now
+    assert heard[1:] == ["b"]  # the signal to b and b let go runnable now: told once
     store.control("c", NOW, cancel=True)
     assert heard[-1] == "c"
     failing()

@@ -349,7 +349,8 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 @click.option("--lease", "lease_seconds", type=float, envvar="PERDURE_LEASE", show_envvar=True,
               help="Lease length in seconds (default: the App's, 30).")
 @click.option("--poll", "poll_interval", type=float, envvar="PERDURE_POLL", show_envvar=True,
-              help="Idle poll interval in seconds (default: the App's, 0.1).")
+              help="Idle poll interval in seconds where the store cannot push wake-ups "
+                   "(default: the App's, 0.1); with pushes the node waits for them.")
 @click.option("--drain", "drain_seconds", type=click.FloatRange(min=0), default=DRAIN_SECONDS,
               show_default=True, envvar="PERDURE_DRAIN", show_envvar=True, metavar="SECONDS",
               help="On Ctrl-C/SIGTERM: stop claiming, and let the steps already running "

@@ -42,6 +42,9 @@ class WorkerSettings:
 
     concurrency: int = 16
     lease_seconds: float = 30.0
+    # How often an idle node looks for work where the store cannot push wake-ups here
+    # (a folder beside a SQLite file that cannot be written, say); with pushes, its idle
+    # safety look comes every max(idle_seconds, poll_interval).
     poll_interval: float = 0.1
     drain_seconds: float = DRAIN_SECONDS
     control_interval: float = 0.25

@@ -111,8 +111,10 @@ class Worker:
         abandoned still running on code threads.
 
         Idle, the node sleeps until the next object is due (found through the
-        store's ready-time index) or a wake-up arrives: pushed by the store where it
-        can (PostgreSQL NOTIFY), otherwise by polling every ``poll_interval``.
+        store's ready-time index) or a wake-up is pushed (PostgreSQL ``NOTIFY``, SQLite's
+        folder of sockets beside the file, the memory store's calls), looking anyway
+        every ``idle_seconds`` (or ``poll_interval`` if longer); only where the store
+        cannot push here does it poll every ``poll_interval``.
         """
         node = self.node
         loop = asyncio.get_running_loop()
@@ -124,12 +126,16 @@ class Worker:
         lagging = asyncio.create_task(lag_meter.run())
 
         def pushed(_object_id: str) -> None:
-            loop.call_soon_threadsafe(self._wake.set)
+            # One hop to the loop per round is enough: the loop clears the flag before it
+            # claims, so a push that finds it set is seen by the claim to come.
+            if not self._wake.is_set():
+                loop.call_soon_threadsafe(self._wake.set)
 
         unsubscribe = self.store.subscribe(pushed)
-        idle = self.settings.idle_seconds if unsubscribe is not None else (
-            self.settings.poll_interval
-        )
+        # Pushed: a safety look every idle_seconds (or poll_interval, if longer); the
+        # sleep ends sooner at the next due time or a push. Else: poll.
+        idle = (max(self.settings.idle_seconds, self.settings.poll_interval)
+                if unsubscribe is not None else self.settings.poll_interval)
         watchdog = None
         if self.settings.warn_stalls is not None:
             watchdog = LoopWatchdog(self.settings.warn_stalls)

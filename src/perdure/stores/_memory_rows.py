@@ -347,7 +347,7 @@ def apply_one(t: Tables, op: Append, now: float, records: Sequence[tuple[Any, ..
         t.woken.append(sig.object_id)
     if op.cancel_children:
         t.cancel_children(op.object_id, now)
-    if op.release and row.ready_at is not None and row.ready_at <= now:
+    if op.release and row.ready_at is not None:  # runnable now, or a new due time
         t.woken.append(op.object_id)
     if cancel:
         return CancelRequestedError(f"object {op.object_id!r}: a cancel was requested")

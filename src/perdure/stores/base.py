@@ -382,8 +382,30 @@ class Leases(Protocol):
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
         """Push wake-ups: call ``callback(object_id)`` when an object may have become
-        runnable; returns a function that stops it, or ``None`` if this backend cannot
-        push (nodes then poll)."""
+        runnable (created, sent an event, let go runnable or with a new due time, asked to
+        cancel, resumed or unparked, its dead holder's lease ended); returns a function
+        that stops it, or ``None`` if the store cannot push here (nodes then poll).
+
+        ``object_id`` is ``""`` when anything may have changed (the store's channel was
+        down and notifications may have been missed): look at everything again. A
+        callback runs on the store's thread (a commit's or its listener's); it must be
+        quick and never block. Pushes say "look", never what is there: a listener reads
+        the store, and a notification too many costs it only a read. PostgreSQL pushes
+        with ``LISTEN``/``NOTIFY``; SQLite through a folder of Unix sockets beside the
+        file (``FILE.wake/``, every process on the machine); the memory store calls back
+        in process.
+        """
+
+    def subscribe_results(self, callback: Callable[[str], None], *,
+                          object_id: str | None = None, changes: bool = False
+                          ) -> Callable[[], None] | None:
+        """Push what callers wait for: call ``callback(object_id)`` when an object
+        (``object_id`` only, if given) ended (its terminal record committed) or was
+        parked, and with ``changes`` also whenever records were committed to it (what a
+        follower reads). Returns a function that stops it, or ``None`` if the store cannot
+        push that here (callers then poll): PostgreSQL pushes ends but not changes.
+        ``""`` and the callback's thread as for ``subscribe``. A result learned this way
+        is still read from the object's signed terminal record."""
 
 
 class Inbox(Protocol):

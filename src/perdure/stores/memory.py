@@ -6,8 +6,8 @@ gives a new, empty store each time; two Apps share one by being given the same
 and ``close`` drops its contents. It keeps every promise the SQL stores keep (fenced
 appends, leases and epochs, the inbox, signals, cancel flags, commit seals, trust
 items, heartbeats) under one lock, so that a worker's threads can share it, and pushes
-wake-ups to subscribers as PostgreSQL does. Leases and timers are judged by the
-``now`` a node passes, as on SQLite.
+wake-ups, ends and changes to its subscribers (all in this process, as its users are).
+Leases and timers are judged by the ``now`` a node passes, as on SQLite.
 
 The rows live in ``_memory_rows``, the dashboard's reads in ``_memory_browse``; this
 module is the store's roles.
@@ -31,6 +31,7 @@ from perdure.errors import (
 )
 from perdure.stores import _memory_browse as browsing
 from perdure.stores._memory_rows import TERMINAL, NodeRow, Tables, apply_one
+from perdure.stores._push import CHANGED, ENDED, WAKE, Hub, pushes
 from perdure.stores._rows import checked_chain, record_from_row, record_params
 from perdure.stores.base import (
     Append,
@@ -64,7 +65,7 @@ class MemoryStore:
         self.url = url
         self._lock = threading.Lock()
         self._tables: Tables | None = Tables()
-        self._listeners: builtins.list[Callable[[str], None]] = []
+        self._hub = Hub()
 
     # -- the lock, and wake-ups ----------------------------------------------------
 
@@ -82,29 +83,34 @@ class MemoryStore:
             woken, tables.woken = tables.woken, []
         finally:
             self._lock.release()
-        for object_id in woken:
-            for listener in builtins.list(self._listeners):
-                try:
-                    listener(object_id)
-                except Exception:  # the write stands: a subscriber's failure is its own
-                    log.exception("a wake-up subscriber failed", extra={"action": "wake_failed"})
+        if woken:
+            self._hub.deliver(WAKE, woken)
 
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
-        """Call ``callback(object_id)`` whenever an object may have become runnable
-        (on the thread that made it so); returns ``stop``."""
-        self._listeners.append(callback)
+        """Call ``callback(object_id)`` whenever an object may have become runnable or its
+        due time changed (on the thread that made it so); returns ``stop``."""
+        return self._hub.add((WAKE,), callback)
 
-        def stop() -> None:
-            with contextlib.suppress(ValueError):
-                self._listeners.remove(callback)
+    def subscribe_results(self, callback: Callable[[str], None], *,
+                          object_id: str | None = None, changes: bool = False
+                          ) -> Callable[[], None]:
+        """Call ``callback(object_id)`` when an object (``object_id`` only, if given) ended
+        or was parked, and with ``changes`` whenever records were committed to it (on the
+        committing thread); returns ``stop``."""
+        return self._hub.add((ENDED, CHANGED) if changes else (ENDED,), callback, object_id)
 
-        return stop
+    def _tell_commit(self, ops: Sequence[Append], outcomes: Outcomes) -> None:
+        """Push what a group commit tells to whoever wants it, beyond the wake-ups the
+        tables noted."""
+        wanted = self._hub.kinds() - {WAKE}
+        if wanted:
+            self._hub.deliver_all(pushes(ops, outcomes, wanted))
 
     def close(self) -> None:
         """Drop everything: the store cannot be used afterwards."""
         with self._lock:
             self._tables = None
-        self._listeners.clear()
+        self._hub.clear()
 
     # -- nodes ---------------------------------------------------------------------
 
@@ -363,6 +369,7 @@ class MemoryStore:
                 return False
             row.lease_expires = row.updated_at = float(now)
             t.due_changed(row)
+            t.woken.append(object_id)
             return True
 
     def next_ready_at(self) -> float | None:
@@ -444,16 +451,20 @@ class MemoryStore:
         append is checked in full before anything of it is written, so a refused one
         writes nothing and the others go through."""
         with self._held() as t:
-            return self._apply(t, ops, now, seals)
+            outcomes = self._apply(t, ops, now, seals)
+        self._tell_commit(ops, outcomes)
+        return outcomes
 
     def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
                   ) -> Outcomes | None:
         """``apply``, or ``None`` (nothing written) if another thread holds the lock."""
         try:
             with self._held(wait=False) as t:
-                return self._apply(t, ops, now, seals)
+                outcomes = self._apply(t, ops, now, seals)
         except _Busy:
             return None
+        self._tell_commit(ops, outcomes)
+        return outcomes
 
     @staticmethod
     def _apply(t: Tables, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal]

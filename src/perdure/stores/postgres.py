@@ -4,8 +4,11 @@ Uses psycopg 3 with a connection pool (install with ``pip install perdure[postgr
 Runnable objects are claimed with ``FOR UPDATE SKIP LOCKED`` so nodes never wait on
 each other; lease expiry is decided by the database clock; every write is fenced by
 the epoch exactly as on SQLite. New objects and events are announced with
-``NOTIFY perdure_wake`` so idle nodes wake at once; due timers are found through the
-``ready_at`` index. The group commit's statements are ``_postgres_commit``'s; the
+``NOTIFY perdure_wake`` so idle nodes wake at once, and objects that end or are
+parked with ``NOTIFY perdure_ended`` (after their commit, outside it) so that callers
+waiting for a result learn it at once; due timers are found through the ``ready_at``
+index. One listening connection per store object serves every subscriber of the
+process. The group commit's statements are ``_postgres_commit``'s; the
 connections, migrations and the translation of every ``psycopg`` error are
 ``_postgres_db``'s; the dashboard's reads (``Browse``) are ``_postgres_browse``'s.
 """
@@ -20,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
+from typing import Any
 
 from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.gc import gc_paused
@@ -57,6 +61,7 @@ from perdure.stores._postgres_commit import (
 )
 from perdure.stores._postgres_db import Q as _Q
 from perdure.stores._postgres_db import object_of, translate
+from perdure.stores._push import ENDED, WAKE, Hub, pushes
 from perdure.stores._rows import (
     checked_chain,
     checkpoint_row,
@@ -92,6 +97,8 @@ _TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
 # the next chunk travels while the node decodes this one, and the client never holds
 # one big result of a long history.
 _CHAIN_CHUNK = 1000 if psycopg.pq.version() >= 170000 else 0
+# The channels the listening connection hears, and the kind of notification each carries.
+_CHANNELS = {"perdure_wake": WAKE, "perdure_ended": ENDED}
 
 
 def _split_names(names: str) -> list[str] | None:
@@ -120,6 +127,10 @@ class PostgresStore(PostgresBrowse):
         self.url = redact_url(url or conninfo)  # shown in banners and errors
         super().__init__(conninfo, pool_size=pool_size, connect_timeout=connect_timeout,
                          idle_tx_timeout=idle_tx_timeout)
+        self._hub = Hub(self._listen_for)
+        self._listening: threading.Thread | None = None
+        self._stop_listening = threading.Event()
+        self._hub_lock = threading.Lock()
 
     # -- nodes -----------------------------------------------------------------
 
@@ -324,9 +335,30 @@ class PostgresStore(PostgresBrowse):
         if not ops:
             return []
         try:
-            return self._apply_batch(ops, now, seals, savepoints=False)
+            outcomes = self._apply_batch(ops, now, seals, savepoints=False)
         except RetryWithSavepoints:
-            return self._apply_batch(ops, now, seals, savepoints=True)
+            outcomes = self._apply_batch(ops, now, seals, savepoints=True)
+        if ended := self._ended(ops, outcomes):
+            try:
+                with self._single() as conn:
+                    conn.execute(_Q["notify_ended"], (ended,))
+            except psycopg.Error:  # the commit stands; callers find the end by polling
+                log.debug("end not notified", exc_info=True, extra={"action": "wake_not_sent"})
+        return outcomes
+
+    def _ended(self, ops: Sequence[Append], outcomes: Sequence[BaseException | None]
+               ) -> builtins.list[str]:
+        """The objects a commit ended or parked (told to this process's subscribers at
+        once), for ``NOTIFY perdure_ended``."""
+        for op in ops:
+            if op.status in _TERMINAL or op.parked:
+                break
+        else:
+            return []  # the step path: nothing ended
+        ended = pushes(ops, outcomes, (ENDED,)).get(ENDED, [])
+        if ended:
+            self._hub.deliver(ENDED, ended)
+        return ended
 
     async def apply_async(self, ops: Sequence[Append], now: float,
                           seals: Sequence[CommitSeal] = ()
@@ -352,7 +384,9 @@ class PostgresStore(PostgresBrowse):
         try:
             conn = await self._async_conn(loop)
             if consuming:
-                return [await consume_async(conn, ops[0], now, seals)]
+                outcomes = [await consume_async(conn, ops[0], now, seals)]
+                await self._tell_ended_async(conn, ops, outcomes)
+                return outcomes
             params = batch_params(runs[0], now, seals)
             query = append_query(runs[0])
             if waits := releases_waiting(ops):
@@ -371,8 +405,19 @@ class PostgresStore(PostgresBrowse):
             if isinstance(exc, psycopg.OperationalError):
                 await self._drop_async_conn(loop)
             raise translate(exc, self._where) from exc
-        return [outcome(op, done[index]) if index in done else fenced_out(op)
-                for index, op in enumerate(ops)]
+        outcomes = [outcome(op, done[index]) if index in done else fenced_out(op)
+                    for index, op in enumerate(ops)]
+        await self._tell_ended_async(conn, ops, outcomes)
+        return outcomes
+
+    async def _tell_ended_async(self, conn: psycopg.AsyncConnection[Any], ops: Sequence[Append],
+                                outcomes: Sequence[BaseException | None]) -> None:
+        """``NOTIFY perdure_ended`` for the objects a commit made on the loop ended."""
+        if ended := self._ended(ops, outcomes):
+            try:
+                await conn.execute(_Q["notify_ended"], (ended,))
+            except psycopg.Error:  # the commit stands; callers find the end by polling
+                log.debug("end not notified", exc_info=True, extra={"action": "wake_not_sent"})
 
     def writer(self, executor: concurrent.futures.Executor) -> Writer:
         """Commits awaited on the event loop (``apply_async``), and on the write thread
@@ -506,43 +551,69 @@ class PostgresStore(PostgresBrowse):
     def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(object_id)`` on each wake-up notification; returns ``stop``.
 
-        A background thread holds one connection with ``LISTEN perdure_wake`` and
-        reconnects by itself when the server goes away (logging once per outage).
+        The store's listening thread holds one connection with ``LISTEN`` on its channels
+        (opened with the first subscriber, kept until ``close``) and reconnects by itself
+        when the server goes away (logging once per outage); each (re)connection tells
+        every subscriber to look again (``""``).
         """
-        stopped = threading.Event()
+        return self._hub.add((WAKE,), callback)
 
-        def listen() -> None:
-            down = False
-            while not stopped.is_set():
-                try:
-                    with psycopg.connect(self.conninfo, autocommit=True,
-                                         connect_timeout=max(1, int(self._connect_timeout))
-                                         ) as conn:
-                        conn.execute(_Q["listen"])
-                        if down:
-                            log.warning("wake-up channel reconnected",
-                                        extra={"action": "listen_up"})
-                            down = False
-                        callback("")  # catch up on anything missed while disconnected
-                        while not stopped.is_set():
-                            for note in conn.notifies(timeout=0.5, stop_after=64):
-                                callback(note.payload)
-                except psycopg.Error as exc:
-                    if not down:
-                        log.error("wake-up channel lost (%s); polling until it is back",
-                                  str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
-                                  extra={"action": "listen_down"})
-                        down = True
-                    stopped.wait(1.0)
+    def subscribe_results(self, callback: Callable[[str], None], *,
+                          object_id: str | None = None, changes: bool = False
+                          ) -> Callable[[], None] | None:
+        """Call ``callback(object_id)`` when an object (``object_id`` only, if given) ended
+        or was parked (``NOTIFY perdure_ended``); returns ``stop``. Changes are not pushed
+        (a notification per commit would queue every commit on the server's notification
+        lock): ``None`` with ``changes``, and followers poll."""
+        if changes:
+            return None
+        return self._hub.add((ENDED,), callback, object_id)
 
-        thread = threading.Thread(target=listen, name="perdure-listen", daemon=True)
-        thread.start()
+    def _listen_for(self, kinds: frozenset[str]) -> None:
+        """Start the listening thread with the first subscriber."""
+        with self._hub_lock:
+            if not kinds or self._listening is not None:
+                return
+            thread = threading.Thread(target=self._listen, name="perdure-listen",
+                                      daemon=True)
+            self._listening = thread
+            thread.start()
 
-        def stop() -> None:
-            stopped.set()
+    def _listen(self) -> None:
+        stopped = self._stop_listening
+        hub = self._hub
+        down = False
+        while not stopped.is_set():
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True,
+                                     connect_timeout=max(1, int(self._connect_timeout))
+                                     ) as conn:
+                    conn.execute(_Q["listen"])
+                    conn.execute(_Q["listen_ended"])
+                    if down:
+                        log.warning("wake-up channel reconnected",
+                                    extra={"action": "listen_up"})
+                        down = False
+                    hub.everyone()  # catch up on anything missed while not listening
+                    while not stopped.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            hub.deliver(_CHANNELS.get(note.channel, WAKE), (note.payload,))
+            except psycopg.Error as exc:
+                if not down:
+                    log.error("wake-up channel lost (%s); polling until it is back",
+                              str(exc).strip().splitlines()[0] if str(exc).strip() else exc,
+                              extra={"action": "listen_down"})
+                    down = True
+                stopped.wait(1.0)
+
+    def close(self) -> None:
+        """Stop the listening thread, then close every connection."""
+        self._stop_listening.set()
+        self._hub.clear()
+        thread = self._listening
+        if thread is not None:
             thread.join(timeout=5)
-
-        return stop
+        super().close()
 
     def heartbeat(self, node_id: str, public_key: bytes, serves: Sequence[str],
                   capabilities: Sequence[str], now: float, live_until: float) -> None:

@@ -6,6 +6,10 @@ commit, ``_sqlite_commit``); a refused append (lost lease) does not undo the
 others. The file itself (connections, migrations, damaged text) is ``_sqlite_file``'s;
 every ``sqlite3`` error is translated there. The dashboard's reads (``Browse``) are
 ``_sqlite_browse``'s.
+
+Wake-ups, ends and changes are pushed to the other processes on the same file through
+a folder of Unix datagram sockets beside it (``_sqlite_wake``), and to this process's
+own subscribers at once, after each commit that has something to tell.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from perdure.errors import (
     ObjectTerminatedError,
     StoreError,
 )
+from perdure.stores._push import CHANGED, ENDED, WAKE, Hub, pushes
 from perdure.stores._rows import (
     checked_chain,
     checkpoint_row,
@@ -50,6 +55,7 @@ from perdure.stores._sqlite_file import (
     text,
 )
 from perdure.stores._sqlite_file import Q as _Q
+from perdure.stores._sqlite_wake import WakeFolder
 from perdure.stores.base import (
     Append,
     CheckpointRow,
@@ -116,6 +122,73 @@ class SQLiteStore(SQLiteBrowse):
     ) -> None:
         self.url = url or f"sqlite:///{path}"
         super().__init__(path, synchronous=synchronous, busy_timeout=busy_timeout)
+        self._hub = Hub(self._listen_for)
+        # No folder for a database in memory: only this process can see it anyway.
+        in_memory = self.path in ("", ":memory:") or self.path.startswith("file:")
+        self._wakes = None if in_memory else WakeFolder(self.path, self._hub)
+
+    # -- pushed notifications ----------------------------------------------------
+
+    def _listen_for(self, kinds: frozenset[str]) -> None:
+        if self._wakes is not None:
+            self._wakes.listen(kinds)
+
+    def _subscribed(self, kinds: tuple[str, ...], callback: Callable[[str], None],
+                    object_id: str | None = None) -> Callable[[], None] | None:
+        stop = self._hub.add(kinds, callback, object_id)
+        if self._wakes is not None and not self._wakes.listening:
+            stop()  # the folder cannot be used here (logged once): the caller polls
+            return None
+        return stop
+
+    def _tell(self, found: dict[str, list[str]]) -> None:
+        """Push ``found`` (kind: object ids) to this process's subscribers and the others'."""
+        self._hub.deliver_all(found)
+        if self._wakes is not None:
+            targets, _ = self._wakes.targets()
+            if targets:
+                self._wakes.send(found, targets)
+
+    def _tell_commit(self, ops: Sequence[Append],
+                     outcomes: Sequence[BaseException | None]) -> None:
+        """Push what a group commit tells, to whoever wants it (nothing is built when
+        nobody listens: the common case on the step path costs one ``stat``)."""
+        wanted = self._hub.kinds()
+        targets: dict[str, tuple[str, ...]] = {}
+        if self._wakes is not None:
+            targets, others = self._wakes.targets()
+            wanted = wanted | others
+        if not wanted:
+            return
+        found = pushes(ops, outcomes, wanted)
+        if found:
+            self._hub.deliver_all(found)
+            if targets:
+                assert self._wakes is not None
+                self._wakes.send(found, targets)
+
+    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """Call ``callback(object_id)`` when an object may have become runnable or its due
+        time changed, from this process's commits and, through the folder of sockets
+        beside the file, from every other process's; ``None`` where the folder cannot be
+        used (logged once), and nodes poll."""
+        return self._subscribed((WAKE,), callback)
+
+    def subscribe_results(self, callback: Callable[[str], None], *,
+                          object_id: str | None = None, changes: bool = False
+                          ) -> Callable[[], None] | None:
+        """Call ``callback(object_id)`` when an object (``object_id`` only, if given) ended
+        or was parked, and with ``changes`` whenever records were committed to it; pushed
+        as ``subscribe`` pushes (``None`` where it cannot)."""
+        return self._subscribed((ENDED, CHANGED) if changes else (ENDED,), callback,
+                                object_id)
+
+    def close(self) -> None:
+        """Stop listening, remove this process's socket, and close every connection."""
+        self._hub.clear()
+        if self._wakes is not None:
+            self._wakes.close()
+        super().close()
 
     # -- nodes -----------------------------------------------------------------
 
@@ -200,7 +273,8 @@ class SQLiteStore(SQLiteBrowse):
             if cur.rowcount == 0:
                 return False
             conn.execute(_Q["insert_record"], record_params(new.first))
-            return True
+        self._tell({WAKE: [new.object_id]})
+        return True
 
     def get(self, object_id: str) -> ObjectRow | None:
         """The object's row, or ``None``. Text that is not UTF-8 (damage) reads as U+FFFD."""
@@ -345,9 +419,11 @@ class SQLiteStore(SQLiteBrowse):
         savepoint per append, so that only the offender is refused.
         """
         try:
-            return self._apply_batch(ops, now, seals, savepoints=False)
+            outcomes = self._apply_batch(ops, now, seals, savepoints=False)
         except RetryWithSavepoints:
-            return self._apply_batch(ops, now, seals, savepoints=True)
+            outcomes = self._apply_batch(ops, now, seals, savepoints=True)
+        self._tell_commit(ops, outcomes)
+        return outcomes
 
     def apply_now(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal] = ()
                   ) -> builtins.list[BaseException | None] | None:
@@ -361,11 +437,13 @@ class SQLiteStore(SQLiteBrowse):
         """
         try:
             try:
-                return self._apply_batch(ops, now, seals, savepoints=False, wait=False)
+                outcomes = self._apply_batch(ops, now, seals, savepoints=False, wait=False)
             except RetryWithSavepoints:
-                return self._apply_batch(ops, now, seals, savepoints=True, wait=False)
+                outcomes = self._apply_batch(ops, now, seals, savepoints=True, wait=False)
         except Busy:
             return None
+        self._tell_commit(ops, outcomes)
+        return outcomes
 
     def _apply_batch(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal], *,
                      savepoints: bool, wait: bool = True) -> builtins.list[BaseException | None]:
@@ -403,7 +481,8 @@ class SQLiteStore(SQLiteBrowse):
             if cur.rowcount == 0:
                 return False
             conn.execute(_Q["wake_for_event"], {"now": now, "object_id": object_id, "name": name})
-            return True
+        self._tell({WAKE: [object_id]})
+        return True
 
     def pending_events(self, object_id: str) -> builtins.list[Event]:
         """Unconsumed events in arrival order."""
@@ -443,6 +522,8 @@ class SQLiteStore(SQLiteBrowse):
                 conn.execute(_Q["request_cancel"], {"now": now, "object_id": object_id})
             if unpark:
                 conn.execute(_Q["unpark"], {"now": now, "object_id": object_id})
+        if cancel or unpark or paused is False:
+            self._tell({WAKE: [object_id]})
         found = self.get(object_id)
         assert found is not None
         return found
@@ -467,7 +548,10 @@ class SQLiteStore(SQLiteBrowse):
                 _Q["expire_lease"],
                 {"now": now, "object_id": object_id, "epoch": epoch, "owner": owner},
             )
-            return cur.rowcount == 1
+            expired = cur.rowcount == 1
+        if expired:
+            self._tell({WAKE: [object_id]})
+        return expired
 
     def control_flags(self, object_ids: Sequence[str]) -> dict[str, tuple[int, bool, bool]]:
         """Epoch and control flags of the given objects, in one read."""
@@ -477,11 +561,6 @@ class SQLiteStore(SQLiteBrowse):
         with self._read() as conn:
             rows = conn.execute(sql, tuple(object_ids)).fetchall()
         return {row[0]: (int(row[1]), bool(row[2]), bool(row[3])) for row in rows}
-
-    def subscribe(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
-        """SQLite cannot push across processes: ``None``, so nodes poll (cheaply, by index)."""
-        del callback
-        return None
 
     def heartbeat(self, node_id: str, public_key: bytes, serves: Sequence[str],
                   capabilities: Sequence[str], now: float, live_until: float) -> None:

@@ -26,6 +26,15 @@ INSERT INTO perdure_migrations (version, name) VALUES (%s, %s);
 -- The wake-up channel: pg_notify('perdure_wake', object_id) below wakes idle nodes.
 LISTEN perdure_wake;
 
+-- name: listen_ended
+-- The results channel: ``notify_ended`` tells callers waiting for a result.
+LISTEN perdure_ended;
+
+-- name: notify_ended
+-- Objects that ended or were parked, told after their commit in a transaction of its own
+-- (the group commit's transaction never queues on the notification lock for them).
+SELECT pg_notify('perdure_ended', id) FROM unnest(%s::text[]) AS id;
+
 -- name: publish_trust
 INSERT INTO trust (item_id, kind, body, created_at) VALUES (%s, %s, %s, %s)
 ON CONFLICT (item_id) DO NOTHING;
