@@ -62,7 +62,7 @@ def effects(sink: Path) -> list[tuple[str, str, str]]:
 
 def runs(sink: Path) -> int:
     """How many times tool bodies ran (an effect re-run under its key counts again)."""
-    conn = sqlite3.connect(sink)
+    conn = _sink(sink)  # the table made here too: a writer may have made only the file
     try:
         return int(conn.execute("SELECT coalesce(sum(runs), 0) FROM effects").fetchone()[0])
     finally:

@@ -11,7 +11,9 @@ before it hands back the outcome, so the loop's next job finds that warm thread 
 of starting another.
 
 Threads start as jobs need them, up to ``max_threads``; past that, jobs wait in the
-queue for a thread to be free, as in a pool. The threads are not daemons: the
+queue for a thread to be free, as in a pool. A thread is started by a small starter
+thread, not by the loop: ``Thread.start`` waits until the new thread runs, which on a
+busy machine can hold the loop for a tenth of a second. The threads are not daemons: the
 interpreter waits at exit for code still running on them (an abandoned step), unless the
 process exits at once (``perdure worker`` does); idle ones are told to stop at
 ``shutdown`` or when the interpreter exits.
@@ -19,6 +21,7 @@ process exits at once (``perdure worker`` does); idle ones are told to stop at
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import contextlib
 import queue
@@ -60,6 +63,7 @@ class CodeThreads:
         self._threads: list[threading.Thread] = []
         self._idle = 0  # threads done with a job and not yet given another (under _lock)
         self._closed = False
+        self._starts: queue.SimpleQueue[threading.Thread | None] | None = None
         _LIVE.add(self)
 
     def run(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
@@ -83,8 +87,11 @@ class CodeThreads:
                 thread = threading.Thread(target=self._work,
                                           name=f"{self._name}_{len(self._threads)}")
                 self._threads.append(thread)
-        if start:
-            thread.start()
+                if self._starts is None:
+                    # The starter is a bare thread: starting one does not wait for it.
+                    self._starts = queue.SimpleQueue()
+                    _thread.start_new_thread(_starter, (self._starts,))
+                self._starts.put(thread)
         return future
 
     def _work(self) -> None:
@@ -130,6 +137,15 @@ class CodeThreads:
                     loop.call_soon_threadsafe(future.cancel)
         for _ in range(threads):
             self._jobs.put(None)
+        with self._lock:
+            if self._starts is not None:
+                self._starts.put(None)
+
+
+def _starter(starts: queue.SimpleQueue[threading.Thread | None]) -> None:
+    """Start the threads put on ``starts`` until told to stop (``None``)."""
+    while (thread := starts.get()) is not None:
+        thread.start()
 
 
 def _stop_all() -> None:

@@ -14,7 +14,9 @@ waited for the GIL held by a thread that was not; a thread keeping the GIL busy 
 have used the CPU, and is reported with the other threads' stacks). Where the kernel
 does not count, a cruder rule stands in: when the watchdog thread itself woke late and
 the process used little CPU meanwhile, that time is excused. What is reported is time
-the loop spent running something slow or blocked in a call. Off by default;
+the loop spent running something slow or blocked in a call; a stall the watchdog thread
+only looked at once the loop was beating again (it had no CPU itself) has no stack to
+show and is not reported. Off by default;
 ``perdure worker --warn-stalls MS`` turns it on (the test suite does, and fails a test
 during which a worker's loop stalled).
 """
@@ -148,11 +150,17 @@ class LoopWatchdog:
             if self._stack is None and now - self._beat - self._excused > self.threshold:
                 self._stack = self._where()
 
-    def _where(self) -> str:
+    def _where(self) -> str | None:
         """The loop thread's stack; when it is only waiting in ``select`` (held up by
-        another thread keeping the GIL), the other threads' stacks too."""
+        another thread keeping the GIL), the other threads' stacks too. ``None`` when the
+        loop is already in its beat: this thread looked too late to see what held it."""
         frames = sys._current_frames()
         frame = frames.get(self._loop_thread)
+        outer = frame
+        while outer is not None:
+            if outer.f_code is _BEATS_CODE:
+                return None
+            outer = outer.f_back
         stack = "".join(traceback.format_stack(frame)) if frame else "?"
         if frame is None or frame.f_code.co_name not in ("select", "poll", "_run_once"):
             return stack
@@ -182,3 +190,6 @@ class LoopWatchdog:
         if self._thread is not None:
             with contextlib.suppress(RuntimeError):
                 self._thread.join(timeout=1.0)
+
+
+_BEATS_CODE = LoopWatchdog._beats.__code__

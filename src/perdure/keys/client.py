@@ -151,6 +151,15 @@ class Client:
         bad record otherwise. Records appended after the row was read are kept (and checked
         like the rest): memory only grows.
         """
+        try:
+            return self._checked_memory(object_id)
+        except _BehindSeenHeadError:
+            # A worker of this node committed (and noted) a newer head after the read:
+            # read again. A store really rolled back stays behind it.
+            return self._checked_memory(object_id, last_try=True)
+
+    def _checked_memory(self, object_id: str, *, last_try: bool = False
+                        ) -> tuple[ObjectRow, list[Record]]:
         row = self.store.get(lookup_id(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
@@ -171,6 +180,8 @@ class Client:
                                  f"memory does not reach the object's head #{row.head_seq}")
         problem = self.anchors.check(object_id, records)
         if problem is not None:
+            if not last_try:
+                raise _BehindSeenHeadError
             raise IntegrityError(object_id, problem[0], problem[1])
         return row, records
 
@@ -185,6 +196,13 @@ class Client:
         ``export_heads`` gives), the head given there: a store rolled back or rewritten
         is reported, naming the record.
         """
+        try:
+            return self._verify(object_id, anchors)
+        except _BehindSeenHeadError:  # as in ``checked_memory``: read again
+            return self._verify(object_id, anchors, last_try=True)
+
+    def _verify(self, object_id: str, anchors: Mapping[str, tuple[int, str]] | None, *,
+                last_try: bool = False) -> VerifyReport:
         row = self.store.get(lookup_id(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
@@ -201,6 +219,8 @@ class Client:
         if not report.ok or not records:
             return report
         problem = self.anchors.check(object_id, records)
+        if problem is not None and not last_try:
+            raise _BehindSeenHeadError
         if problem is None and anchors is not None and object_id in anchors:
             seq, digest = anchors[object_id]
             problem = rollback_problem((records[0].hash, int(seq), str(digest)), records,
@@ -216,6 +236,10 @@ class Client:
         """Opens the sealed values of records read for a caller (``open_sealed=False``:
         a reader that opens nothing, as the command line's)."""
         return RecordOpener(self.store, self.data_keys if open_sealed else None)
+
+
+class _BehindSeenHeadError(Exception):
+    """The memory read is behind a head this node saw: read once more before saying so."""
 
 
 def row_against_memory(row: ObjectRow, last: Record) -> str | None:

@@ -35,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from perdure.stores._push import KINDS, Hub
@@ -153,6 +154,8 @@ class WakeFolder:
                 sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 sender.setblocking(False)
                 self._sender = sender
+                # A store dropped without ``close`` closes its sender when collected.
+                weakref.finalize(self, sender.close)
             if own == self._name:
                 self._cache = (mtime, listed_at, names, wanted)
         return names, wanted
