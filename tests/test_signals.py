@@ -30,6 +30,7 @@ PRIVATE_EXCEPTIONS = {
     "perdure.demo.story:DemoError",
     "perdure.core.bodies.fields:MalformedBodyError",
     "perdure.llm._wire_responses:ResponsesStreamError",
+    "perdure.keys.client:_BehindSeenHeadError",
 }
 
 ENGINE_SIGNALS = [

@@ -12,8 +12,9 @@ of the loop thread is taken off each gap. A gap the loop spent waiting in its se
 while the process hardly used the CPU is excused too (the loop was not scheduled, or
 waited for the GIL held by a thread that was not; a thread keeping the GIL busy would
 have used the CPU, and is reported with the other threads' stacks). Where the kernel
-does not count, a cruder rule stands in: when the watchdog thread itself woke late and
-the process used little CPU meanwhile, that time is excused. What is reported is time
+does not count, and for a process stopped outright (SIGSTOP), a cruder rule stands in:
+when the watchdog thread itself woke late and the process used little CPU meanwhile,
+that time is excused. What is reported is time
 the loop spent running something slow or blocked in a call; a stall the watchdog thread
 only looked at once the loop was beating again (it had no CPU itself) has no stack to
 show and is not reported. Off by default;
@@ -137,17 +138,15 @@ class LoopWatchdog:
     def _watch(self) -> None:
         last, cpu = time.monotonic(), time.process_time()
         while not self._done.wait(self.interval):
-            if self._scheduled:
-                now = time.monotonic()
-                if self._stack is None and now - self._beat - self._waited() > self.threshold:
-                    self._stack = self._where()
-                continue
             now, used = time.monotonic(), time.process_time()
             slept = now - last
             if slept > 5 * self.interval and used - cpu < slept / 2:
-                self._excused += slept  # the process had no CPU: not the loop's doing
+                # This thread woke late and the process hardly ran: the whole process had
+                # no CPU, or was stopped (SIGSTOP): not the loop's doing.
+                self._excused += slept
             last, cpu = now, used
-            if self._stack is None and now - self._beat - self._excused > self.threshold:
+            if self._stack is None and (now - self._beat - self._excused - self._waited()
+                                        > self.threshold):
                 self._stack = self._where()
 
     def _where(self) -> str | None:
