@@ -93,6 +93,12 @@ class Node:
                            capabilities=tuple(sorted(self.capabilities)))
         self.write_pool = concurrent.futures.ThreadPoolExecutor(1, "perdure-write")
         self.read_pool = concurrent.futures.ThreadPoolExecutor(2, "perdure-read")
+        # The pools' threads start here (a node is built off its event loop), not at the
+        # loop's first read or write: a thread's start waits until it runs, which on a
+        # busy machine can hold the loop for a tenth of a second or more.
+        for pool, threads in ((self.write_pool, 1), (self.read_pool, 2)):
+            for _ in range(threads):
+                pool.submit(_nothing)
         self.code_pool = CodeThreads(settings.concurrency + 4, "perdure-code")
         #: The step executor every run of this node gets (user code on the code pool).
         self.run_step = StepRunner(self.code_pool).run
@@ -172,3 +178,7 @@ class Node:
                           clock=self.clock, claimed_at=self.clock())
         await journal.commit([], status=status, phase=phase, ready_at=ready_at, running=False,
                              release=True, parked=parked, note=note)
+
+
+def _nothing() -> None:
+    """What a pool runs to start its thread."""
