@@ -299,14 +299,7 @@ def _e2e(t: _Target, folder: Path, sizes: dict[str, Any], admin: str) -> dict[st
         return {"na": LANGGRAPH_NO_E2E}
     from bench.e2e import latency_figures
 
-    out: dict[str, Any] = {}
-    with fresh_database(t.backend, folder / "sequential", admin) as db:
-        out["sequential"] = _run(t.peer, ["sequential", *t.store_args(db),
-                                          "--steps", str(sizes["seq_steps"])])
-    with fresh_database(t.backend, folder / "concurrent", admin) as db:
-        out["concurrent"] = _run(t.peer, ["concurrent", *t.store_args(db),
-                                          "--objects", str(sizes["objects"]),
-                                          "--steps", str(sizes["steps_per_object"])])
+    out = _steps(t, folder, sizes, admin)  # sequential and 50 at once, at e2e's sizes
     with fresh_database(t.backend, folder / "start_result", admin) as db:
         got = _run(t.peer, ["start-result", *t.store_args(db),
                             "--objects", str(sizes["start_result"])])
