@@ -8,6 +8,7 @@ import http.server
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -199,10 +200,7 @@ async def _subprocess_secret(tmp_path: Path) -> None:
     recipe = Subprocess(argv, env={"K": Secret("zq-env-value")})
     live = await recipe.open()
     try:
-        for _ in range(200):
-            if out.exists():
-                break
-            await asyncio.sleep(0.02)
+        await _until_written(out, 1)
         descriptor = recipe.describe(live)
         assert descriptor["env"] == {"K": Secret("zq-env-value")}
         assert "zq-env-value" not in repr(descriptor)
@@ -210,13 +208,19 @@ async def _subprocess_secret(tmp_path: Path) -> None:
         await Subprocess.close(live)
     again = await Subprocess.restore(descriptor)
     try:
-        for _ in range(200):
-            if out.exists() and out.read_text().count(";") == 2:
-                break
-            await asyncio.sleep(0.02)
+        await _until_written(out, 2)
         assert out.read_text() == "zq-env-value;zq-env-value;"
     finally:
         await Subprocess.close(again)
+
+
+async def _until_written(out: Path, count: int) -> None:
+    """Wait until the child processes wrote ``count`` values (the file exists as soon as one
+    opens it, before its write lands), up to a minute on a loaded machine."""
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.read_text().count(";") >= count):
+        assert time.monotonic() < deadline, f"the subprocess wrote {count} value(s) in a minute"
+        await asyncio.sleep(0.02)
 
 
 def test_connection_errors_never_quote_the_credentials() -> None:

@@ -11,7 +11,10 @@ counts, per thread, the time it sat runnable in the run queue (``schedstat``); t
 of the loop thread is taken off each gap. A gap the loop spent waiting in its selector
 while the process hardly used the CPU is excused too (the loop was not scheduled, or
 waited for the GIL held by a thread that was not; a thread keeping the GIL busy would
-have used the CPU, and is reported with the other threads' stacks). Where the kernel
+have used the CPU, and is reported with the other threads' stacks). A late beat during
+which the process's other threads sat in the run queue for half the time or more is
+excused: the loop may have waited for the GIL one of them held (a thread preempted while
+holding it keeps every other thread waiting). Where the kernel
 does not count, and for a process stopped outright (SIGSTOP), a cruder rule stands in:
 when the watchdog thread itself woke late and the process used little CPU meanwhile,
 that time is excused. What is reported is time
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -58,6 +62,26 @@ def _queued(thread: int) -> float | None:
             return int(file.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _others_queued(loop_thread: int) -> float | None:
+    """Seconds the process's other threads have spent runnable but waiting for a CPU
+    (``schedstat``), the loop thread (native id) left out; ``None`` where not counted."""
+    total = 0.0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        if task == str(loop_thread):
+            continue
+        try:
+            with open(f"/proc/self/task/{task}/schedstat", "rb") as file:
+                queued = file.read().split()[1]
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+        total += int(queued) / 1e9
+    return total
 
 
 def _logged(stall: Stall) -> None:
@@ -110,6 +134,9 @@ class LoopWatchdog:
         self._loop_native = 0
         self._scheduled = False  # the kernel counts the loop thread's run-queue wait
         self._beat_queued = 0.0
+        # The other threads' run-queue wait, taken by the watch thread once a beat is
+        # late: (the beat it belongs to, when taken, seconds queued).
+        self._others: tuple[float, float, float] | None = None
 
     def _waited(self) -> float:
         """The loop thread's wait for a CPU since its last beat (0 where not counted)."""
@@ -129,11 +156,23 @@ class LoopWatchdog:
             # thread keeping the GIL busy): the loop was not scheduled, or waited for the
             # GIL held by a thread that was not, and was not blocked.
             idle = self._idle and cpu - self._beat_cpu < gap / 2
-            if stack is not None and gap > self.threshold and not idle:
+            if (stack is not None and gap > self.threshold and not idle
+                    and not self._contended(now)):
                 self.on_stall(Stall(gap, stack))
             self._beat, self._beat_cpu, self._excused, self._idle = now, cpu, 0.0, False
             self._beat_queued += waited
             await asyncio.sleep(self.interval)
+
+    def _contended(self, now: float) -> bool:
+        """Whether the process's other threads waited for a CPU for at least half of the
+        late stretch of this beat: then the loop may have waited for the GIL held by one
+        of them that the kernel had put aside, which is no call of the loop's. A call on
+        the loop that blocks while the rest of the process runs or rests is reported."""
+        others = self._others
+        if others is None or others[0] != self._beat:
+            return False
+        queued = _others_queued(self._loop_native)
+        return queued is not None and queued - others[2] >= (now - others[1]) / 2
 
     def _watch(self) -> None:
         last, cpu = time.monotonic(), time.process_time()
@@ -145,6 +184,12 @@ class LoopWatchdog:
                 # no CPU, or was stopped (SIGSTOP): not the loop's doing.
                 self._excused += slept
             last, cpu = now, used
+            beat = self._beat
+            if (self._scheduled and now - beat > self.threshold / 4
+                    and (self._others is None or self._others[0] != beat)):
+                queued = _others_queued(self._loop_native)
+                if queued is not None:
+                    self._others = (beat, now, queued)
             if self._stack is None and (now - self._beat - self._excused - self._waited()
                                         > self.threshold):
                 self._stack = self._where()
