@@ -8,6 +8,11 @@ It listens on 127.0.0.1 unless told otherwise and refuses a non-loopback address
 without a configured password; every request needs a session opened with a token
 (issued on first start, printed once, stored hashed in the key folder) or a password;
 viewers read, operators act. See docs/concepts/dashboard-security.md.
+
+``api(app)`` is the HTTP API alone (``perdure api``; the dashboard serves it too, at
+``/api/v1``): bearer tokens made with ``api_tokens(key_dir).create(...)`` (``perdure
+api-token create``), scopes ``read``, ``operate`` and ``approve``, problem documents for
+errors, and the OpenAPI document ``openapi()``. See docs/howto/http-api.md.
 """
 
 from __future__ import annotations
@@ -17,11 +22,19 @@ import ipaddress
 import socket
 import threading
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from perdure.app import App
 from perdure.errors import ConfigurationError
+from perdure.web._auth import SCOPES, ApiToken, ApiTokens
 
-__all__ = ["check_bind", "dashboard", "is_loopback", "listen", "serve", "serve_in_thread"]
+if TYPE_CHECKING:
+    from perdure.web._api import Api
+
+__all__ = ["SCOPES", "ApiToken", "ApiTokens", "api", "api_tokens", "check_api_bind",
+           "check_bind", "dashboard", "is_loopback", "listen", "openapi", "openapi_text",
+           "serve", "serve_in_thread"]
 
 
 def _need_extra() -> None:
@@ -52,6 +65,49 @@ def check_bind(host: str, *, password: bool) -> None:
             f"refusing to serve the dashboard on {host}, which is not a loopback address, "
             "without a password: set PERDURE_UI_PASSWORD (operator) and put it behind TLS, "
             "or serve on 127.0.0.1")
+
+
+def check_api_bind(host: str, *, tls: bool) -> None:
+    """Refuse (``ConfigurationError``) to serve the API alone on a non-loopback ``host``
+    without TLS (its own certificate, or a TLS proxy in front: ``tls``): a bearer token
+    would cross the network in clear."""
+    if not is_loopback(host) and not tls:
+        raise ConfigurationError(
+            f"refusing to serve the API on {host}, which is not a loopback address, over "
+            "plain http: bearer tokens would cross the network in clear; give --tls-cert "
+            "and --tls-key, or --https behind a TLS proxy, or serve on 127.0.0.1")
+
+
+def api_tokens(key_dir: str | Path) -> ApiTokens:
+    """The API tokens kept in ``key_dir`` (``create``, ``list``, ``revoke``)."""
+    return ApiTokens(Path(key_dir))
+
+
+def api(app: App, *, max_wait: float = 60.0, keepalive: float = 15.0,
+        max_open: int = 256) -> Api:
+    """The HTTP API over ``app``'s store, as an ASGI application (serve it with
+    ``serve``); its tokens are those of ``app``'s key folder. ``max_wait`` bounds a
+    result's long poll (seconds), ``keepalive`` is how often an idle event stream says
+    it is alive, ``max_open`` how many long polls and streams may be open at once."""
+    _need_extra()
+    from perdure.web._api import Api, ApiSettings
+
+    settings = ApiSettings(max_wait=max_wait, keepalive=keepalive, max_open=max_open)
+    return Api(app, ApiTokens(app.identity.folder.path), settings)
+
+
+def openapi() -> dict[str, Any]:
+    """The HTTP API's OpenAPI 3.1 document (what ``/api/v1/openapi.json`` serves)."""
+    from perdure.web._openapi import document
+
+    return document()
+
+
+def openapi_text() -> str:
+    """The OpenAPI document as ``docs/reference/openapi.json`` holds it."""
+    from perdure.web._openapi import document_text
+
+    return document_text()
 
 
 def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
