@@ -52,6 +52,7 @@ class ServedApi:
     app: perdure.App
     api: Any
     server: Any
+    thread: Any
     watched: Watched
     tokens: dict[str, str] = field(default_factory=dict)
     token_ids: dict[str, str] = field(default_factory=dict)
@@ -59,6 +60,7 @@ class ServedApi:
     def client(self, caller: str | None = "operator", **options: Any) -> httpx.Client:
         """An HTTP client sending ``caller``'s token (none for ``None``)."""
         headers = {} if caller is None else {"Authorization": f"Bearer {self.tokens[caller]}"}
+        headers.update(options.pop("headers", {}))
         return httpx.Client(base_url=f"{self.url}/api/v1", timeout=30, headers=headers,
                             **options)
 
@@ -77,28 +79,27 @@ def serve_api(store_url: str, key_dir: Path, *, node_id: str | None = None,
     app.open_sealed = True
     api = web.api(app, **limits)
     tokens = web.api_tokens(app.identity.folder.path)
-    served = ServedApi("", 0, app, api, None, Watched(api))
+    served = ServedApi("", 0, app, api, None, None, Watched(api))
     for caller, scopes in CALLERS.items():
         token, kept = tokens.create(caller, scopes)
         served.tokens[caller] = token
         served.token_ids[caller] = kept.token_id
     port = free_port()
-    _, server = web.serve_in_thread(served.watched, host="127.0.0.1", port=port)
+    thread, server = web.serve_in_thread(served.watched, host="127.0.0.1", port=port)
     deadline = time.monotonic() + 10
     while not getattr(server, "started", False):
         if time.monotonic() > deadline:
             pytest.fail("the API did not start")
         time.sleep(0.02)
-    served.url, served.port, served.server = f"http://127.0.0.1:{port}", port, server
+    served.url, served.port = f"http://127.0.0.1:{port}", port
+    served.server, served.thread = server, thread
     return served
 
 
 def stop_api(served: ServedApi) -> None:
     """Stop the server, close the App, and fail if the server's loop stalled."""
     served.server.should_exit = True
-    deadline = time.monotonic() + 10
-    while getattr(served.server, "started", False) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    served.thread.join(timeout=10)
     if served.watched.dog is not None:
         served.watched.dog.stop()
     served.app.close()
