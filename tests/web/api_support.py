@@ -65,9 +65,11 @@ class ServedApi:
                             **options)
 
     def subscriptions(self, object_id: str) -> int:
-        """Push subscriptions about ``object_id`` in the served App's store."""
+        """Subscribers to pushes about ``object_id`` in the served App's store (each
+        counted once, whatever kinds of push it hears)."""
         hub = self.app.store._hub  # the tests look at what the store holds
-        return sum(len(by_id.get(object_id, ())) for by_id in hub._subs.values())
+        return len({id(cb) for by_id in hub._subs.values()
+                    for cb in by_id.get(object_id, ())})
 
 
 def serve_api(store_url: str, key_dir: Path, *, node_id: str | None = None,
