@@ -62,10 +62,13 @@ def api(obj: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
         return
     if (tls_cert is None) != (tls_key is None):
         _fail("--tls-cert and --tls-key go together")
+    try:
+        web.check_api_bind(host, tls=https or tls_cert is not None)
+    except ConfigurationError as exc:
+        _fail(str(exc))
     app = obj.app()
     app.open_sealed = True  # callers read results and questions as Python callers do
     try:
-        web.check_api_bind(host, tls=https or tls_cert is not None)
         sock = web.listen(host, port)
     except ConfigurationError as exc:
         _fail(str(exc))

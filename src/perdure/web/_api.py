@@ -28,7 +28,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 from urllib.parse import quote, unquote
@@ -429,6 +429,15 @@ class Api:
         """Long polls and event streams open now."""
         return self._open
 
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Count a long poll or an event stream as open while the block runs."""
+        self._open += 1
+        try:
+            yield
+        finally:
+            self._open -= 1
+
     # -- ASGI -------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -567,14 +576,13 @@ class Api:
         cancelled then)."""
         task = asyncio.ensure_future(work)
         gone = asyncio.ensure_future(_disconnected(request.receive))
-        self._open += 1
-        try:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for pending in (task, gone):
-                pending.cancel()
-            await asyncio.gather(task, gone, return_exceptions=True)
-            self._open -= 1
+        with self.waiting():
+            try:
+                await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pending in (task, gone):
+                    pending.cancel()
+                await asyncio.gather(task, gone, return_exceptions=True)
         if task.cancelled():
             return None
         return task.result()
@@ -923,16 +931,15 @@ class _EventStream(Response):
                             "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-        self.api._open += 1
-        tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(write()),
-                 asyncio.ensure_future(_disconnected(receive))]
-        try:
-            await asyncio.wait(tasks[1:], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-            self.api._open -= 1
+        with self.api.waiting():
+            tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(write()),
+                     asyncio.ensure_future(_disconnected(receive))]
+            try:
+                await asyncio.wait(tasks[1:], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         for failed in outcomes[:2]:
             if isinstance(failed, Exception) and not isinstance(failed, OSError):
                 log.error("api stream failed: %r", failed, extra={"action": "api_error"})
