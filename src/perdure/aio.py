@@ -80,6 +80,7 @@ class AsyncApp:
         self.threads = threads
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._ours: set[int] = set()  # the idents of the pool's threads
 
     def __repr__(self) -> str:
         return f"AsyncApp({self.app.store_url!r})"
@@ -89,8 +90,12 @@ class AsyncApp:
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="perdure-aio")
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="perdure-aio",
+                                                initializer=self._began)
             return self._pool
+
+    def _began(self) -> None:
+        self._ours.add(threading.get_ident())
 
     async def to_thread(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """``await fn(*args, **kwargs)`` run on this client's threads (as
@@ -110,11 +115,13 @@ class AsyncApp:
 
     def close(self) -> None:
         """Stop this client's threads once the work given them is done (``App.close``
-        calls it; they start again on the next call)."""
+        calls it; they start again on the next call). Called on one of them, it does not
+        wait for them."""
         with self._lock:
             pool, self._pool = self._pool, None
+            ours, self._ours = self._ours, set()
         if pool is not None:
-            pool.shutdown(wait=True)
+            pool.shutdown(wait=threading.get_ident() not in ours)
 
     async def aclose(self) -> None:
         """``App.close()`` off the event loop: the store, the seen-heads file and this

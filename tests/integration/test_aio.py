@@ -19,7 +19,7 @@ import pytest
 import perdure
 from perdure.aio import THREADS
 from tests.integration.aio_support import register, start_aio_worker
-from tests.integration.engine_support import kill_process
+from tests.integration.engine_support import kill_process, wait_until
 
 AppFactory = Callable[..., perdure.App]
 SLOW = 30.0  # the callers' slow look: longer than any wait here
@@ -322,3 +322,24 @@ def test_bad_input_raises_what_the_synchronous_call_raises(app: perdure.App) -> 
     assert app.list() == []
     with pytest.raises(perdure.ObjectNotFoundError):
         app.get("nobody")
+
+
+def _aio_threads() -> int:
+    return sum(t.name.startswith("perdure-aio") for t in threading.enumerate())
+
+
+def test_close_stops_the_client_threads_and_a_later_call_starts_them(app: perdure.App
+                                                                     ) -> None:
+    before = _aio_threads()
+
+    async def started() -> perdure.AsyncHandle:
+        return await app.aio.options(object_id="q").start("aio_quick", 1)
+
+    handle = asyncio.run(started())
+    assert _aio_threads() > before
+    app.close()
+    assert _aio_threads() == before
+    assert asyncio.run(handle.status()) is perdure.Status.READY  # the App opens again
+    asyncio.run(app.aio.to_thread(app.close))  # on one of its own threads: no deadlock
+    asyncio.run(app.aio.aclose())
+    assert wait_until(lambda: _aio_threads() == before)
