@@ -8,6 +8,7 @@ forward from exactly where it was.
 from __future__ import annotations
 
 from perdure import _interrupt  # noqa: F401 - first: a Ctrl-C while the rest loads is one line
+from perdure.aio import AsyncApp, AsyncHandle, AsyncStarter
 from perdure.app import App, step
 from perdure.core.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
@@ -95,6 +96,9 @@ __all__ = [
     "App",
     "ApprovalError",
     "ApprovalExpiredError",
+    "AsyncApp",
+    "AsyncHandle",
+    "AsyncStarter",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from perdure.aio import AsyncApp
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
 from perdure.core.approvals import PendingApproval
@@ -186,6 +187,7 @@ class App:
         #: Whether readers open sealed values for the caller (see the class docstring).
         self.open_sealed = True
         self._lock = threading.RLock()
+        self._aio: AsyncApp | None = None
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -204,6 +206,15 @@ class App:
         if self._store is not None:
             return self._store.url
         return redact_url(self._store_arg) if isinstance(self._store_arg, str) else "store"
+
+    @property
+    def aio(self) -> AsyncApp:
+        """This App's awaitable caller side, for asyncio programs: ``await
+        app.aio.start(...)``, ``await handle.result(...)`` (see ``perdure.aio``)."""
+        with self._lock:
+            if self._aio is None:
+                self._aio = AsyncApp(self)
+            return self._aio
 
     @property
     def signer(self) -> Signer:
@@ -288,7 +299,10 @@ class App:
         publish(self.store, item)
 
     def close(self) -> None:
-        """Close the store if this App opened it, and the seen-heads file."""
+        """Close the store if this App opened it, the seen-heads file, and stop the
+        threads of ``app.aio`` (each starts again on next use)."""
+        if self._aio is not None:
+            self._aio.close()
         if self._client is not None:
             self._client.close()
         if self._store is not None and isinstance(self._store_arg, str):
