@@ -186,8 +186,8 @@ def test_a_wait_with_a_timeout_fires_its_timeout(app: perdure.App) -> None:
     """Nobody answers: ``run_until_complete`` skips to the wait's timeout, which gives
     the agent ``None``."""
     with Environment(app) as env:
-        handle = env.start("asker", 600.0)
         began = env.now()
+        handle = env.start("asker", 600.0)
         result = env.run_until_complete(handle)
         assert result["answer"] is None
         assert result["at"] - began >= 600
