@@ -255,6 +255,9 @@ def test_async_tests_use_the_environment_the_same_way(app: perdure.App) -> None:
             summary = await asking.arun()
             env.answer(asking, "yes")
             assert (await env.arun_until_complete(asking))["answer"] == "yes"
+            # The awaitable client (app.aio) waits the environment's way too.
+            napping = await env.app.aio.start("napper", HOUR)
+            assert (await napping.result(timeout=30))["slept"] >= HOUR
             return slept, summary
 
     slept, summary = asyncio.run(main())
