@@ -8,6 +8,7 @@ forward from exactly where it was.
 from __future__ import annotations
 
 from perdure import _interrupt  # noqa: F401 - first: a Ctrl-C while the rest loads is one line
+from perdure.aio import AsyncApp, AsyncHandle, AsyncStarter
 from perdure.app import App, step
 from perdure.core.approvals import PendingApproval
 from perdure.core.backoff import ErrorClass, RetryPolicy
@@ -40,6 +41,7 @@ from perdure.errors import (
     AgentParkedError,
     ApprovalError,
     ApprovalExpiredError,
+    BlockedError,
     CancelRequestedError,
     CannotDo,
     CannotRestoreError,
@@ -61,6 +63,7 @@ from perdure.errors import (
     PerdureSignal,
     QueryFailedError,
     RecordDecodeError,
+    ReplayFailedError,
     ResourceError,
     ResourceStaleError,
     ResultTimeoutError,
@@ -95,6 +98,10 @@ __all__ = [
     "App",
     "ApprovalError",
     "ApprovalExpiredError",
+    "AsyncApp",
+    "AsyncHandle",
+    "AsyncStarter",
+    "BlockedError",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
@@ -137,6 +144,7 @@ __all__ = [
     "Range",
     "Record",
     "RecordDecodeError",
+    "ReplayFailedError",
     "ReplayReport",
     "ResourceError",
     "ResourceStaleError",

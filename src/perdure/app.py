@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from perdure.aio import AsyncApp
 from perdure.approvals import approvals as approvals_of
 from perdure.approvals import decide as decide_on
 from perdure.core.approvals import PendingApproval
@@ -126,6 +127,11 @@ class App:
     rest; by default the ``data-keys`` folder in the key folder, whose first key is
     made on first use (see ``docs/howto/secrets.md``).
 
+    ``clock`` is what this App and its workers read the time from (seconds since the
+    epoch; default ``time.time``): timers, deadlines, approval deadlines, records'
+    timestamps and ``run.now()`` all follow it. ``perdure.testing.Environment`` gives one
+    it can skip ahead; certificates and credentials keep to the real time.
+
     ``open_sealed`` (an attribute, default ``True``): whether what this App reads back
     for its caller (results, queries, questions, followers) comes opened with its data
     keys. The command line sets it ``False`` (the CLI never opens, it prints
@@ -146,6 +152,7 @@ class App:
         key_passphrase: str | bytes | None = None,
         prices: PriceTable | None = None,
         data_keys: DataKeys | str | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if node_id is not None:
             check_object_id(node_id, "node id")
@@ -175,6 +182,10 @@ class App:
         self.poll_interval = poll_interval
         self.capabilities = frozenset(capabilities or ())
         self.prices = prices
+        #: What this App and its workers take for the time now (seconds since the epoch):
+        #: ``time.time`` unless given (``perdure.testing.Environment`` gives a clock it
+        #: can skip ahead).
+        self.clock: Callable[[], float] = clock if clock is not None else time.time
         self._agents: dict[str, AgentDef] = {}
         self._queries = QueryRegistry()  # queries declared for each agent (``define_query``)
         self._notes = MemoryNotes(self)  # what memory adds to ObjectInfo (questions, origin)
@@ -186,6 +197,7 @@ class App:
         #: Whether readers open sealed values for the caller (see the class docstring).
         self.open_sealed = True
         self._lock = threading.RLock()
+        self._aio: AsyncApp | None = None
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -204,6 +216,15 @@ class App:
         if self._store is not None:
             return self._store.url
         return redact_url(self._store_arg) if isinstance(self._store_arg, str) else "store"
+
+    @property
+    def aio(self) -> AsyncApp:
+        """This App's awaitable caller side, for asyncio programs: ``await
+        app.aio.start(...)``, ``await handle.result(...)`` (see ``perdure.aio``)."""
+        with self._lock:
+            if self._aio is None:
+                self._aio = AsyncApp(self)
+            return self._aio
 
     @property
     def signer(self) -> Signer:
@@ -226,7 +247,8 @@ class App:
         keys, signing events and checking memory (``perdure.keys.client``)."""
         with self._lock:
             if self._client is None:
-                self._client = Client(self.store, self._identity, self.data_keys)
+                self._client = Client(self.store, self._identity, self.data_keys,
+                                      clock=self.clock)
             return self._client
 
     @property
@@ -251,17 +273,20 @@ class App:
         store)."""
         return None if self._key_dir_arg is None else Path(self._key_dir_arg)
 
-    def with_settings(self, *, store: str | None = None, key_dir: str | Path | None = None,
+    def with_settings(self, *, store: str | Store | None = None,
+                      key_dir: str | Path | None = None,
                       node_id: str | None = None, trust: TrustSpec | None = None,
                       key_passphrase: str | bytes | None = None,
                       lease_seconds: float | None = None, poll_interval: float | None = None,
                       capabilities: set[str] | frozenset[str] | None = None,
-                      data_keys: DataKeys | str | None = None) -> App:
+                      data_keys: DataKeys | str | None = None,
+                      clock: Callable[[], float] | None = None) -> App:
         """A new App with the same agents and settings but another store, key directory,
-        node id, trusted roots, key passphrase, lease, poll interval or extra
-        capabilities (``None`` keeps this App's; ``capabilities`` adds to them)."""
+        node id, trusted roots, key passphrase, lease, poll interval, extra
+        capabilities or clock (``None`` keeps this App's; ``capabilities`` adds to them).
+        An App built on an open ``Store`` shares it with its clones."""
         clone = App(
-            store=store or self._store_arg,
+            store=store if store is not None else self._store_arg,
             key_dir=key_dir or self._key_dir_arg,  # a default follows the new store
             node_id=node_id or self._node_id,
             trust=trust if trust is not None else self._trust,
@@ -273,13 +298,19 @@ class App:
             prices=self.prices,
             # Keys given carry over; the default folder follows the key folder.
             data_keys=data_keys if data_keys is not None else self._data_keys_arg,
+            clock=clock if clock is not None else self.clock,
         )
-        clone._agents = dict(self._agents)
-        clone._queries = self._queries.copy()
-        clone._tools = dict(self._tools)
-        clone.hooks = self.hooks  # its listeners hear the clone's workers too
-        clone.open_sealed = self.open_sealed
+        clone._adopt(self)
         return clone
+
+    def _adopt(self, other: App) -> None:
+        """Take ``other``'s agents, queries and tools, its hooks (its listeners hear this
+        App's workers too) and its ``open_sealed``."""
+        self._agents = dict(other._agents)
+        self._queries = other._queries.copy()
+        self._tools = dict(other._tools)
+        self.hooks = other.hooks
+        self.open_sealed = other.open_sealed
 
     def publish(self, item: Certificate | Revocation) -> None:
         """Put a certificate or a revocation into the store (once), where every node
@@ -288,7 +319,10 @@ class App:
         publish(self.store, item)
 
     def close(self) -> None:
-        """Close the store if this App opened it, and the seen-heads file."""
+        """Close the store if this App opened it, the seen-heads file, and stop the
+        threads of ``app.aio`` (each starts again on next use)."""
+        if self._aio is not None:
+            self._aio.close()
         if self._client is not None:
             self._client.close()
         if self._store is not None and isinstance(self._store_arg, str):
@@ -473,7 +507,7 @@ class App:
         signer = self.client.certified()
         row = self.store.get(oid)
         if row is None:
-            now = time.time()
+            now = self.clock()
             stored_args, stored_kwargs = start_arguments(
                 self.store, self.data_keys, definition.name, definition.encrypt, oid, args,
                 kwargs)
@@ -524,7 +558,7 @@ class App:
         if dedupe_key is not None:
             check_name(dedupe_key, "dedupe key")
         data = sealed_payload(self.store, self.data_keys, object_id, event, payload)
-        return self.store.send(object_id, event, data, dedupe_key, time.time(),
+        return self.store.send(object_id, event, data, dedupe_key, self.clock(),
                                self.client.seal_event(object_id, event, data, dedupe_key))
 
     def refine(self, object_id: str, **changes: Any) -> None:
@@ -553,24 +587,24 @@ class App:
             changes["goal"] = sealed_goal(self.store, self.data_keys, object_id,
                                           changes["goal"])
         data = encode(changes, what="refinement", max_depth=MAX_DEPTH + 1)
-        self.store.send(object_id, REFINE_EVENT, data, None, time.time(),
+        self.store.send(object_id, REFINE_EVENT, data, None, self.clock(),
                         self.client.seal_event(object_id, REFINE_EVENT, data, None))
 
     def pause(self, object_id: str) -> ObjectInfo:
         """Hold the object: it stops at its next command boundary and is not claimed."""
-        row = self.store.control(lookup_id(object_id), time.time(), paused=True)
-        return info_from_row(row, time.time())
+        row = self.store.control(lookup_id(object_id), self.clock(), paused=True)
+        return info_from_row(row, self.clock())
 
     def resume(self, object_id: str) -> ObjectInfo:
         """Release a paused object, or retry a parked one (after its code was fixed)."""
-        row = self.store.control(lookup_id(object_id), time.time(), paused=False,
+        row = self.store.control(lookup_id(object_id), self.clock(), paused=False,
                                  unpark=True)
-        return info_from_row(row, time.time())
+        return info_from_row(row, self.clock())
 
     def cancel(self, object_id: str) -> ObjectInfo:
         """Ask the object to stop; it terminates as cancelled at its next command boundary."""
-        row = self.store.control(lookup_id(object_id), time.time(), cancel=True)
-        return info_from_row(row, time.time())
+        row = self.store.control(lookup_id(object_id), self.clock(), cancel=True)
+        return info_from_row(row, self.clock())
 
     def get(self, object_id: str, *, explain: bool = True) -> ObjectInfo:
         """What the store says about an object; ``ObjectNotFoundError`` if unknown.
@@ -582,7 +616,7 @@ class App:
         row = self.store.get(lookup_id(object_id))
         if row is None:
             raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
-        info = info_from_row(row, time.time())
+        info = info_from_row(row, self.clock())
         return self._notes.annotate(self._explain(info)) if explain else info
 
     def list(self, *, status: str | None = None, phase: str | None = None,
@@ -593,7 +627,7 @@ class App:
             raise ConfigurationError(
                 f"unknown status {status!r}; one of {', '.join(s.value for s in Status)}"
             )
-        now = time.time()
+        now = self.clock()
         rows = self.store.list(status=status, phase=phase, agent=agent, parent=parent,
                                limit=limit)
         live = self._live_nodes(now)
@@ -608,7 +642,7 @@ class App:
         """Say why a runnable object waits when no live node can take it."""
         if info.status is not Status.READY or (info.note and not info.avoid):
             return info  # nothing to explain: no need to ask for the live nodes
-        note = waiting_note(info, self._live_nodes(time.time()) if live is None else live)
+        note = waiting_note(info, self._live_nodes(self.clock()) if live is None else live)
         return info if note is None else dataclasses.replace(info, note=note)
 
     # -- watching and steering: questions, queries, retry, fork ------------------------
@@ -836,7 +870,7 @@ class App:
         return Worker(store=self.store, signer=signer, policy=self.policy,
                       agents=self._agents, settings=settings, capabilities=self.capabilities,
                       verifier=self._identity.verifier(self.store),
-                      anchors=self.anchors, hooks=self.hooks)
+                      anchors=self.anchors, hooks=self.hooks, clock=self.clock)
 
     async def serve(self, stop: asyncio.Event | None = None, *, concurrency: int = 16,
                     corrupt_retry: float = CORRUPT_RETRY_SECONDS,

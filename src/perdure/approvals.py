@@ -25,7 +25,6 @@ clear. An edit sent to such an object is sealed under its data key.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +79,7 @@ def waiting_decision(app: App, object_id: str, proposal_id: str) -> PendingAppro
         raise ApprovalError(
             f"object {object_id!r} has no proposal {proposal_id!r} waiting for approval "
             f"(decided already, or expired; waiting: {waiting}); see `perdure approvals`")
-    check_deadline(target, time.time())
+    check_deadline(target, app.clock())
     report = app.verify(object_id)
     if not report.ok:
         raise ApprovalError(
@@ -104,7 +103,7 @@ def decide(app: App, object_id: str, proposal_id: str, decision: str, *,
     if decision == "edit" and not isinstance(edit, Mapping):
         raise ConfigurationError("edit must be the new arguments as a JSON object")
     target = waiting_decision(app, object_id, proposal_id)
-    now = time.time()
+    now = app.clock()
     payload: dict[str, Any] = {"proposal": proposal_id, "args_hash": target.args_hash,
                                "tool": target.tool, "decision": decision, "reason": reason,
                                "decided_at": now}

@@ -38,6 +38,10 @@ The tree::
     ├── ApprovalError             no such proposal waits for a person, or it was decided
     │   └── ApprovalExpiredError  the proposal's deadline passed: it counts as rejected
     ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
+    ├── ReplayFailedError         (``perdure.testing``) a recorded history does not replay
+    │                             under the current code; ``position`` says where
+    ├── BlockedError              (``perdure.testing``) the object waits for what only the
+    │                             test can give; nothing in the environment can move
     ├── ModelCallError            (``perdure.llm``) a model call failed; ``.failure`` says
     │                             whether and when to try again
     └── StoredCallError           (``perdure.llm``) a recorded model call does not read back
@@ -71,6 +75,7 @@ __all__ = [
     "AgentParkedError",
     "ApprovalError",
     "ApprovalExpiredError",
+    "BlockedError",
     "CancelRequestedError",
     "CannotDo",
     "CannotRestoreError",
@@ -92,6 +97,7 @@ __all__ = [
     "PerdureSignal",
     "QueryFailedError",
     "RecordDecodeError",
+    "ReplayFailedError",
     "ResourceError",
     "ResourceStaleError",
     "ResultTimeoutError",
@@ -385,6 +391,40 @@ class ApprovalExpiredError(ApprovalError):
 class ToolCallError(PerdureError):
     """A tool reported that its call failed (an MCP server's error result); recorded as
     the call's failure, and the model is told."""
+
+
+class ReplayFailedError(PerdureError):
+    """A recorded history (``perdure.testing.History``, a file checked into a repository)
+    does not replay under the current code: ``verdict`` is ``diverges`` (the code asks
+    for something else at ``position``: memory ``recorded`` one command, the code asks
+    for ``found``) or ``error`` (the agent raised while replaying; ``detail`` says what).
+    ``path`` names the file, if the history came from one."""
+
+    def __init__(self, object_id: str, verdict: str, detail: str, *,
+                 position: int | str | None = None, recorded: str | None = None,
+                 found: str | None = None, path: str | None = None) -> None:
+        self.object_id = object_id
+        self.verdict = verdict
+        self.detail = detail
+        self.position = position
+        self.recorded = recorded
+        self.found = found
+        self.path = path
+        where = f"{path}: " if path else ""
+        super().__init__(f"{where}object {object_id!r} does not replay under this code: "
+                         f"{verdict}: {detail}")
+
+
+class BlockedError(PerdureError):
+    """``perdure.testing``: the object waits for what only the test can give (an event,
+    an answer, an approval, a resume) and nothing in the environment can move, not even
+    by skipping time. ``waiting`` (a ``perdure.testing.Summary``) says what it waits
+    for; answer it (``env.answer``, ``env.approve``, ``handle.send``) and run again."""
+
+    def __init__(self, object_id: str, message: str, waiting: object = None) -> None:
+        self.object_id = object_id
+        self.waiting = waiting
+        super().__init__(message)
 
 
 class PerdureSignal(BaseException):

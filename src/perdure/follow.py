@@ -220,8 +220,8 @@ def follow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
 async def afollow(app: App, object_id: str, after: int = 0, *, until: Until = "end",
                   every: bool = False, timeout: float | None = None,
                   poll: float = 0.05, opened: bool = False) -> AsyncIterator[StreamEvent]:
-    """``follow`` as an async iterator: memory is read in a thread, so the event loop
-    goes on meanwhile."""
+    """``follow`` as an async iterator: memory is read on the App's client threads
+    (``app.aio``), so the event loop goes on meanwhile."""
     cursor = _Cursor(after, until, every, timeout)
     read = _reader(app, opened)
     loop = asyncio.get_running_loop()
@@ -233,12 +233,12 @@ async def afollow(app: App, object_id: str, after: int = 0, *, until: Until = "e
     def batch() -> list[Record]:
         return read(app.history(object_id, after=cursor.after))
 
-    unsubscribe, changes = await asyncio.to_thread(_watch, app, object_id, heard)
+    unsubscribe, changes = await app.aio.to_thread(_watch, app, object_id, heard)
     every_s = max(poll, 1.0) if changes else poll  # with changes pushed: a safety look
     try:
         while True:
             pushed.clear()  # before the read: a commit after it sets it again
-            records = await asyncio.to_thread(batch)
+            records = await app.aio.to_thread(batch)
             for event in cursor.take(records):
                 yield event
             if cursor.done:

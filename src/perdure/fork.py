@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -174,7 +173,7 @@ def fork(app: App, object_id: str, at: int, new_id: str | None = None) -> Handle
     if existing is not None:
         return _existing(app, oid, origin, existing.head_seq, prefix)
     _own_data_key(app, object_id, oid)
-    now = time.time()
+    now = app.clock()
     if not app.store.create(new, now):
         existing = app.store.get(oid)
         return _existing(app, oid, origin, existing.head_seq if existing else 0, prefix)
@@ -220,7 +219,7 @@ def build(app: App, object_id: str, at: int, oid: str
     signer = app.client.certified()
     trace_id = uuid.uuid4().hex
     first = forked_first(prefix[0], oid, trace_id, origin)
-    now = time.time()
+    now = app.clock()
     copied: list[Record] = []
     prev = GENESIS_HASH
     for rec in prefix:
@@ -266,6 +265,6 @@ def _existing(app: App, oid: str, origin: dict[str, object], head_seq: int,
                                object_id=oid, seq=rec.seq, prev_hash=copied[-1].hash,
                                trace_id=trace_id, ts_us=rec.ts_us,
                                policy_ref=rec.policy_ref, signer=signer))
-        _finish(app, oid, copied[1:], time.time())
+        _finish(app, oid, copied[1:], app.clock())
         app.anchors.note(oid, copied[0].hash, copied[-1].seq, copied[-1].hash)
     return Handle(app, oid, created=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.lifecycle import Status
@@ -20,7 +20,7 @@ from perdure.info import ObjectInfo
 if TYPE_CHECKING:
     from perdure.app import App
 
-__all__ = ["Handle"]
+__all__ = ["Handle", "ResultWait"]
 
 
 class Handle:
@@ -65,52 +65,18 @@ class Handle:
         Raises ``AgentFailedError`` (with the recorded error), ``AgentCancelledError``,
         ``AgentParkedError`` (a person must act), or ``ResultTimeoutError``.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         pushed = threading.Event()
-        stop = self.app.store.subscribe_results(lambda _oid: pushed.set(),
-                                                object_id=self.object_id)
-        delay = 0.005
+        wait = ResultWait(self, timeout, poll)
+        wait.subscribe(pushed.set)
         try:
             while True:
                 pushed.clear()  # before the read: an end committed after it sets it again
-                info = self.app.get(self.object_id, explain=False)  # ObjectNotFoundError
-                if info.status is Status.COMPLETED:
-                    # From the signed terminal record, never from the row alone.
-                    return self.app.outcome(self.object_id).get("result")
-                if info.status in (Status.FAILED, Status.CANCELLED):
-                    return self._raise_terminal(info.status)
-                if info.status is Status.PARKED:
-                    raise AgentParkedError(
-                        f"object {self.object_id!r} is parked: {info.note}; fix the cause and "
-                        f"run `perdure resume {self.object_id}`"
-                    )
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ResultTimeoutError(
-                        f"object {self.object_id!r} is still {info.status} after {timeout}s; "
-                        "it keeps running"
-                    )
-                wait = max(poll, 1.0) if stop is not None else min(delay, poll)
-                if deadline is not None:
-                    wait = max(0.0, min(wait, deadline - time.monotonic()))
-                if stop is not None:
-                    pushed.wait(wait)
-                else:
-                    time.sleep(wait)
-                    delay *= 2
+                done, value = wait.look()
+                if done:
+                    return value
+                pushed.wait(value)
         finally:
-            if stop is not None:
-                stop()
-
-    def _raise_terminal(self, status: str) -> Any:
-        body = self.app.outcome(self.object_id)
-        if status == Status.CANCELLED:
-            raise AgentCancelledError(f"object {self.object_id!r} was cancelled")
-        error = body.get("error") or {}
-        raise AgentFailedError(
-            self.object_id,
-            str(error.get("type", "unknown")),
-            str(error.get("message", body.get("reason", ""))),
-        )
+            wait.release()
 
     def stream(self, after: int = 0, *, until: Until = "end", every: bool = False,
                timeout: float | None = None, poll: float = 0.05,
@@ -164,3 +130,90 @@ class Handle:
     def fork(self, at: int, *, new_id: str | None = None) -> Handle:
         """See ``App.fork``."""
         return self.app.fork(self.object_id, at=at, new_id=new_id)
+
+
+class ResultWait:
+    """One wait for an object's end, as ``Handle.result`` and ``AsyncHandle.result``
+    (``perdure.aio``) wait: the push subscription, each look at the store, and how long
+    to wait before the next one. The caller drives it: ``subscribe`` once with what a
+    push does, then ``look`` until it is done, waiting between looks for the push or
+    the seconds ``look`` gives, then ``release``. ``subscribe`` and ``look`` touch the
+    store (an async caller runs them on its threads); ``release`` may come from any
+    thread at any time, even before ``subscribe`` ran (which then subscribes nothing).
+    """
+
+    def __init__(self, handle: Handle, timeout: float | None, poll: float) -> None:
+        self.handle = handle
+        self.timeout = timeout
+        self.poll = poll
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self._delay = 0.005  # the polling step where nothing is pushed, doubled each look
+        self._lock = threading.Lock()
+        self._stop: Callable[[], None] | None = None
+        self._released = False
+
+    @property
+    def pushed(self) -> bool:
+        """Whether the store pushes the object's end here (else ``look`` polls)."""
+        return self._stop is not None
+
+    def subscribe(self, woken: Callable[[], None]) -> None:
+        """Have the store call ``woken()`` (on the store's thread; it must be quick) when
+        the object ends or parks; where the store cannot push, nothing (``look`` then
+        polls)."""
+        with self._lock:
+            if self._released:
+                return
+            self._stop = self.handle.app.store.subscribe_results(
+                lambda _oid: woken(), object_id=self.handle.object_id)
+
+    def release(self) -> None:
+        """Stop the subscription, once; a ``subscribe`` after it subscribes nothing."""
+        with self._lock:
+            self._released = True
+            stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+    def look(self) -> tuple[bool, Any]:
+        """Read the object once: ``(True, result)`` when it completed, else ``(False,
+        seconds)`` to wait for a push before the next look. Raises ``AgentFailedError``,
+        ``AgentCancelledError``, ``AgentParkedError``, ``ObjectNotFoundError`` or, past
+        the deadline, ``ResultTimeoutError``."""
+        app, object_id = self.handle.app, self.handle.object_id
+        info = app.get(object_id, explain=False)  # ObjectNotFoundError
+        if info.status is Status.COMPLETED:
+            # From the signed terminal record, never from the row alone.
+            return True, app.outcome(object_id).get("result")
+        if info.status in (Status.FAILED, Status.CANCELLED):
+            self._raise_terminal(info.status)
+        if info.status is Status.PARKED:
+            raise AgentParkedError(
+                f"object {object_id!r} is parked: {info.note}; fix the cause and "
+                f"run `perdure resume {object_id}`"
+            )
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            raise ResultTimeoutError(
+                f"object {object_id!r} is still {info.status} after {self.timeout}s; "
+                "it keeps running"
+            )
+        if self.pushed:
+            wait = max(self.poll, 1.0)  # a slow look all the same, should a push be lost
+        else:
+            wait = min(self._delay, self.poll)
+            self._delay *= 2
+        if self.deadline is not None:
+            wait = max(0.0, min(wait, self.deadline - time.monotonic()))
+        return False, wait
+
+    def _raise_terminal(self, status: str) -> None:
+        object_id = self.handle.object_id
+        body = self.handle.app.outcome(object_id)
+        if status == Status.CANCELLED:
+            raise AgentCancelledError(f"object {object_id!r} was cancelled")
+        error = body.get("error") or {}
+        raise AgentFailedError(
+            object_id,
+            str(error.get("type", "unknown")),
+            str(error.get("message", body.get("reason", ""))),
+        )

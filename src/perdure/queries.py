@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import builtins
 import inspect
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -201,7 +200,7 @@ def run_query(app: App, registry: QueryRegistry, object_id: str, name: str,
         raise ObjectNotFoundError(f"no object {object_id!r} in {app.store.url}")
     fn = registry.get(row.agent, name)
     row, records = app.client.checked_memory(object_id)
-    status = str(info_from_row(row, time.time()).status)
+    status = str(info_from_row(row, app.clock()).status)
 
     view = MemoryView(object_id, row.agent, row.agent_version, status,
                       tuple(app.client.opener(app.open_sealed).records(records)))

@@ -38,6 +38,7 @@ from perdure.core.records import Record
 from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 from perdure.core.usage import usage_totals
+from perdure.engine import ReplayReport
 from perdure.engine.settings import DRAIN_SECONDS
 from perdure.errors import (
     AgentFailedError,
@@ -50,6 +51,7 @@ from perdure.info import ObjectInfo
 from perdure.keys.folder import KeyFolder, default_key_dir
 from perdure.keys.identity import NodeIdentity
 from perdure.resources.lines import shown_body, slot_lines
+from perdure.testing import History, Replayer, history_files
 
 __all__ = ["main"]
 
@@ -548,25 +550,90 @@ def tree(obj: _Ctx, object_id: str) -> None:
 
 @cli.command(name="replay-check")
 @click.argument("object_ids", nargs=-1)
+@click.option("--history", "histories", multiple=True, metavar="PATH",
+              help="Replay a history file (perdure export-history, perdure.testing) "
+                   "instead of live memory; a folder means its *.json files. Repeatable; "
+                   "no store is opened.")
 @click.pass_obj
-def replay_check(obj: _Ctx, object_ids: tuple[str, ...]) -> None:
+def replay_check(obj: _Ctx, object_ids: tuple[str, ...], histories: tuple[str, ...]) -> None:
     """Replay live objects' memory against the current code (--app) without running steps.
 
     Reports which objects would diverge after a deploy, and where (recorded vs found);
     exit 1 if any would. Checks the named objects, or every object not yet terminated.
+    With --history, checks history files instead (say, those checked into your
+    repository), with no store: a file that does not verify counts as a failure too.
     """
+    if histories:
+        if object_ids:
+            _fail("replay-check takes object ids or --history files, not both")
+        _replay_histories(obj, histories)
+        return
     app = obj.app(need_agents=True)
     reports = app.replay_check(list(object_ids) or None)
     bad = 0
     for report in reports:
-        style = {"compatible": "green", "not-served": "yellow"}.get(report.verdict, "red")
-        out.print(Text.assemble((f"{report.verdict:<11}", style),
-                                f" {report.object_id} ({report.agent}@{report.version}): "
-                                f"{report.detail}"))
-        bad += not report.ok
+        bad += _report_line(report)
     out.print(f"{len(reports)} checked, {bad} would diverge")
     if bad:
         sys.exit(1)
+
+
+def _report_line(report: ReplayReport, where: str = "") -> int:
+    """Print one replay report; 1 if it fails, else 0."""
+    style = {"compatible": "green", "not-served": "yellow"}.get(report.verdict, "red")
+    out.print(Text.assemble((f"{report.verdict:<11}", style),
+                            f" {where}{report.object_id} ({report.agent}@{report.version}): "
+                            f"{report.detail}"))
+    return 0 if report.ok else 1
+
+
+def _replay_histories(obj: _Ctx, histories: Sequence[str]) -> None:
+    app = obj.loaded()
+    if app is None:
+        _fail("replay-check --history needs your agents: pass --app module:app or set "
+              "PERDURE_APP")
+    replayer = Replayer(app)
+    files = history_files(histories)
+    if not files:
+        _fail(f"no history files in {', '.join(histories)}")
+    bad = 0
+    for path in files:
+        try:
+            report = replayer.replay(path, raise_on_failure=False)
+        except PerdureError as exc:  # unreadable, not a history, or tampered with
+            out.print(Text.assemble(("unreadable ", "red"), f" {path}: {exc}"))
+            bad += 1
+            continue
+        bad += _report_line(report, f"{path}: ")
+    out.print(f"{len(files)} checked, {bad} failed")
+    if bad:
+        sys.exit(1)
+
+
+@cli.command(name="export-history")
+@click.argument("object_ids", nargs=-1, required=True)
+@click.option("--out", "out_path", required=True, metavar="PATH",
+              help="A folder (one ID.json per object), or a .json file for one object.")
+@click.pass_obj
+def export_history(obj: _Ctx, object_ids: tuple[str, ...], out_path: str) -> None:
+    """Write objects' memory as history files to check into a repository and replay with
+    `replay-check --history` (or perdure.testing.Replayer) without a store.
+
+    The memory must verify first; records keep their hashes and signatures, so a
+    changed file is found when it is read.
+    """
+    app = obj.app()
+    target = Path(out_path)
+    single = target.suffix == ".json"
+    if single and len(object_ids) > 1:
+        _fail(f"--out {out_path} is one file; give a folder for {len(object_ids)} objects")
+    for object_id in object_ids:
+        path = target if single else target / f"{object_id}.json"
+        try:
+            written = History.of(app, object_id).write(path)
+        except OSError as exc:
+            _fail(f"cannot write {path}: {exc.strerror or exc}")
+        out.print(f"{object_id}: {written}")
 
 
 @cli.command()

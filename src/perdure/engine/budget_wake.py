@@ -14,7 +14,6 @@ ancestor's are left alone.
 from __future__ import annotations
 
 import os
-import time
 
 from perdure.core.codec import encode
 from perdure.core.events import REFINE_EVENT
@@ -52,5 +51,5 @@ async def wake_stopped(node: Node, owner: str) -> list[str]:
     for oid in woken:
         seal, _ = seal_event(node.signer.sign, node.signer.node_id, oid, REFINE_EVENT,
                              data, None, os.urandom(12).hex())
-        await node.write(node.store.send, oid, REFINE_EVENT, data, None, time.time(), seal)
+        await node.write(node.store.send, oid, REFINE_EVENT, data, None, node.clock(), seal)
     return woken

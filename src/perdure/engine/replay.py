@@ -48,6 +48,8 @@ class ReplayReport:
     ``verdict`` is ``compatible`` (the code reproduces the memory and would carry on),
     ``diverges`` (it asks for something else at ``position``), ``not-served`` (this
     code has no such agent/version) or ``error`` (the agent raised while replaying).
+    A divergence also says what memory ``recorded`` at ``position`` and what the code
+    asks for there (``found``).
     """
 
     object_id: str
@@ -56,6 +58,8 @@ class ReplayReport:
     verdict: str
     detail: str
     position: int | str | None = None
+    recorded: str | None = None
+    found: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -109,7 +113,8 @@ async def replay_check(agents: Mapping[str, AgentDef], records: Sequence[Record]
                                 f"replays every recorded command; then it would park: {err}")
         return ReplayReport(oid, intent.agent, intent.version, "diverges",
                             f"at command #{err.position}: recorded {err.recorded}, "
-                            f"code asks for {err.found}", err.position)
+                            f"code asks for {err.found}", err.position, err.recorded,
+                            err.found)
     except (HistoryEnd, Suspend, DeadlineExceeded, CancelRequestedError):
         return ReplayReport(oid, intent.agent, intent.version, "compatible",
                             "replays every recorded command and would carry on from there")

@@ -93,6 +93,7 @@ class Worker:
         self.committer = node.committer
         self.held = node.held
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop ``run`` runs on
         #: This node's measure of its event loop's lag (``worst``: the worst seen).
         self.lag_meter = LoopLagMeter(self._lagged)
 
@@ -100,6 +101,17 @@ class Worker:
         hooks = self.node.hooks
         if hooks.active:
             hooks.emit(LoopLag(self.signer.node_id, seconds, worst, LAG_INTERVAL))
+
+    def wake(self) -> None:
+        """Look for work now, from any thread: what a store cannot push, such as the
+        node's clock skipped ahead (``perdure.testing``), so that objects due by it are
+        claimed without waiting for the idle look. Nothing happens while the node does
+        not run."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(self._wake.set)
 
     # -- the loop ---------------------------------------------------------------
 
@@ -118,6 +130,7 @@ class Worker:
         """
         node = self.node
         loop = asyncio.get_running_loop()
+        self._loop = loop
         log.info("node %s is up on %s, claiming work", self.signer.node_id, self.store.url,
                  extra={"action": "node_up"})
         renewer = asyncio.create_task(renew_loop(node, stop))

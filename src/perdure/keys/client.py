@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from perdure.core.chain import Signer, VerifyReport, sealed_by, verify_chain
 from perdure.core.codec import encode
@@ -50,10 +50,13 @@ class Client:
     """The store, this node's identity and its data keys, and what a caller does with
     them (see the module)."""
 
-    def __init__(self, store: Store, identity: NodeIdentity, data_keys: DataKeys) -> None:
+    def __init__(self, store: Store, identity: NodeIdentity, data_keys: DataKeys, *,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.identity = identity
         self.data_keys = data_keys
+        #: What events this client sends are stamped with (seconds since the epoch).
+        self.clock = clock
         self._lock = threading.RLock()
         self._verifier: Verifier | None = None
         self._anchors: HeadAnchors | None = None
@@ -117,7 +120,7 @@ class Client:
     def send(self, object_id: str, name: str, data: bytes, dedupe_key: str | None) -> bool:
         """Put a signed event into the object's inbox; ``False`` when ``dedupe_key`` was
         used already (see ``Store.send``)."""
-        return self.store.send(object_id, name, data, dedupe_key, time.time(),
+        return self.store.send(object_id, name, data, dedupe_key, self.clock(),
                                self.seal_event(object_id, name, data, dedupe_key))
 
     def check_audience(self, object_id: str) -> None:
