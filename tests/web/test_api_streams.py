@@ -105,9 +105,14 @@ def test_a_caller_that_goes_away_costs_nothing(served: ServedApi, what: str) -> 
     assert served.api.open_waits == 0 and served.subscriptions(oid) == 0
     path = (f"/objects/{oid}/stream" if what == "stream"
             else f"/objects/{oid}/result?wait=60")
-    socks = [raw_request(served.port, path, served.tokens["reader"]) for _ in range(3)]
+    # More waits than the client's threads (app.aio's 8): each waits without one.
+    many = 12
+    socks = [raw_request(served.port, path, served.tokens["reader"]) for _ in range(many)]
     try:
-        wait_until(lambda: served.api.open_waits == 3 and served.subscriptions(oid) == 3)
+        wait_until(lambda: served.api.open_waits == many
+                   and served.subscriptions(oid) == many)
+        with closing(served.client("reader")) as client:  # and the server answers
+            assert client.get(f"/objects/{oid}").json()["object_id"] == oid
     finally:
         for sock in socks:
             sock.shutdown(socket.SHUT_RDWR)

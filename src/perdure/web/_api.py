@@ -16,8 +16,9 @@ so an object id holding ``/`` (sent as ``%2F``) reaches its own object.
 No handler blocks the event loop: the App's calls run in the thread pool
 (``run_in_threadpool``), and what waits (the result's long poll, the event stream) waits
 on the store's pushes, handed to the loop with ``call_soon_threadsafe``, holding no
-thread. A caller that goes away ends its wait or stream at once, and with it its
-subscription (``Api.open_waits`` counts those open).
+thread (the long poll is ``AsyncHandle.result``, ``app.aio``). A caller that goes away
+ends its wait or stream at once, and with it its subscription (``Api.open_waits``
+counts those open).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ from perdure.core.questions import Question
 from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 from perdure.errors import (
+    AgentCancelledError,
+    AgentFailedError,
+    AgentParkedError,
     ApprovalError,
     ConfigurationError,
     DataKeyError,
@@ -59,6 +63,7 @@ from perdure.errors import (
     PerdureError,
     QueryFailedError,
     RecordDecodeError,
+    ResultTimeoutError,
     SerializationError,
     StoreError,
     UnknownAgentError,
@@ -204,41 +209,19 @@ def _sse(event: StreamEvent) -> str:
 # -- waiting without holding a thread -------------------------------------------------------
 
 
-async def wait_for_end(app: App, object_id: str, timeout: float, *,
-                       poll: float = 0.05) -> ObjectInfo:
+async def wait_for_end(app: App, object_id: str, timeout: float) -> ObjectInfo:
     """The object's info once it ended or was parked, or when ``timeout`` seconds have
     passed, whichever comes first; ``ObjectNotFoundError`` if there is none.
 
-    No thread is held while it waits: the store's push of the object's end
-    (``Store.subscribe_results``) is handed to the event loop with
-    ``call_soon_threadsafe``, and the row is looked at again when it comes, and every
-    second anyway (every ``poll`` seconds where the store cannot push). Each look is a
-    short call in the thread pool. Cancelled (its caller went away), it unsubscribes.
+    ``AsyncHandle.result`` waits (``app.aio``): the store's push of the object's end
+    wakes it, and no thread is held meanwhile. Cancelled (its caller went away), it lets
+    its subscription go.
     """
-    loop = asyncio.get_running_loop()
-    pushed = asyncio.Event()
-
-    def heard(_oid: str) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-            loop.call_soon_threadsafe(pushed.set)
-
-    stop = await run_in_threadpool(app.store.subscribe_results, heard, object_id=object_id)
-    deadline = loop.time() + timeout
-    try:
-        while True:
-            pushed.clear()  # before the look: an end committed after it sets it again
-            info = await run_in_threadpool(app.get, object_id, explain=False)
-            if info.terminal or info.status is Status.PARKED:
-                return info
-            left = deadline - loop.time()
-            if left <= 0:
-                return info
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(pushed.wait(),
-                                       min(left, 1.0 if stop is not None else poll))
-    finally:
-        if stop is not None:
-            await asyncio.shield(asyncio.to_thread(stop))
+    handle = await app.aio.handle(object_id)
+    with contextlib.suppress(ResultTimeoutError, AgentFailedError, AgentCancelledError,
+                             AgentParkedError):
+        await handle.result(timeout)
+    return await app.aio.get(object_id, explain=False)
 
 
 async def _disconnected(receive: Receive) -> None:
