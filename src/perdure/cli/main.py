@@ -87,7 +87,7 @@ def _load_app(spec: str) -> App:
 
 
 # Commands that may set a key folder up, or never read or sign with one.
-_MAY_MAKE_KEYS = frozenset({"worker", "start", "fork", "demo", "keys", "cancel", "pause",
+_MAY_MAKE_KEYS = frozenset({"worker", "start", "api", "fork", "demo", "keys", "cancel", "pause",
                             "resume", "retry", "forget-heads"})
 
 
