@@ -6,6 +6,7 @@ without TLS refused in one line; the OpenAPI document written."""
 from __future__ import annotations
 
 import json
+import socket
 import stat
 import subprocess
 import sys
@@ -113,6 +114,14 @@ def test_a_network_address_needs_tls(sqlite_url: str, key_dir: Path) -> None:
     assert refused.returncode == 2
     assert refused.stderr.strip().count("\n") == 0
     assert "refusing to serve the API on 0.0.0.0" in refused.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy = _perdure("api", "--port", str(taken.getsockname()[1]), store=sqlite_url,
+                        key_dir=key_dir)
+    assert busy.returncode == 2 and busy.stderr.strip().count("\n") == 0, busy.stderr
+    assert "cannot serve the API on 127.0.0.1:" in busy.stderr
+    assert "the port is in use (another API?)" in busy.stderr
     with pytest.raises(ConfigurationError):
         web.check_api_bind("10.1.2.3", tls=False)
     web.check_api_bind("10.1.2.3", tls=True)

@@ -69,7 +69,7 @@ def api(obj: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
     app = obj.app()
     app.open_sealed = True  # callers read results and questions as Python callers do
     try:
-        sock = web.listen(host, port)
+        sock = web.listen(host, port, what="the API")
     except ConfigurationError as exc:
         _fail(str(exc))
     try:

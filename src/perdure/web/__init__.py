@@ -129,15 +129,16 @@ def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
     return Dashboard(app, credentials, settings).asgi(), tokens
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, *, what: str = "the dashboard") -> socket.socket:
     """A socket bound to ``host:port`` and listening; ``ConfigurationError`` (saying what
-    to do) when the address is taken or cannot be used."""
+    to do) when the address is taken or cannot be used. ``what`` names the server in the
+    message (``"the API"``)."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as exc:
-        raise ConfigurationError(f"cannot serve the dashboard on {where}: {exc.strerror}; "
+        raise ConfigurationError(f"cannot serve {what} on {where}: {exc.strerror}; "
                                  "check --host") from None
     sock = socket.socket(family, kind, proto)
     try:
@@ -148,9 +149,10 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise ConfigurationError(
-                f"cannot serve the dashboard on {where}: the port is in use (another "
-                "dashboard?); stop that program or pick another port") from None
-        raise ConfigurationError(f"cannot serve the dashboard on {where}: "
+                f"cannot serve {what} on {where}: the port is in use (another "
+                f"{what.removeprefix('the ')}?); stop that program or pick another port"
+            ) from None
+        raise ConfigurationError(f"cannot serve {what} on {where}: "
                                  f"{exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock
