@@ -40,6 +40,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from perdure import describe as view
+from perdure.aio import AsyncHandle
 from perdure.app import App
 from perdure.core.approvals import PendingApproval
 from perdure.core.events import is_reserved
@@ -70,6 +71,7 @@ from perdure.errors import (
     UnknownQueryError,
 )
 from perdure.follow import StreamEvent, afollow
+from perdure.handle import Handle
 from perdure.info import ObjectInfo, info_from_row
 from perdure.web import _actions as actions
 from perdure.web._auth import APPROVE, OPERATE, READ, ApiToken, ApiTokens, Principal, Throttle
@@ -217,7 +219,7 @@ async def wait_for_end(app: App, object_id: str, timeout: float) -> ObjectInfo:
     wakes it, and no thread is held meanwhile. Cancelled (its caller went away), it lets
     its subscription go.
     """
-    handle = await app.aio.handle(object_id)
+    handle = AsyncHandle(app.aio, Handle(app, object_id))
     with contextlib.suppress(ResultTimeoutError, AgentFailedError, AgentCancelledError,
                              AgentParkedError):
         await handle.result(timeout)
@@ -512,7 +514,13 @@ class Api:
             raise _Problem(429, "too-many-requests", "Too many requests",
                            "too many requests with a wrong token; wait a minute",
                            headers={"Retry-After": "60"})
-        found: ApiToken | None = await run_in_threadpool(self.tokens.check, token.strip())
+        try:
+            found: ApiToken | None = await run_in_threadpool(self.tokens.check,
+                                                             token.strip())
+        except ConfigurationError as exc:  # the server's token file, not the caller
+            log.error("api tokens: %s", exc, extra={"action": "api_error"})
+            raise _Problem(500, "internal", "Internal error",
+                           "the server cannot read its API tokens; see its log") from None
         if found is None:
             self.throttle.failed(client)
             raise _Problem(401, "unauthorized", "Unauthorized",
