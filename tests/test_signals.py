@@ -31,6 +31,7 @@ PRIVATE_EXCEPTIONS = {
     "perdure.core.bodies.fields:MalformedBodyError",
     "perdure.llm._wire_responses:ResponsesStreamError",
     "perdure.keys.client:_BehindSeenHeadError",
+    "perdure.web._api:_Problem",
 }
 
 ENGINE_SIGNALS = [

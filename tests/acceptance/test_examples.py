@@ -35,6 +35,9 @@ DEDICATED = {
 # What each other example prints when it did what its docstring says.
 PRINTS = {
     "composition.py": ["'intent_version': 2", "'total': 9", "digest-1.0 summarise@1 completed"],
+    "http_api.py": ["event progress {'of': 2, 'round': 2}",
+                    "asks Publish 4 words? ['yes', 'no']",
+                    "'result': {'verdict': 'yes', 'words': 4}"],
     "in_doubt.py": ["result: order-7/0/charge", "charges in the ledger: 1"],
     "migration.py": ["61"],
     "quickstart.py": ["fetching pages about tides",
@@ -175,3 +178,40 @@ def test_quickstart_doc(tmp_path: Path, user_env: dict[str, str],
     while worker.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert worker.returncode == 0, worker.communicate()[0]
+
+
+def test_http_api_doc(tmp_path: Path, user_env: dict[str, str],
+                      reaper: list[subprocess.Popen[str]]) -> None:
+    """docs/howto/http-api.md "Try it", literally, from a folder holding ``examples/``:
+    a worker and the API in the background, a token, an object started, followed,
+    answered and awaited with curl, its stream picked up again after record 5."""
+    setup, start, finish = _blocks(REPO_ROOT / "docs" / "howto" / "http-api.md", "Try it")
+    (tmp_path / "examples").symlink_to(REPO_ROOT / "examples", target_is_directory=True)
+    env = {**user_env, "PERDURE_API_PORT": str(_free_port())}
+    # Between the blocks the doc says to wait until the API listens, then until the
+    # agent asks: the test waits for exactly that, in the same shell.
+    listening = ("for _ in $(seq 300); do curl -sf $API/openapi.json >/dev/null && break; "
+                 "sleep 0.1; done\n")
+    asking = ("for _ in $(seq 300); do curl -s $API/questions -H \"$AUTH\" | grep -q verdict "
+              "&& break; sleep 0.1; done\n")
+    proc = _shell("set -e\n" + setup + listening + start + asking + finish + "wait\n",
+                  tmp_path, env, reaper)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    assert '"created":true' in out and '"prompt":"Publish 4 words?"' in out, out
+    assert '"result":{"verdict":"yes","words":4}' in out, out
+    # Two streams: the first gets the 3 progress events and the end, the second each of
+    # those after record 5 once more (their lines may interleave: count them).
+    ids = [int(seq) for seq in re.findall(r"^id: (\d+)$", out, flags=re.M)]
+    once = sorted(set(ids))
+    assert len(once) == 4, out
+    assert sorted(ids) == sorted(once + [i for i in once if i > 5]), out
+    assert out.count("event: terminated") == 2, out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

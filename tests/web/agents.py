@@ -156,3 +156,21 @@ async def chooser(run: perdure.Run, workdir: str) -> Any:
     await run.emit("progress", {"done": 2, "of": 2})
     return await run.wait_for("pick", prompt="Which colour for the <b>logo</b>?",
                               choices=("red", "blue"))
+
+
+@app.agent()
+async def ticker(run: perdure.Run, ticks: int) -> dict[str, Any]:
+    """Emits ``ticks`` events, waits for the event ``go``, emits one more and ends: a
+    stream to follow, break off and pick up again."""
+    for n in range(ticks):
+        await run.emit("tick", {"n": n})
+    go = await run.wait_for("go")
+    await run.emit("done", {"go": go})
+    return {"ticks": ticks, "go": go}
+
+
+@app.define_query(agent="ticker")
+def ticks(view: perdure.MemoryView, at_least: int = 0) -> list[Any]:
+    """The ticks emitted so far (none unless at least ``at_least``)."""
+    found = view.emitted("tick")
+    return found if len(found) >= at_least else []

@@ -25,6 +25,7 @@ from rich.text import Text
 from perdure import __version__
 from perdure import describe as view
 from perdure.app import App
+from perdure.cli.api import api, api_token
 from perdure.cli.approvals import approvals, approve, reject
 from perdure.cli.data_keys import data_key
 from perdure.cli.keys import keys
@@ -86,7 +87,7 @@ def _load_app(spec: str) -> App:
 
 
 # Commands that may set a key folder up, or never read or sign with one.
-_MAY_MAKE_KEYS = frozenset({"worker", "start", "fork", "demo", "keys", "cancel", "pause",
+_MAY_MAKE_KEYS = frozenset({"worker", "start", "api", "fork", "demo", "keys", "cancel", "pause",
                             "resume", "retry", "forget-heads"})
 
 
@@ -789,6 +790,8 @@ for _steer in (questions, query, fork, retry):
     cli.add_command(_steer)
 cli.add_command(ls_, name="list")  # the same listing under its long name
 cli.add_command(ui)
+cli.add_command(api)
+cli.add_command(api_token)
 for _command in (approvals, approve, reject):
     cli.add_command(_command)
 

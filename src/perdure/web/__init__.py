@@ -8,6 +8,11 @@ It listens on 127.0.0.1 unless told otherwise and refuses a non-loopback address
 without a configured password; every request needs a session opened with a token
 (issued on first start, printed once, stored hashed in the key folder) or a password;
 viewers read, operators act. See docs/concepts/dashboard-security.md.
+
+``api(app)`` is the HTTP API alone (``perdure api``; the dashboard serves it too, at
+``/api/v1``): bearer tokens made with ``api_tokens(key_dir).create(...)`` (``perdure
+api-token create``), scopes ``read``, ``operate`` and ``approve``, problem documents for
+errors, and the OpenAPI document ``openapi()``. See docs/howto/http-api.md.
 """
 
 from __future__ import annotations
@@ -17,11 +22,19 @@ import ipaddress
 import socket
 import threading
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from perdure.app import App
 from perdure.errors import ConfigurationError
+from perdure.web._auth import SCOPES, ApiToken, ApiTokens
 
-__all__ = ["check_bind", "dashboard", "is_loopback", "listen", "serve", "serve_in_thread"]
+if TYPE_CHECKING:
+    from perdure.web._api import Api
+
+__all__ = ["SCOPES", "ApiToken", "ApiTokens", "api", "api_tokens", "check_api_bind",
+           "check_bind", "dashboard", "is_loopback", "listen", "openapi", "openapi_text",
+           "serve", "serve_in_thread"]
 
 
 def _need_extra() -> None:
@@ -54,6 +67,49 @@ def check_bind(host: str, *, password: bool) -> None:
             "or serve on 127.0.0.1")
 
 
+def check_api_bind(host: str, *, tls: bool) -> None:
+    """Refuse (``ConfigurationError``) to serve the API alone on a non-loopback ``host``
+    without TLS (its own certificate, or a TLS proxy in front: ``tls``): a bearer token
+    would cross the network in clear."""
+    if not is_loopback(host) and not tls:
+        raise ConfigurationError(
+            f"refusing to serve the API on {host}, which is not a loopback address, over "
+            "plain http: bearer tokens would cross the network in clear; give --tls-cert "
+            "and --tls-key, or --https behind a TLS proxy, or serve on 127.0.0.1")
+
+
+def api_tokens(key_dir: str | Path) -> ApiTokens:
+    """The API tokens kept in ``key_dir`` (``create``, ``list``, ``revoke``)."""
+    return ApiTokens(Path(key_dir))
+
+
+def api(app: App, *, max_wait: float = 60.0, keepalive: float = 15.0,
+        max_open: int = 256) -> Api:
+    """The HTTP API over ``app``'s store, as an ASGI application (serve it with
+    ``serve``); its tokens are those of ``app``'s key folder. ``max_wait`` bounds a
+    result's long poll (seconds), ``keepalive`` is how often an idle event stream says
+    it is alive, ``max_open`` how many long polls and streams may be open at once."""
+    _need_extra()
+    from perdure.web._api import Api, ApiSettings
+
+    settings = ApiSettings(max_wait=max_wait, keepalive=keepalive, max_open=max_open)
+    return Api(app, ApiTokens(app.identity.folder.path), settings)
+
+
+def openapi() -> dict[str, Any]:
+    """The HTTP API's OpenAPI 3.1 document (what ``/api/v1/openapi.json`` serves)."""
+    from perdure.web._openapi import document
+
+    return document()
+
+
+def openapi_text() -> str:
+    """The OpenAPI document as ``docs/reference/openapi.json`` holds it."""
+    from perdure.web._openapi import document_text
+
+    return document_text()
+
+
 def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
               host: str = "127.0.0.1", port: int = 8377,
               allowed_hosts: tuple[str, ...] = (), https: bool = False,
@@ -73,15 +129,16 @@ def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
     return Dashboard(app, credentials, settings).asgi(), tokens
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, *, what: str = "the dashboard") -> socket.socket:
     """A socket bound to ``host:port`` and listening; ``ConfigurationError`` (saying what
-    to do) when the address is taken or cannot be used."""
+    to do) when the address is taken or cannot be used. ``what`` names the server in the
+    message (``"the API"``)."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     except socket.gaierror as exc:
-        raise ConfigurationError(f"cannot serve the dashboard on {where}: {exc.strerror}; "
+        raise ConfigurationError(f"cannot serve {what} on {where}: {exc.strerror}; "
                                  "check --host") from None
     sock = socket.socket(family, kind, proto)
     try:
@@ -92,9 +149,10 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise ConfigurationError(
-                f"cannot serve the dashboard on {where}: the port is in use (another "
-                "dashboard?); stop that program or pick another port") from None
-        raise ConfigurationError(f"cannot serve the dashboard on {where}: "
+                f"cannot serve {what} on {where}: the port is in use (another "
+                f"{what.removeprefix('the ')}?); stop that program or pick another port"
+            ) from None
+        raise ConfigurationError(f"cannot serve {what} on {where}: "
                                  f"{exc.strerror or exc}") from None
     sock.set_inheritable(True)
     return sock

@@ -1,5 +1,6 @@
-"""What the dashboard does to objects, and who did it: the one place that calls ``App``'s
-acting API (send, pause, resume, cancel, retry, fork, tool approvals, questions).
+"""What the dashboard and the HTTP API do to objects, and who did it: the one place that
+calls ``App``'s acting API (start, send, pause, resume, cancel, retry, fork, tool
+approvals, questions).
 
 Every action puts a note in the object's inbox saying who acts and how
 (``record_action``): a sealed refinement event that a node folds into the object's
@@ -7,10 +8,11 @@ memory as a ``progress`` record ``{"operator_action": {...}}`` before anything e
 a cancel included. The note goes first; for a retry of a parked object the unpark
 waits until the note is recorded (see ``retry``).
 
-A tool approval is a decision signed with the dashboard process's key (its node id is
+A tool approval is a decision signed with the serving process's key (its node id is
 the identity the gate checks against the approvers of the call's risk level); the
-person logged in is named in the signed decision's reason and in the note. A dashboard
-whose identity may not decide on a call is refused before anything is written.
+person logged in (or the API token's name) is named in the signed decision's reason and
+in the note. A server whose identity may not decide on a call is refused before anything
+is written.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from perdure.info import ObjectInfo
 from perdure.web._auth import Principal
 
 __all__ = ["Question", "approve", "cancel", "fork", "pause", "pending_approvals",
-           "questions", "record_action", "reject", "resume", "retry", "send"]
+           "questions", "record_action", "reject", "resume", "retry", "send", "start"]
 
 _NONCE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _MAX_REASON = 2000
@@ -48,7 +50,9 @@ def record_action(app: App, object_id: str, who: Principal, action: str, *,
     for its memory (see the module's docstring); ``False`` when ``dedupe_key`` was used
     before (the same form sent twice)."""
     note = {"action": action, "by": who.name, "role": who.role, "method": who.method,
-            "via": "dashboard", "at": time.time(), **details}
+            "via": who.via, "at": time.time(), **details}
+    if who.credential is not None:
+        note["token"] = who.credential
     data = encode({ACTION_NOTE: note}, what="action note", max_depth=MAX_DEPTH)
     return app.store.send(object_id, REFINE_EVENT, data, dedupe_key, time.time(),
                           app.client.seal_event(object_id, REFINE_EVENT, data, dedupe_key))
@@ -57,23 +61,45 @@ def record_action(app: App, object_id: str, who: Principal, action: str, *,
 # -- what the API of today does ------------------------------------------------------
 
 
+def start(app: App, who: Principal, agent: str, args: list[Any], kwargs: dict[str, Any],
+          *, object_id: str | None = None, deadline: float | None = None,
+          max_failures: int | None = None, labels: dict[str, str] | None = None,
+          budget: Any = None) -> Handle:
+    """Start an object running ``agent(*args, **kwargs)`` with these start options (see
+    ``App.options``); the note of who started it goes into its memory when this call
+    created it (an id that exists already gives that object, and notes nothing)."""
+    handle = app.options(object_id=object_id, deadline=deadline, max_failures=max_failures,
+                         labels=labels, budget=budget).start(agent, *args, **kwargs)
+    if handle.created:
+        record_action(app, handle.object_id, who, "start", agent=agent)
+    return handle
+
+
 def send(app: App, who: Principal, object_id: str, event: str, payload: Any,
-         nonce: str | None = None) -> bool:
+         nonce: str | None = None, *, dedupe_key: str | None = None) -> bool:
     """Send ``event`` with ``payload`` (the answer to a question, say); ``nonce`` (one per
     form shown) makes a form sent twice deliver its event, and its note, once: ``False``
-    for the second."""
+    for the second. ``dedupe_key`` (the API's) is the event's own dedupe key, as
+    ``App.send`` takes it; its note is sent once per key too."""
     app.get(object_id, explain=False)
     check_name(event, "event name")
     if is_reserved(event):
         raise ConfigurationError(f"event name {event!r} is reserved; use another name")
     if nonce is not None and not _NONCE.fullmatch(nonce):
         raise ConfigurationError("the form's nonce is damaged; reload the page")
-    noted = record_action(app, object_id, who, "send", event=event,
-                          dedupe_key=None if nonce is None else f"ui-note:{nonce}")
+    note_key: str | None
+    event_key: str | None
+    if dedupe_key is not None:
+        check_name(dedupe_key, "dedupe key")
+        note_key, event_key = f"api-note:{dedupe_key}", dedupe_key
+    elif nonce is not None:
+        note_key, event_key = f"ui-note:{nonce}", f"ui-send:{nonce}"
+    else:
+        note_key = event_key = None
+    noted = record_action(app, object_id, who, "send", event=event, dedupe_key=note_key)
     if not noted:
         return False
-    return app.send(object_id, event, payload,
-                    dedupe_key=None if nonce is None else f"ui-send:{nonce}")
+    return app.send(object_id, event, payload, dedupe_key=event_key)
 
 
 def pause(app: App, who: Principal, object_id: str) -> ObjectInfo:
@@ -217,45 +243,55 @@ def _waiting(app: App, object_id: str, proposal_id: str) -> PendingApproval:
 
 def _note_decision(app: App, who: Principal, target: PendingApproval, action: str,
                    **details: Any) -> None:
-    """The note of who decides, once per proposal and dashboard identity: a decision this
-    dashboard sent already (not yet folded into memory) is refused, nothing written."""
+    """The note of who decides, once per proposal and serving identity (the dashboard
+    and the API of one key folder share it, as they share the signature): a decision
+    this identity sent already (not yet folded into memory) is refused, nothing
+    written."""
     key = f"ui-decision:{target.proposal_id}:{target.args_hash[:16]}:{app.node_id}"
     if not record_action(app, target.object_id, who, action, dedupe_key=key,
                          proposal=target.proposal_id, tool=target.tool, **details):
+        place = "this dashboard" if who.via == "dashboard" else f"this server ({app.node_id})"
         raise ApprovalError(f"proposal {target.proposal_id!r} of object "
-                            f"{target.object_id!r} was decided from this dashboard already "
+                            f"{target.object_id!r} was decided from {place} already "
                             "(the object has not taken the decision up yet); a decision "
                             "cannot be changed")
 
 
 def _signed_reason(who: Principal, reason: str) -> str:
     """The decision's reason, naming the person logged in (it is signed with it)."""
-    said = f"{who.name} ({who.role}, {who.method}) via dashboard"
+    said = f"{who.name} ({who.role}, {who.method}) via {who.via}"
     return f"{reason} [{said}]" if reason else f"by {said}"
 
 
+def _reason(reason: str, *, required: bool) -> str:
+    reason = reason.strip()
+    if required and not reason:
+        raise ConfigurationError("say why the proposal is rejected")
+    if len(reason) > _MAX_REASON:
+        raise ConfigurationError(f"the reason is longer than {_MAX_REASON} characters")
+    return reason
+
+
 def approve(app: App, who: Principal, object_id: str, proposal_id: str,
-            edit: dict[str, Any] | None = None) -> PendingApproval:
+            edit: dict[str, Any] | None = None, *, reason: str = "") -> PendingApproval:
     """Approve a pending tool call (with ``edit``: new arguments for the same tool,
     which go through the gate again); the decision is signed with this process's key and
-    names ``who``."""
+    names ``who`` (after ``reason``, if given)."""
     if edit is not None and not isinstance(edit, dict):
         raise ConfigurationError("edited arguments must be a JSON object, e.g. "
                                  '{"amount": 90}')
+    reason = _reason(reason, required=False)
     target = _waiting(app, object_id, proposal_id)
-    _note_decision(app, who, target, "edit" if edit is not None else "approve")
+    _note_decision(app, who, target, "edit" if edit is not None else "approve",
+                   **({"reason": reason} if reason else {}))
     return decide(app, object_id, proposal_id, "approve" if edit is None else "edit",
-                  reason=_signed_reason(who, ""), edit=edit)
+                  reason=_signed_reason(who, reason), edit=edit)
 
 
 def reject(app: App, who: Principal, object_id: str, proposal_id: str,
            reason: str) -> PendingApproval:
     """Reject a pending tool call, saying why (the model is told ``reason``)."""
-    reason = reason.strip()
-    if not reason:
-        raise ConfigurationError("say why the proposal is rejected")
-    if len(reason) > _MAX_REASON:
-        raise ConfigurationError(f"the reason is longer than {_MAX_REASON} characters")
+    reason = _reason(reason, required=True)
     target = _waiting(app, object_id, proposal_id)
     _note_decision(app, who, target, "reject", reason=reason)
     return decide(app, object_id, proposal_id, "reject", reason=_signed_reason(who, reason))

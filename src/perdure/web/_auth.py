@@ -1,34 +1,60 @@
-"""Who may use the dashboard: tokens and passwords, roles, sessions, login throttling.
+"""Who may use the dashboard and the HTTP API: tokens and passwords, roles and scopes,
+sessions, throttling.
 
-A token is generated on the dashboard's first start (one per role), printed once, and
-only its scrypt hash is kept, in the key folder's ``ui-auth.json`` (mode 0600). A
-password may be configured instead (or as well) per role. Logging in with either opens
+A dashboard token is generated on the dashboard's first start (one per role), printed
+once, and only its scrypt hash is kept, in the key folder's ``ui-auth.json`` (mode 0600).
+A password may be configured instead (or as well) per role. Logging in with either opens
 a session: a random id in an ``HttpOnly; SameSite=Strict`` cookie (``Secure`` over
 https), with its own CSRF token, held in the server's memory only (a restart logs
 everybody out).
+
+An API token (``ApiTokens``) is made by ``perdure api-token create NAME --scope ...``
+for one caller: a name (who its actions are noted as), scopes (``read``, ``operate``,
+``approve``) and an optional expiry; it is printed once and only its scrypt hash is
+kept, in the key folder's ``api-tokens.json`` (mode 0600). The token carries its id
+(``pdr_<id>_<secret>``), so checking one hashes once, against its own entry; a token
+proved once is remembered (by its SHA-256) for as long as its entry is unchanged, so a
+caller does not pay for scrypt on every request, and a revoked or expired token stops
+working at its next request.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from perdure.core.names import check_name
 from perdure.errors import ConfigurationError
 
-__all__ = ["AUTH_FILE", "OPERATOR", "ROLES", "VIEWER", "Credentials", "Principal",
+__all__ = ["API_TOKENS_FILE", "APPROVE", "AUTH_FILE", "OPERATE", "OPERATOR", "READ", "ROLES",
+           "SCOPES", "VIEWER", "ApiToken", "ApiTokens", "Credentials", "Principal",
            "Session", "Sessions", "Throttle"]
 
 AUTH_FILE = "ui-auth.json"
 VIEWER = "viewer"
 OPERATOR = "operator"
 ROLES = (VIEWER, OPERATOR)
+
+API_TOKENS_FILE = "api-tokens.json"
+READ = "read"
+OPERATE = "operate"
+APPROVE = "approve"
+SCOPES = (READ, OPERATE, APPROVE)
+"""What an API token may do: ``read`` (objects, results, streams, questions, approvals,
+queries), ``operate`` (start, send, answer, pause, resume, cancel, retry), ``approve``
+(decide on tool calls). Each is granted on its own."""
 
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 _MAX_SECRET = 1024  # characters of a token or password considered at all
@@ -46,6 +72,10 @@ class Principal:
     name: str
     role: str
     method: str  # "token" or "password"
+    #: Through what they act: ``dashboard`` or ``api``.
+    via: str = "dashboard"
+    #: The id of the API token they proved (``None`` for the dashboard).
+    credential: str | None = None
 
     @property
     def can_act(self) -> bool:
@@ -228,3 +258,185 @@ class Throttle:
             recent = self._failures.get(client, [])
             if stamp in recent:
                 recent.remove(stamp)
+
+    def failed(self, client: str) -> None:
+        """Count a failure of ``client`` (a bearer token that proved nothing)."""
+        now = time.time()
+        with self._lock:
+            if len(self._failures) > 10_000:
+                self._failures.clear()
+            self._recent(client, now).append(now)
+
+
+# -- API tokens ------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"pdr_([0-9a-f]{12})_([A-Za-z0-9_-]{20,200})")
+_PROVED_MAX = 1000  # tokens remembered as proved
+
+
+@dataclass(frozen=True, slots=True)
+class ApiToken:
+    """An API token as the key folder keeps it (never its secret): its id, the name its
+    actions are noted under, its scopes, when it was made and when it expires."""
+
+    token_id: str
+    name: str
+    scopes: tuple[str, ...]
+    created_at: float
+    expires_at: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """Whether the token no longer works at ``now``."""
+        return self.expires_at is not None and now >= self.expires_at
+
+    def to_json(self) -> dict[str, Any]:
+        """The token as JSON (what ``perdure api-token list --json`` prints)."""
+        return {"id": self.token_id, "name": self.name, "scopes": list(self.scopes),
+                "created_at": self.created_at, "expires_at": self.expires_at}
+
+
+def check_scopes(scopes: Sequence[str]) -> tuple[str, ...]:
+    """``scopes`` in their canonical order; ``ConfigurationError`` for an unknown one or
+    none."""
+    for scope in scopes:
+        if scope not in SCOPES:
+            raise ConfigurationError(f"unknown scope {scope!r}; one of {', '.join(SCOPES)}")
+    if not scopes:
+        raise ConfigurationError(f"give the token at least one scope ({', '.join(SCOPES)})")
+    return tuple(s for s in SCOPES if s in scopes)
+
+
+class ApiTokens:
+    """The API's tokens, kept hashed in ``<key_dir>/api-tokens.json`` (see the module)."""
+
+    def __init__(self, key_dir: Path) -> None:
+        self.path = Path(key_dir) / API_TOKENS_FILE
+        self._lock = threading.Lock()
+        self._read: tuple[tuple[int, int, int], dict[str, dict[str, Any]]] | None = None
+        self._proved: dict[bytes, str] = {}  # sha256(token) -> the entry's hash it matched
+
+    # -- the file -------------------------------------------------------------------
+
+    def _entries(self) -> dict[str, dict[str, Any]]:
+        """The file's entries by token id (re-read only when the file changed)."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read the API tokens in {self.path}: "
+                                     f"{exc.strerror or exc}") from None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if self._read is not None and self._read[0] == stamp:
+                return self._read[1]
+        entries = self._parse()
+        with self._lock:
+            self._read = (stamp, entries)
+        return entries
+
+    def _parse(self) -> dict[str, dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError(f"cannot read the API tokens in {self.path}: {exc}; "
+                                     "remove the file and create new tokens") from None
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("salt"), str)
+                and isinstance(v.get("hash"), str) and isinstance(v.get("name"), str)
+                and isinstance(v.get("scopes"), list) for v in tokens.values()):
+            raise ConfigurationError(f"the API token file {self.path} is damaged; remove it "
+                                     "and create new tokens")
+        return {str(k): v for k, v in tokens.items()}
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[dict[str, dict[str, Any]]]:
+        """The entries to change, under a lock file; written back (mode 0600) after."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(self.path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = dict(self._parse())
+            yield entries
+            tmp = self.path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump({"tokens": entries}, out, indent=1)
+            os.replace(tmp, self.path)
+        finally:
+            os.close(lock)
+
+    @staticmethod
+    def _token(token_id: str, entry: dict[str, Any]) -> ApiToken:
+        expires = entry.get("expires_at")
+        return ApiToken(token_id, str(entry["name"]),
+                        tuple(s for s in SCOPES if s in entry["scopes"]),
+                        float(entry.get("created_at") or 0.0),
+                        None if expires is None else float(expires))
+
+    # -- what the CLI does ---------------------------------------------------------------
+
+    def create(self, name: str, scopes: Sequence[str], *, days: float | None = None
+               ) -> tuple[str, ApiToken]:
+        """A new token for ``name`` with ``scopes`` (expiring after ``days``): the token
+        itself (print it once; only its hash is kept) and what is kept of it."""
+        check_name(name, "token name")
+        granted = check_scopes(scopes)
+        if days is not None and not days > 0:
+            raise ConfigurationError("--days must be more than 0")
+        token_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        salt = os.urandom(16)
+        now = time.time()
+        entry = {"name": name, "scopes": list(granted), "salt": salt.hex(),
+                 "hash": _hash(secret, salt).hex(), "created_at": now,
+                 "expires_at": None if days is None else now + days * 86400}
+        with self._changing() as entries:
+            entries[token_id] = entry
+        return f"pdr_{token_id}_{secret}", self._token(token_id, entry)
+
+    def list(self) -> list[ApiToken]:
+        """Every token kept, oldest first (expired ones too)."""
+        found = [self._token(k, v) for k, v in self._entries().items()]
+        return sorted(found, key=lambda t: (t.created_at, t.token_id))
+
+    def revoke(self, token_id: str) -> bool:
+        """Remove the token ``token_id``; ``False`` if there was none."""
+        with self._changing() as entries:
+            return entries.pop(token_id, None) is not None
+
+    # -- what the API does -------------------------------------------------------------------
+
+    def check(self, token: str) -> ApiToken | None:
+        """The live token ``token`` proves, or ``None`` (unknown, wrong, revoked, expired).
+        Hashes with scrypt the first time a token is seen (call it off the event loop)."""
+        if not token or len(token) > _MAX_SECRET:
+            return None
+        match = _TOKEN.fullmatch(token)
+        if match is None:
+            return None
+        token_id, secret = match.groups()
+        entry = self._entries().get(token_id)
+        if entry is None:
+            return None
+        found = self._token(token_id, entry)
+        if found.expired(time.time()):
+            return None
+        digest = hashlib.sha256(token.encode()).digest()
+        with self._lock:
+            known = self._proved.get(digest)
+        if known is None or not hmac.compare_digest(known, entry["hash"]):
+            try:
+                salt, want = bytes.fromhex(entry["salt"]), bytes.fromhex(entry["hash"])
+            except ValueError:
+                return None
+            if not hmac.compare_digest(_hash(secret, salt), want):
+                return None
+            with self._lock:
+                if len(self._proved) >= _PROVED_MAX:
+                    self._proved.clear()
+                self._proved[digest] = entry["hash"]
+        return found

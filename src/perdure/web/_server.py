@@ -51,7 +51,9 @@ from perdure.follow import follow
 from perdure.info import ObjectInfo, info_from_row
 from perdure.web import _actions as actions
 from perdure.web import _pages as pages
-from perdure.web._auth import Credentials, Principal, Session, Sessions, Throttle
+from perdure.web._api import Api
+from perdure.web._auth import ApiTokens, Credentials, Principal, Session, Sessions, Throttle
+from perdure.web._openapi import PREFIX
 from perdure.web._queries import Filters, Queries
 
 __all__ = ["COOKIE", "Dashboard", "UiSettings"]
@@ -135,10 +137,13 @@ class Dashboard:
     """The dashboard of ``app``'s store: build it, then serve ``asgi()`` with uvicorn."""
 
     def __init__(self, app: App, credentials: Credentials,
-                 settings: UiSettings | None = None) -> None:
+                 settings: UiSettings | None = None, api: Api | None = None) -> None:
         self.app = app
         self.credentials = credentials
         self.settings = settings or UiSettings()
+        #: The HTTP API, served at ``/api/v1`` beside the pages (bearer tokens only:
+        #: the dashboard's sessions and cookies do not reach it).
+        self.api = api or Api(app, ApiTokens(app.identity.folder.path))
         self.sessions = Sessions(self.settings.session_seconds)
         self.throttle = Throttle()
         self.queries = Queries(app.store)
@@ -626,6 +631,7 @@ class Dashboard:
             Route("/act/{action}", g(self.act, act=True), methods=["POST"]),
             Route("/inbox/{verdict:str}", g(self.decide, act=True), methods=["POST"]),
             Mount("/static", StaticFiles(directory=static), name="static"),
+            Mount(PREFIX, app=self.api),
         ])
 
 
