@@ -206,13 +206,10 @@ class Client:
 
     def _verify(self, object_id: str, anchors: Mapping[str, tuple[int, str]] | None, *,
                 last_try: bool = False) -> VerifyReport:
-        row = self.store.get(lookup_id(object_id))
-        if row is None:
-            raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
-        try:
-            records = self.store.records(object_id)
-        except RecordDecodeError as exc:
-            return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
+        read = self._row_and_records(object_id)
+        if isinstance(read, VerifyReport):
+            return read
+        row, records = read
         verifier = self.verifier
         verifier.refresh()
         digests = [d for d in map(sealed_by, records) if d is not None]
@@ -235,10 +232,33 @@ class Client:
             return VerifyReport(object_id, False, len(records), records[-1].seq, why)
         return report
 
+    def _row_and_records(self, object_id: str
+                         ) -> tuple[ObjectRow, list[Record]] | VerifyReport:
+        """The object's row and records, the records reaching no further than the row's
+        head; a report when a record does not decode."""
+        for attempt in range(_SNAPSHOT_TRIES):
+            row = self.store.get(lookup_id(object_id))
+            if row is None:
+                raise ObjectNotFoundError(f"no object {object_id!r} in {self.store.url}")
+            try:
+                records = self.store.records(object_id)
+            except RecordDecodeError as exc:
+                return VerifyReport(object_id, False, 0, exc.seq, exc.reason)
+            if not records or records[-1].seq <= row.head_seq or attempt == _SNAPSHOT_TRIES - 1:
+                return row, records
+            # Appended to after the row was read (the row and the records are two reads):
+            # read both again, so that the head checked is the one the records reach.
+        raise AssertionError("unreachable")
+
     def opener(self, open_sealed: bool = True) -> RecordOpener:
         """Opens the sealed values of records read for a caller (``open_sealed=False``:
         a reader that opens nothing, as the command line's)."""
         return RecordOpener(self.store, self.data_keys if open_sealed else None)
+
+
+_SNAPSHOT_TRIES = 5
+"""How often ``verify`` reads an object whose memory keeps growing between its reads of
+the row and of the records before it checks what it has."""
 
 
 class _BehindSeenHeadError(Exception):
