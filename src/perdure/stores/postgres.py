@@ -100,6 +100,10 @@ from perdure.stores.writers import AsyncWriter
 
 __all__ = ["PostgresStore"]
 
+QUEUES_LOOK = 1.0
+"""Seconds between a store's looks for a first queue while it has none (see
+``PostgresStore._queues_in_use``)."""
+
 log = logging.getLogger("perdure.store")
 
 _TERMINAL = TERMINAL_STATUSES  # str values compare equal to their Status
@@ -141,6 +145,10 @@ class PostgresStore(PostgresBrowse):
         self._listening: threading.Thread | None = None
         self._stop_listening = threading.Event()
         self._hub_lock = threading.Lock()
+        # Whether the store has queues; until it has, a claim is one round trip (see
+        # ``_queues_in_use``).
+        self._queues = False
+        self._queues_looked = float("-inf")
 
     # -- nodes -----------------------------------------------------------------
 
@@ -312,8 +320,10 @@ class PostgresStore(PostgresBrowse):
         params = {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now,
                   "serves": None if route.serves is None else builtins.list(route.serves),
                   "caps": builtins.list(route.capabilities), "node": route.node_id}
-        with self._single() as conn:
-            queued = [row[0] for row in conn.execute(_Q["queues_ready"], params)]
+        queued: builtins.list[str] = []
+        if self._queues_in_use():
+            with self._single() as conn:
+                queued = [row[0] for row in conn.execute(_Q["queues_ready"], params)]
         claims: builtins.list[Claim] = []
         for name in queued:  # each in a transaction of its own, holding the queue's row
             if len(claims) >= limit:
@@ -325,6 +335,21 @@ class PostgresStore(PostgresBrowse):
                 rows = conn.execute(_Q["claim"], params).fetchall()
             claims += [claim_from_row(row) for row in rows]
         return claims
+
+    def _queues_in_use(self) -> bool:
+        """Whether any queue is declared in the store. Until one is, claims skip the
+        look for queued work (a round trip to the server), and ask again at most every
+        ``QUEUES_LOOK`` seconds: a queue declared through this store counts at once, one
+        declared by another process within that time."""
+        if self._queues:
+            return True
+        now = time.monotonic()
+        if now - self._queues_looked >= QUEUES_LOOK:
+            self._queues_looked = now
+            with self._single() as conn:
+                row = conn.execute(_Q["queues_any"]).fetchone()
+            self._queues = bool(row and row[0])
+        return self._queues
 
     def _claim_queue(self, name: str, params: dict[str, Any], limit: int
                      ) -> builtins.list[Claim]:
@@ -356,6 +381,7 @@ class PostgresStore(PostgresBrowse):
 
     def declare_queue(self, queue: flow.Queue, now: float) -> flow.Queue | None:
         """Keep ``queue``'s limits; those it replaced, if they differed."""
+        self._queues = True
         with self._tx() as conn:
             row = conn.execute(_Q["queue_lock"], (queue.name,)).fetchone()
             conn.execute(_Q["declare_queue"], queue_params(queue, now))

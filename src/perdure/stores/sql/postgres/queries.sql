@@ -191,6 +191,11 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,
 SELECT name, concurrency, per_key, worker_concurrency, rate_limit, rate_period, priority
 FROM queues ORDER BY name;
 
+-- name: queues_any
+-- Whether any queue was ever declared (the table only grows): until one is, a claim
+-- does not look for queued work.
+SELECT EXISTS (SELECT 1 FROM queues);
+
 -- name: queues_ready
 -- Queues with an object runnable now that no node holds (objects_queue_ready): the
 -- claim visits each of them in turn, in name order.
