@@ -78,6 +78,8 @@ def _figures(report: dict[str, Any]) -> dict[str, dict[str, float]]:
             got["e2e start→result p50 ms"] = e2e["start_result"]["ms_p50"]
             got["e2e start→result p99 ms"] = e2e["start_result"]["ms_p99"]
             got["e2e idle CPU %"] = e2e["idle_cpu"]["percent_of_core"]
+        for workers, claims in backend.get("claims", {}).items():
+            got[f"claims, {workers} worker(s): objects/s"] = claims["objects_per_s"]
         for length, resume in backend.get("resume", {}).items():
             got[f"resume {length} ms"] = resume["ms_claim_to_next_step"]
             got[f"resume {length} same node ms"] = resume["ms_claim_to_next_step_same_node"]

@@ -15,6 +15,7 @@ from perdure.core.backoff import ErrorClass, RetryPolicy
 from perdure.core.chain import VerifyReport
 from perdure.core.constraints import Constraint, OneOf, PathPrefix, Range, UrlHost
 from perdure.core.cycle import LocalPolicy
+from perdure.core.flow import Queue
 from perdure.core.gate import Allow, Policy
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
@@ -77,6 +78,7 @@ from perdure.errors import (
     ToolCallError,
     UnknownAgentError,
     UnknownQueryError,
+    UnknownQueueError,
 )
 from perdure.follow import StreamEvent
 from perdure.handle import Handle
@@ -141,6 +143,7 @@ __all__ = [
     "Policy",
     "QueryFailedError",
     "Question",
+    "Queue",
     "Range",
     "Record",
     "RecordDecodeError",
@@ -171,6 +174,7 @@ __all__ = [
     "ToolOutcome",
     "UnknownAgentError",
     "UnknownQueryError",
+    "UnknownQueueError",
     "UrlHost",
     "UsageTotals",
     "VerifyReport",

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from perdure.core.approvals import PendingApproval
 from perdure.core.chain import VerifyReport
+from perdure.core.flow import Queue
 from perdure.core.lifecycle import Status
 from perdure.core.questions import Question
 from perdure.core.records import Record
@@ -137,12 +138,14 @@ class AsyncApp:
 
     def options(self, *, object_id: str | None = None, deadline: float | None = None,
                 max_failures: int | None = None, labels: Mapping[str, str] | None = None,
-                budget: Any = None) -> AsyncStarter:
+                budget: Any = None, queue: str | Queue | None = None, key: str | None = None,
+                priority: int | None = None, dedupe_key: str | None = None) -> AsyncStarter:
         """See ``App.options``: ``await app.aio.options(object_id=...).start(agent, ...)``
         (checked here, before anything is stored)."""
         return AsyncStarter(self, self.app.options(
             object_id=object_id, deadline=deadline, max_failures=max_failures,
-            labels=labels, budget=budget))
+            labels=labels, budget=budget, queue=queue, key=key, priority=priority,
+            dedupe_key=dedupe_key))
 
     async def handle(self, object_id: str) -> AsyncHandle:
         """See ``App.handle``; ``ObjectNotFoundError`` if there is no such object."""

@@ -25,6 +25,7 @@ from perdure.core.chain import Signer, VerifyReport, check_links
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
 from perdure.core.events import REFINE_EVENT, is_reserved
+from perdure.core.flow import Queue
 from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
@@ -190,6 +191,8 @@ class App:
         self._queries = QueryRegistry()  # queries declared for each agent (``define_query``)
         self._notes = MemoryNotes(self)  # what memory adds to ObjectInfo (questions, origin)
         self._tools: dict[str, Tool] = {}  # ``@app.tool``
+        self._queues: dict[str, Queue] = {}  # ``app.queue``
+        self._declared: set[str] = set()  # queues this App put in its store
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
         #: ``perdure.hooks``). Nothing is built for them while nobody listens.
@@ -304,11 +307,12 @@ class App:
         return clone
 
     def _adopt(self, other: App) -> None:
-        """Take ``other``'s agents, queries and tools, its hooks (its listeners hear this
+        """Take ``other``'s agents, queries, tools and queues, its hooks (its listeners hear this
         App's workers too) and its ``open_sealed``."""
         self._agents = dict(other._agents)
         self._queries = other._queries.copy()
         self._tools = dict(other._tools)
+        self._queues = dict(other._queues)
         self.hooks = other.hooks
         self.open_sealed = other.open_sealed
 
@@ -394,6 +398,64 @@ class App:
         """Registered agents by name."""
         return dict(self._agents)
 
+    def queue(self, queue: str | Queue, /, *, concurrency: int | None = None,
+              per_key: int | None = None, worker_concurrency: int | None = None,
+              limiter: Mapping[str, float] | None = None, priority: bool = False) -> Queue:
+        """Declare a named queue and its limits (see ``perdure.core.flow``) and return it:
+        ``app.queue("emails", concurrency=5, per_key=1, worker_concurrency=2,
+        limiter={"limit": 50, "period": 30}, priority=True)``, or
+        ``app.queue(perdure.Queue("emails", ...))``. Start objects on it with
+        ``app.options(queue="emails", key=..., priority=..., dedupe_key=...)``.
+
+        ``concurrency``: objects of the queue held at once over every node;
+        ``per_key``: held at once per key; ``worker_concurrency``: held at once by one
+        worker process; ``limiter``: at most ``limit`` starts per ``period`` seconds;
+        ``priority``: whether starts may give a priority (lower first). A slot is held
+        only while a worker holds the object's lease: a dormant object holds none.
+
+        The limits go into the store (as this App's workers start, or its first start
+        on the queue) and every node claims by them; a later declaration with other
+        limits replaces them there (its worker logs the change). Declaring a name twice
+        on one App with other limits is a ``ConfigurationError``, as is a limit that
+        makes no sense (zero, negative, not a whole number).
+        """
+        if isinstance(queue, Queue):
+            if (concurrency, per_key, worker_concurrency, limiter, priority) != (
+                    None, None, None, None, False):
+                raise ConfigurationError("app.queue(Queue(...)) takes the queue's limits "
+                                         "from the Queue; give them there")
+            made = queue
+        else:
+            made = Queue(queue, concurrency=concurrency, per_key=per_key,
+                         worker_concurrency=worker_concurrency, limiter=limiter,
+                         priority=priority)
+        with self._lock:
+            known = self._queues.get(made.name)
+            if known is not None and not known.same_limits(made):
+                raise ConfigurationError(
+                    f"queue {made.name!r} is declared twice with other limits "
+                    f"({known.limits()} and {made.limits()}); declare it once")
+            self._queues.setdefault(made.name, made)
+            return self._queues[made.name]
+
+    @property
+    def queues(self) -> Mapping[str, Queue]:
+        """Declared queues by name."""
+        return dict(self._queues)
+
+    def _declare(self, queue: Queue) -> None:
+        """Put ``queue``'s limits in the store before this App's first start on it."""
+        with self._lock:
+            if queue.name in self._declared:
+                return
+        before = self.store.declare_queue(queue, self.clock())
+        if before is not None:
+            log.warning("queue %r: limits changed from %s to %s (this App's declaration)",
+                        queue.name, before.limits(), queue.limits(),
+                        extra={"action": "queue_limits_changed", "queue": queue.name})
+        with self._lock:
+            self._declared.add(queue.name)
+
     @overload
     def tool(self, fn: Callable[..., Any], /) -> Tool: ...
 
@@ -467,7 +529,8 @@ class App:
 
     def options(self, *, object_id: str | None = None, deadline: float | None = None,
                 max_failures: int | None = None, labels: Mapping[str, str] | None = None,
-                budget: Any = None) -> Starter:
+                budget: Any = None, queue: str | Queue | None = None, key: str | None = None,
+                priority: int | None = None, dedupe_key: str | None = None) -> Starter:
         """How to start objects: a frozen ``Starter`` whose ``start(agent, *args,
         **kwargs)`` starts one with these options (see ``perdure.starting``).
 
@@ -482,9 +545,19 @@ class App:
         model calls may use; ``refine(id, budget=...)`` changes it (see "Budgets" in
         docs/howto/model-calls.md). A bad value is a ``ConfigurationError`` here, an
         unknown option a ``TypeError``.
+
+        ``queue`` (a queue this App declared with ``queue``, or its name) puts the object
+        on it: it is claimed only while the queue's limits let. ``key`` is its key there
+        (what ``per_key`` counts), ``priority`` its priority (lower first, 0 by default;
+        the queue must take priorities). With ``dedupe_key``, while an object of the queue
+        started with that key has not ended, the start returns a handle to that object
+        (``created=False``, ``differs`` as for an id) and creates nothing; a live holder
+        of another agent is an ``ObjectConflictError``. A queue not declared on this App
+        is an ``UnknownQueueError``; see docs/howto/queues.md.
         """
         return starter(self, object_id=object_id, deadline=deadline,
-                       max_failures=max_failures, labels=labels, budget=budget)
+                       max_failures=max_failures, labels=labels, budget=budget,
+                       queue=queue, key=key, priority=priority, dedupe_key=dedupe_key)
 
     def _start(self, agent: Callable[..., Any] | str, args: tuple[Any, ...],
                kwargs: dict[str, Any], options: Starter | None) -> Handle:
@@ -505,8 +578,20 @@ class App:
             if marked(encode(plain, max_depth=MAX_DEPTH + 2, what=what)):
                 check_reserved(plain, what)  # a value that would be opened as sealed
         signer = self.client.certified()
+        queue = options.queue if options else None
+        dedupe = options.dedupe_key if options else None
+        if queue is not None:
+            self._declare(queue)
         row = self.store.get(oid)
-        if row is None:
+        deduped = False
+        for _ in range(3):  # a dedupe key's holder may end between the looks below
+            if row is not None:
+                break
+            if queue is not None and dedupe is not None:
+                holder = self.store.queue_holder(queue.name, dedupe)
+                if holder is not None and (row := self.store.get(holder)) is not None:
+                    oid, deduped = holder, True
+                    break
             now = self.clock()
             stored_args, stored_kwargs = start_arguments(
                 self.store, self.data_keys, definition.name, definition.encrypt, oid, args,
@@ -515,16 +600,25 @@ class App:
                               signer=signer,
                               policy_ref=self.policy.ref, now=now, deadline=deadline,
                               max_failures=max_failures, labels=labels, budget=budget)
+            if queue is not None and options is not None:
+                new = dataclasses.replace(new, queue=queue.name, queue_key=options.key,
+                                          priority=options.priority, dedupe_key=dedupe)
             if self.store.create(new, now):
                 # This node wrote the first record: a worker of this App need not check it.
                 self.anchors.note(oid, new.first.hash, new.first.seq, new.first.hash)
                 return Handle(self, oid, created=True)
-            row = self.store.get(oid)  # another start took the id first
-        if row is not None and row.agent != definition.name:
+            row = self.store.get(oid)  # another start took the id (or the dedupe key) first
+        if row is None:
             raise ObjectConflictError(
-                f"object {oid!r} already exists and runs agent {row.agent!r}, not "
-                f"{definition.name!r}; start {definition.name!r} under another object id"
-            )
+                f"dedupe key {dedupe!r} of queue {queue.name if queue else None!r} changed "
+                "hands three times while this start looked; start again")
+        if row.agent != definition.name:
+            what = (f"dedupe key {dedupe!r} of queue {queue.name if queue else None!r} is "
+                    f"held by object {oid!r}" if deduped else f"object {oid!r} already exists")
+            raise ObjectConflictError(
+                f"{what} and runs agent {row.agent!r}, not {definition.name!r}; start "
+                f"{definition.name!r} under another "
+                f"{'dedupe key' if deduped else 'object id'}")
         first = next((r for r in self.store.records(oid) if r.kind == Kind.INSTANTIATED), None)
         if first is not None and (sealing or marked(first.body_bytes)):
             return Handle(self, oid, differs=differences(
@@ -865,6 +959,7 @@ class App:
             held_records=held_records,
             warn_stalls=warn_stalls,
             model_prices=self.prices,
+            queues=tuple(self._queues.values()),
         )
         signer = self.client.certified()
         return Worker(store=self.store, signer=signer, policy=self.policy,

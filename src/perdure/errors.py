@@ -13,8 +13,9 @@ The tree::
     ├── DataKeyError              this node cannot open an object's sealed values (no key)
     ├── SerializationError        a value is not JSON-encodable for the memory
     ├── UnknownAgentError         no agent of that name is registered
+    ├── UnknownQueueError         no queue of that name is declared on this App
     ├── ObjectNotFoundError       no object with that id
-    ├── ObjectConflictError       an object with that id already exists for another agent
+    ├── ObjectConflictError       an object with that id (or dedupe key) exists for another agent
     ├── ObjectTerminatedError     the object has terminated; it takes no more input
     ├── NonDeterminismError       code no longer matches the recorded history
     ├── StepInDoubtError          a non-idempotent step started but its outcome is unknown
@@ -111,6 +112,7 @@ __all__ = [
     "ToolCallError",
     "UnknownAgentError",
     "UnknownQueryError",
+    "UnknownQueueError",
 ]
 
 
@@ -199,14 +201,19 @@ class UnknownAgentError(PerdureError):
     """No agent of that name is registered with this App."""
 
 
+class UnknownQueueError(PerdureError):
+    """No queue of that name is declared on this App (``App.queue``); nothing was started."""
+
+
 class ObjectNotFoundError(PerdureError):
     """No object with that id exists in the store."""
 
 
 class ObjectConflictError(PerdureError):
-    """``start`` was given an object id that already belongs to an object of another agent.
+    """``start`` was given an object id, or a queue's dedupe key, that already belongs to
+    a live object of another agent.
 
-    Nothing is created or changed; start the agent under another id.
+    Nothing is created or changed; start the agent under another id or dedupe key.
     """
 
 

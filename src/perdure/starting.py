@@ -11,8 +11,14 @@ else, and receives them. How the object is started goes through a call of its ow
 starts (each with the same options). A child object's options work the same way:
 ``await run.options(object_id="kid").delegate(agent, *args, **kwargs)``.
 
+Objects can be started on a queue the App declared (``App.queue``), which limits how
+many of them run at once and how fast they start::
+
+    app.options(queue="emails", key="user-42", priority=3).start(send_digest, "user-42")
+
 A misspelt option is a ``TypeError`` from ``options()`` itself, naming it; a value of the
-wrong kind a ``ConfigurationError`` there, before anything is stored.
+wrong kind a ``ConfigurationError`` there, and a queue this App did not declare an
+``UnknownQueueError``, before anything is stored.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.flow import Queue, check_priority, check_queue_key
 from perdure.core.intent import budget_body
 from perdure.core.names import check_labels, check_object_id
-from perdure.errors import ConfigurationError
+from perdure.errors import ConfigurationError, UnknownQueueError
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -31,7 +38,8 @@ if TYPE_CHECKING:
 
 __all__ = ["START_OPTIONS", "Starter"]
 
-START_OPTIONS = ("object_id", "deadline", "max_failures", "labels", "budget")
+START_OPTIONS = ("object_id", "deadline", "max_failures", "labels", "budget", "queue", "key",
+                 "priority", "dedupe_key")
 """The names ``App.options`` takes."""
 
 
@@ -44,6 +52,12 @@ class Starter:
     the node policy's default), ``labels`` (strings by name) and ``budget`` (a
     ``perdure.llm.Budget`` or a mapping of ``tokens`` and ``cost``, as the intent holds
     it: see "Budgets" in docs/howto/model-calls.md).
+
+    ``queue`` (a ``Queue`` the App declared, or its name) is the queue the object is
+    claimed through; ``key`` its key there (``per_key`` counts per key), ``priority`` its
+    priority (lower first; the queue must be declared with ``priority=True``), and
+    ``dedupe_key``: while an object of the queue started with that key has not ended, a
+    start with it returns a handle to that object instead (``created=False``).
     """
 
     app: App
@@ -52,6 +66,10 @@ class Starter:
     max_failures: int | None = None
     labels: Mapping[str, str] | None = None
     budget: dict[str, Any] | None = None
+    queue: Queue | None = None
+    key: str | None = None
+    priority: int = 0
+    dedupe_key: str | None = None
 
     def start(self, agent: Callable[..., Any] | str, /, *args: Any, **kwargs: Any) -> Handle:
         """Create an object running ``agent(*args, **kwargs)`` with these options; every
@@ -59,10 +77,40 @@ class Starter:
         return self.app._start(agent, args, kwargs, self)
 
 
+def queue_options(app: App, queue: Queue | str | None, key: Any, priority: Any,
+                  dedupe_key: Any) -> tuple[Queue | None, str | None, int, str | None]:
+    """The queue options checked: the App's declared queue, the key, the priority and the
+    dedupe key (``UnknownQueueError``, ``ConfigurationError``)."""
+    if queue is None:
+        for name, value in (("key", key), ("priority", priority), ("dedupe_key", dedupe_key)):
+            if value is not None:
+                raise ConfigurationError(f"{name} is an option of a start on a queue; give "
+                                         "queue=... too (declared with app.queue)")
+        return None, None, 0, None
+    if not isinstance(queue, Queue | str):
+        raise ConfigurationError(f"queue is a perdure.Queue or a queue's name, not "
+                                 f"{type(queue).__name__}")
+    name = queue if isinstance(queue, str) else queue.name
+    declared = app.queues.get(name)
+    if declared is None:
+        known = ", ".join(sorted(app.queues)) or "none"
+        raise UnknownQueueError(f"queue {name!r} is not declared on this App (declared: "
+                                f"{known}); declare it with app.queue({name!r}, ...)")
+    if isinstance(queue, Queue) and not queue.same_limits(declared):
+        raise ConfigurationError(f"queue {name!r} is declared on this App with other limits "
+                                 f"({declared.limits()}); pass its name or the declared queue")
+    return (declared,
+            None if key is None else check_queue_key(key, "queue key"),
+            0 if priority is None else check_priority(declared, priority),
+            None if dedupe_key is None else check_queue_key(dedupe_key, "dedupe key"))
+
+
 def starter(app: App, *, object_id: str | None, deadline: float | None,
             max_failures: int | None, labels: Mapping[str, str] | None,
-            budget: Any) -> Starter:
-    """A ``Starter`` with checked options (``ConfigurationError`` for a bad value)."""
+            budget: Any, queue: Queue | str | None = None, key: str | None = None,
+            priority: int | None = None, dedupe_key: str | None = None) -> Starter:
+    """A ``Starter`` with checked options (``ConfigurationError`` for a bad value,
+    ``UnknownQueueError`` for a queue the App did not declare)."""
     if object_id is not None:
         check_object_id(object_id)
     if deadline is not None and (isinstance(deadline, bool)
@@ -77,5 +125,7 @@ def starter(app: App, *, object_id: str | None, deadline: float | None,
         body = budget_body(budget)
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
+    declared, queue_key, rank, dedupe = queue_options(app, queue, key, priority, dedupe_key)
     return Starter(app, object_id, deadline, max_failures,
-                   check_labels(labels) if labels is not None else None, body)
+                   check_labels(labels) if labels is not None else None, body,
+                   declared, queue_key, rank, dedupe)

@@ -29,6 +29,7 @@ from perdure.cli.api import api, api_token
 from perdure.cli.approvals import approvals, approve, reject
 from perdure.cli.data_keys import data_key
 from perdure.cli.keys import keys
+from perdure.cli.queues import queues
 from perdure.cli.steer import fork, query, questions, retry
 from perdure.cli.tail import tail
 from perdure.cli.ui import start_ui, ui
@@ -786,6 +787,7 @@ def forget_heads(obj: _Ctx, object_ids: tuple[str, ...], all_: bool) -> None:
 keys.add_command(data_key)
 cli.add_command(keys)
 cli.add_command(tail)
+cli.add_command(queues)
 for _steer in (questions, query, fork, retry):
     cli.add_command(_steer)
 cli.add_command(ls_, name="list")  # the same listing under its long name

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from perdure.core.flow import Queue
 from perdure.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class WorkerSettings:
     data_keys: DataKeys | None = None
     # Log a WARNING when the event loop stalls longer than this (seconds; None: off).
     warn_stalls: float | None = None
+    # The queues this node's App declares (perdure.core.flow): declared in the store as
+    # the node starts; with any, an object's end wakes the node (a slot may be free).
+    queues: tuple[Queue, ...] = ()
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

@@ -38,6 +38,7 @@ from perdure.engine.leases import (
 )
 from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
+from perdure.engine.queues import declare_queues
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.stalls import LAG_INTERVAL, LoopLagMeter, LoopWatchdog
@@ -145,6 +146,8 @@ class Worker:
                 loop.call_soon_threadsafe(self._wake.set)
 
         unsubscribe = self.store.subscribe(pushed)
+        # With queues, an object's end may free a slot another object waits for.
+        ends = (self.store.subscribe_results(pushed) if self.settings.queues else None)
         # Pushed: a safety look every idle_seconds (or poll_interval, if longer); the
         # sleep ends sooner at the next due time or a push. Else: poll.
         idle = (max(self.settings.idle_seconds, self.settings.poll_interval)
@@ -158,8 +161,9 @@ class Worker:
         try:
             await self._claim_loop(stop, idle)
         finally:
-            if unsubscribe is not None:
-                await loop.run_in_executor(None, unsubscribe)
+            for stop_push in (unsubscribe, ends):
+                if stop_push is not None:
+                    await loop.run_in_executor(None, stop_push)
             abandoned = await drain(node, abandon)
             with contextlib.suppress(Exception):  # the store may be down: it ages out then
                 await node.write(node_gone, node)
@@ -186,6 +190,8 @@ class Worker:
             async def register() -> None:
                 await node.write(self.recover_dead_leases)
                 await node.write(self.heartbeat)
+                if self.settings.queues:
+                    await node.write(declare_queues, node)
 
             async def warm() -> None:  # what the first claim would otherwise wait for
                 await node.read(self.verifier.refresh)

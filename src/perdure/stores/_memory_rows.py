@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from perdure.core import flow
 from perdure.core.chain import CommitSeal
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.errors import CancelRequestedError, LeaseLostError
@@ -26,6 +27,7 @@ from perdure.stores.base import (
     Event,
     NewObject,
     ObjectRow,
+    QueueStats,
     Route,
 )
 
@@ -68,6 +70,11 @@ class Row:
     avoid: builtins.list[str] = field(default_factory=builtins.list)
     crashes: int = 0
     crash_seq: int | None = None
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
+    started_at: float | None = None
+    dedupe_key: str | None = None
 
     def value(self) -> ObjectRow:
         """The row as the store hands it out."""
@@ -93,17 +100,42 @@ class Row:
         return Claim(self.object_id, self.epoch, self.lease_expires, self.cancel_requested,
                      self.paused, self.crashes)
 
-    def claimable(self, now: float, route: Route) -> bool:
-        """``claim_candidates``: runnable now, and ``route`` can serve it (any node may
-        finish a cancel)."""
-        if (self.ready_at is None or self.ready_at > now
-                or (self.paused and not self.cancel_requested)
-                or (self.lease_expires is not None and self.lease_expires > now)):
-            return False
+    def runnable(self, now: float) -> bool:
+        """Runnable now and not held: due, not paused (unless cancelled), lease free."""
+        return not (self.ready_at is None or self.ready_at > now
+                    or (self.paused and not self.cancel_requested)
+                    or (self.lease_expires is not None and self.lease_expires > now))
+
+    def serves(self, route: Route) -> bool:
+        """Whether ``route`` can serve the object (any node may finish a cancel)."""
         return self.cancel_requested or (
             (route.serves is None or f"{self.agent}@{self.agent_version}" in route.serves)
             and all(name in route.capabilities for name in self.requires)
             and route.node_id not in self.avoid)
+
+    def claimable(self, now: float, route: Route) -> bool:
+        """``claim_candidates``: without a queue, runnable now, and ``route`` can serve it."""
+        return self.queue is None and self.runnable(now) and self.serves(route)
+
+    def held(self, now: float) -> bool:
+        """Whether a live lease holds the row (a queue's slot, if it has a queue)."""
+        return (self.lease_owner is not None and self.lease_expires is not None
+                and self.lease_expires > now)
+
+    def take(self, owner: str, now: float, lease_until: float) -> Claim:
+        """``claim_one``: lease the row to ``owner``, bumping its epoch."""
+        # A lease that lapsed instead of being let go: its worker died (or lost the
+        # store) while it ran the object. Deaths at the same head count up; any other
+        # claim resets.
+        self.crashes = (0 if self.lease_owner is None
+                        else self.crashes + 1 if self.crash_seq == self.head_seq else 1)
+        self.crash_seq = self.head_seq
+        self.epoch += 1
+        self.lease_owner, self.lease_expires = owner, float(lease_until)
+        self.status, self.phase, self.updated_at = "running", "evaluation", float(now)
+        if self.queue is not None and self.started_at is None:
+            self.started_at = float(now)
+        return self.claim()
 
 
 @dataclass(slots=True)
@@ -151,6 +183,7 @@ class Tables:
     trust: dict[str, tuple[float, str, bytes]] = field(default_factory=dict)
     data_keys: dict[str, DataKeyRow] = field(default_factory=dict)
     checkpoints: dict[tuple[str, str], CheckpointRow] = field(default_factory=dict)
+    queues: dict[str, flow.Queue] = field(default_factory=dict)
     woken: builtins.list[str] = field(default_factory=builtins.list)  # to tell subscribers
     # Due times (the SQL stores' objects_due index) as a heap of (due, order, object_id):
     # an entry is pushed whenever a write may change a row's due time, and is current
@@ -196,11 +229,15 @@ class Tables:
         """``insert_object`` and ``insert_record``: ``False`` if the id is taken."""
         if new.object_id in self.objects:
             return False
+        if new.dedupe_key is not None and new.queue is not None and self.holder(
+                new.queue, new.dedupe_key) is not None:
+            return False  # objects_dedupe
         now = float(now)
         self.objects[new.object_id] = Row(
             new.object_id, new.agent, new.agent_version, _time(new.ready_at), new.first.seq,
             new.first.hash, new.parent_id, now, now, tuple(sorted(new.requires)),
-            len(self.objects))
+            len(self.objects), queue=new.queue, queue_key=new.queue_key,
+            priority=new.priority, dedupe_key=new.dedupe_key)
         self.records.setdefault(new.object_id, {})[new.first.seq] = record_params(new.first)
         self.due_changed(self.objects[new.object_id])
         self.woken.append(new.object_id)
@@ -208,23 +245,86 @@ class Tables:
 
     def claim(self, owner: str, now: float, lease_until: float, limit: int, route: Route
               ) -> builtins.list[Claim]:
-        """``claim_candidates`` (oldest ready first), then ``claim_one`` for each."""
-        rows = sorted((row for row in self.due_by(now) if row.claimable(now, route)),
+        """Each queue with a runnable object (``queues_ready``, by name) as far as its
+        limits let (``claim_queue``), then ``claim_candidates`` (oldest ready first) and
+        ``claim_one`` for each."""
+        due = self.due_by(now)
+        claims: builtins.list[Claim] = []
+        for name in sorted({row.queue for row in due
+                            if row.queue is not None and row.runnable(now)}):
+            if len(claims) < limit:
+                claims += self.claim_queue(name, owner, now, lease_until,
+                                           limit - len(claims), route)
+        rows = sorted((row for row in due if row.claimable(now, route)),
                       key=lambda row: (row.ready_at, row.order))
-        claims = []
-        for row in rows[:limit]:
-            # A lease that lapsed instead of being let go: its worker died (or lost the
-            # store) while it ran the object. Deaths at the same head count up; any other
-            # claim resets.
-            row.crashes = (0 if row.lease_owner is None
-                           else row.crashes + 1 if row.crash_seq == row.head_seq else 1)
-            row.crash_seq = row.head_seq
-            row.epoch += 1
-            row.lease_owner, row.lease_expires = owner, float(lease_until)
-            row.status, row.phase, row.updated_at = "running", "evaluation", float(now)
+        for row in rows[:limit - len(claims)]:
+            claims.append(row.take(owner, now, lease_until))
             self.due_changed(row)
-            claims.append(row.claim())
         return claims
+
+    def claim_queue(self, name: str, owner: str, now: float, lease_until: float, limit: int,
+                    route: Route) -> builtins.list[Claim]:
+        """What queue ``name`` has room for (``queue_held``, ``queue_candidates``,
+        ``flow.admit``), leased."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return []
+        mine = 0
+        by_key: dict[str, int] = {}
+        held = started = 0
+        members = [row for row in self.objects.values() if row.queue == name]
+        for row in members:
+            if row.held(now):
+                held += 1
+                mine += row.lease_owner == owner
+                if row.queue_key is not None:
+                    by_key[row.queue_key] = by_key.get(row.queue_key, 0) + 1
+            if (queue.rate_period is not None and row.started_at is not None
+                    and row.started_at > now - queue.rate_period):
+                started += 1
+        load = flow.QueueLoad(held, mine, by_key, started)
+        ready = sorted((row for row in members if row.runnable(now) and row.serves(route)),
+                       key=lambda row: (not row.cancel_requested, row.priority,
+                                        row.ready_at, row.object_id))
+        found = [flow.Candidate(row.object_id, row.queue_key, row.started_at is None,
+                                row.cancel_requested) for row in ready]
+        claims = []
+        for object_id in flow.admit(queue, load, found, limit):
+            row = self.objects[object_id]
+            claims.append(row.take(owner, now, lease_until))
+            self.due_changed(row)
+        return claims
+
+    def holder(self, queue: str, dedupe_key: str) -> str | None:
+        """``queue_holder``: the live object of ``queue`` holding ``dedupe_key``."""
+        for row in self.objects.values():
+            if (row.queue == queue and row.dedupe_key == dedupe_key
+                    and row.status not in TERMINAL):
+                return row.object_id
+        return None
+
+    def queue_stats(self, now: float) -> builtins.list[QueueStats]:
+        """``queue_stats``: each queue, its slots held, runnable and dormant objects."""
+        stats = []
+        for name, queue in sorted(self.queues.items()):
+            held = ready = waiting = started = 0
+            for row in self.objects.values():
+                if row.queue != name:
+                    continue
+                if (queue.rate_period is not None and row.started_at is not None
+                        and row.started_at > now - queue.rate_period):
+                    started += 1
+                if row.status in TERMINAL:
+                    continue
+                if row.held(now):
+                    held += 1
+                elif (row.ready_at is not None and row.ready_at <= now
+                      and not (row.paused and not row.cancel_requested)):
+                    ready += 1
+                else:
+                    waiting += 1
+            stats.append(QueueStats(queue, held, ready, waiting, started))
+        return stats
 
     def insert_event(self, object_id: str, name: str, payload: bytes, dedupe_key: str | None,
                      now: float, seal: bytes) -> bool:

@@ -166,6 +166,10 @@ def create_params(new: NewObject, now: float, encode_names: Callable[[list[str]]
         "parent_id": new.parent_id,
         "requires": encode_names(sorted(new.requires)),
         "now": now,
+        "queue": new.queue,
+        "queue_key": new.queue_key,
+        "priority": new.priority,
+        "dedupe_key": new.dedupe_key,
     }
 
 

@@ -7,13 +7,13 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 
 ``Store`` is the union of small role protocols, one per concern: ``Nodes`` (trust
 items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
-commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Inbox``
-(events), ``DataKeyRows`` (objects' wrapped data keys, opaque bytes), ``Writes``
-(fenced group commits) and ``Browse`` (what people look at: objects found by any
-filter a page at a time, and the figures of the last hour). How a node's event loop gets its
-commits made (on the loop, awaited on it, or on a thread) is hidden behind the
-``Writer`` a store hands out; ``perdure.stores.writers`` holds the ones a backend
-can opt into.
+commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Queues``
+(named queues' limits), ``Inbox`` (events), ``DataKeyRows`` (objects' wrapped data
+keys, opaque bytes), ``Writes`` (fenced group commits) and ``Browse`` (what people look
+at: objects found by any filter a page at a time, and the figures of the last hour). How
+a node's event loop gets its commits made (on the loop, awaited on it, or on a thread)
+is hidden behind the ``Writer`` a store hands out; ``perdure.stores.writers`` holds the
+ones a backend can opt into.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeAlias
 
 from perdure.core.chain import CommitSeal
+from perdure.core.flow import Queue
 from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "ObjectRow",
     "Objects",
     "Outcomes",
+    "QueueStats",
+    "Queues",
     "RecordBody",
     "Records",
     "Route",
@@ -136,6 +139,27 @@ class NewObject:
     ready_at: float
     parent_id: str | None = None
     requires: tuple[str, ...] = ()
+    #: The queue the object is claimed through (``perdure.core.flow``), its key there
+    #: (``per_key``), its priority (lower first) and its dedupe key: while the object is
+    #: not terminal, no other object of the queue may be created with that dedupe key.
+    queue: str | None = None
+    queue_key: str | None = None
+    priority: int = 0
+    dedupe_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A declared queue and what it holds at a moment: ``held`` slots (objects of the
+    queue under a live lease), ``ready`` (runnable now, not held: waiting for a slot or
+    a worker), ``waiting`` (dormant: sleeping or waiting for an event; they hold no slot)
+    and ``started`` (objects that started within the limiter's period, if it has one)."""
+
+    queue: Queue
+    held: int
+    ready: int
+    waiting: int
+    started: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +335,8 @@ class Objects(Protocol):
     """Index rows: creating objects and finding them."""
 
     def create(self, new: NewObject, now: float) -> bool:
-        """Insert an object and its first record; ``False`` if the id already exists."""
+        """Insert an object and its first record; ``False`` if the id already exists, or
+        if ``new`` has a dedupe key that a live object of its queue holds."""
 
     def get(self, object_id: str) -> ObjectRow | None:
         """The object's row, or ``None``."""
@@ -352,7 +377,8 @@ class Leases(Protocol):
 
     def claim(self, owner: str, now: float, lease_until: float, limit: int,
               route: Route | None = None) -> builtins.list[Claim]:
-        """Lease up to ``limit`` runnable objects that ``route`` can serve, bumping epochs."""
+        """Lease up to ``limit`` runnable objects that ``route`` can serve, bumping epochs;
+        objects of a queue only as far as its limits let (``Queues``)."""
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend a lease still held at ``epoch``; ``None`` if it was lost."""
@@ -406,6 +432,29 @@ class Leases(Protocol):
         push that here (callers then poll): PostgreSQL pushes ends but not changes.
         ``""`` and the callback's thread as for ``subscribe``. A result learned this way
         is still read from the object's signed terminal record."""
+
+
+class Queues(Protocol):
+    """Named queues (``perdure.core.flow``): their limits, shared by every node through
+    the store, and what each holds. ``Leases.claim`` respects them: it counts a queue's
+    slots (its objects under a live lease) in the claim itself, one claim per queue at
+    a time, and takes only what ``flow.admit`` lets it; objects without a queue are
+    claimed as before, never waiting for a queue's lock."""
+
+    def declare_queue(self, queue: Queue, now: float) -> Queue | None:
+        """Keep ``queue``'s limits (a later declaration of the same name replaces them);
+        the limits it replaced, if they differed, else ``None``."""
+
+    def queues(self) -> builtins.list[Queue]:
+        """Every declared queue, by name."""
+
+    def queue_stats(self, now: float) -> builtins.list[QueueStats]:
+        """Every declared queue and what it holds at ``now`` (leases judged as a claim
+        judges them), by name."""
+
+    def queue_holder(self, queue: str, dedupe_key: str) -> str | None:
+        """The id of the object of ``queue`` that is not terminal and holds ``dedupe_key``,
+        if there is one."""
 
 
 class Inbox(Protocol):
@@ -564,8 +613,8 @@ class Browse(Protocol):
         """When each of ``event_ids`` was sent to an inbox (ids not found left out)."""
 
 
-class Store(Nodes, Objects, Records, Leases, Inbox, DataKeyRows, Checkpoints, Writes, Browse,
-            Protocol):
+class Store(Nodes, Objects, Records, Leases, Queues, Inbox, DataKeyRows, Checkpoints, Writes,
+            Browse, Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys, and
     the read-only ``Browse`` role people look through.
 

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from perdure.core.chain import CommitSeal
+from perdure.core.flow import Queue
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ObjectNotFoundError,
@@ -44,6 +45,7 @@ from perdure.stores.base import (
     ObjectFilter,
     ObjectRow,
     Outcomes,
+    QueueStats,
     RecordBody,
     Route,
     Writer,
@@ -343,6 +345,30 @@ class MemoryStore:
             return []
         with self._held() as t:
             return t.claim(owner, now, lease_until, limit, route or Route())
+
+    # -- queues ----------------------------------------------------------------------
+
+    def declare_queue(self, queue: Queue, now: float) -> Queue | None:
+        """Keep ``queue``'s limits; those it replaced, if they differed."""
+        with self._held() as t:
+            before = t.queues.get(queue.name)
+            t.queues[queue.name] = queue
+        return None if before is None or before.same_limits(queue) else before
+
+    def queues(self) -> builtins.list[Queue]:
+        """Every declared queue, by name."""
+        with self._held() as t:
+            return [queue for _, queue in sorted(t.queues.items())]
+
+    def queue_stats(self, now: float) -> builtins.list[QueueStats]:
+        """Every declared queue and what it holds at ``now``."""
+        with self._held() as t:
+            return t.queue_stats(float(now))
+
+    def queue_holder(self, queue: str, dedupe_key: str) -> str | None:
+        """The live object of ``queue`` holding ``dedupe_key``, if any."""
+        with self._held() as t:
+            return t.holder(queue, dedupe_key)
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease if still held at ``epoch``."""

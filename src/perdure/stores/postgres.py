@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
+from perdure.core import flow
 from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
@@ -62,6 +63,14 @@ from perdure.stores._postgres_commit import (
 from perdure.stores._postgres_db import Q as _Q
 from perdure.stores._postgres_db import object_of, translate
 from perdure.stores._push import ENDED, WAKE, Hub, pushes
+from perdure.stores._queues import (
+    candidates,
+    load_of,
+    queue_params,
+    queue_row,
+    scan_size,
+    stats_row,
+)
 from perdure.stores._rows import (
     checked_chain,
     checkpoint_row,
@@ -83,12 +92,17 @@ from perdure.stores.base import (
     NewObject,
     NodeInfo,
     ObjectRow,
+    QueueStats,
     Route,
     Writer,
 )
 from perdure.stores.writers import AsyncWriter
 
 __all__ = ["PostgresStore"]
+
+QUEUES_LOOK = 1.0
+"""Seconds between a store's looks for a first queue while it has none (see
+``PostgresStore._queues_in_use``)."""
 
 log = logging.getLogger("perdure.store")
 
@@ -131,6 +145,10 @@ class PostgresStore(PostgresBrowse):
         self._listening: threading.Thread | None = None
         self._stop_listening = threading.Event()
         self._hub_lock = threading.Lock()
+        # Whether the store has queues; until it has, a claim is one round trip (see
+        # ``_queues_in_use``).
+        self._queues = False
+        self._queues_looked = float("-inf")
 
     # -- nodes -----------------------------------------------------------------
 
@@ -217,8 +235,9 @@ class PostgresStore(PostgresBrowse):
 
     def create(self, new: NewObject, now: float) -> bool:
         """Insert the object row and its first record in one transaction."""
+        query = "insert_object" if new.queue is None else "insert_queued_object"
         with self._tx() as conn:
-            cur = conn.execute(_Q["insert_object"], create_params(new, now, builtins.list))
+            cur = conn.execute(_Q[query], create_params(new, now, builtins.list))
             if cur.rowcount == 0:
                 return False
             conn.execute(_Q["insert_record"], record_params(new.first))
@@ -298,14 +317,92 @@ class PostgresStore(PostgresBrowse):
         if limit <= 0:
             return []
         route = route or Route()
-        with self._single() as conn:
-            rows = conn.execute(
-                _Q["claim"],
-                {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now,
-                 "serves": None if route.serves is None else builtins.list(route.serves),
-                 "caps": builtins.list(route.capabilities), "node": route.node_id},
-            ).fetchall()
+        params = {"now": now, "limit": limit, "owner": owner, "lease": lease_until - now,
+                  "serves": None if route.serves is None else builtins.list(route.serves),
+                  "caps": builtins.list(route.capabilities), "node": route.node_id}
+        queued: builtins.list[str] = []
+        if self._queues_in_use():
+            with self._single() as conn:
+                queued = [row[0] for row in conn.execute(_Q["queues_ready"], params)]
+        claims: builtins.list[Claim] = []
+        for name in queued:  # each in a transaction of its own, holding the queue's row
+            if len(claims) >= limit:
+                break
+            claims += self._claim_queue(name, params, limit - len(claims))
+        if len(claims) < limit:
+            params["limit"] = limit - len(claims)
+            with self._single() as conn:
+                rows = conn.execute(_Q["claim"], params).fetchall()
+            claims += [claim_from_row(row) for row in rows]
+        return claims
+
+    def _queues_in_use(self) -> bool:
+        """Whether any queue is declared in the store. Until one is, claims skip the
+        look for queued work (a round trip to the server), and ask again at most every
+        ``QUEUES_LOOK`` seconds: a queue declared through this store counts at once, one
+        declared by another process within that time."""
+        if self._queues:
+            return True
+        now = time.monotonic()
+        if now - self._queues_looked >= QUEUES_LOOK:
+            self._queues_looked = now
+            with self._single() as conn:
+                row = conn.execute(_Q["queues_any"]).fetchone()
+            self._queues = bool(row and row[0])
+        return self._queues
+
+    def _claim_queue(self, name: str, params: dict[str, Any], limit: int
+                     ) -> builtins.list[Claim]:
+        """Claim what queue ``name`` has room for, holding its row (``queue_lock``) while
+        its slots are counted and taken: claims of one queue take turns over every node."""
+        with self._tx() as conn:
+            row = conn.execute(_Q["queue_lock"], (name,)).fetchone()
+            if row is None:
+                return []
+            queue = queue_row(row)
+            held = conn.execute(_Q["queue_held"], {"queue": name, "owner": params["owner"]})
+            started = 0
+            if queue.rate_period is not None:
+                got = conn.execute(_Q["queue_started"], {"queue": name,
+                                                         "period": queue.rate_period})
+                started = int(got.fetchone()[0])  # type: ignore[index]
+            load = load_of(held.fetchall(), started)
+            room = flow.room(queue, load, limit)
+            found = conn.execute(_Q["queue_candidates"], {
+                **params, "queue": name, "room": room.slots > 0, "fresh": room.fresh,
+                "full": builtins.list(room.full_keys), "scan": scan_size(limit)}).fetchall()
+            chosen = flow.admit(queue, load, candidates(found), limit)
+            if not chosen:
+                return []
+            rows = conn.execute(_Q["claim_queued"], {**params, "ids": chosen}).fetchall()
         return [claim_from_row(row) for row in rows]
+
+    # -- queues ----------------------------------------------------------------
+
+    def declare_queue(self, queue: flow.Queue, now: float) -> flow.Queue | None:
+        """Keep ``queue``'s limits; those it replaced, if they differed."""
+        self._queues = True
+        with self._tx() as conn:
+            row = conn.execute(_Q["queue_lock"], (queue.name,)).fetchone()
+            conn.execute(_Q["declare_queue"], queue_params(queue, now))
+        before = None if row is None else queue_row(row)
+        return None if before is None or before.same_limits(queue) else before
+
+    def queues(self) -> builtins.list[flow.Queue]:
+        """Every declared queue, by name."""
+        with self._single() as conn:
+            return [queue_row(row) for row in conn.execute(_Q["queues"])]
+
+    def queue_stats(self, now: float) -> builtins.list[QueueStats]:
+        """Every declared queue and what it holds (leases by the database clock)."""
+        with self._single() as conn:
+            return [stats_row(row) for row in conn.execute(_Q["queue_stats"], {"now": now})]
+
+    def queue_holder(self, queue: str, dedupe_key: str) -> str | None:
+        """The live object of ``queue`` holding ``dedupe_key``, if any."""
+        with self._single() as conn:
+            row = conn.execute(_Q["queue_holder"], (queue, dedupe_key)).fetchone()
+        return None if row is None else str(row[0])
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease (by the database clock) if still held at ``epoch``."""

@@ -24,6 +24,7 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from perdure.core import flow
 from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
@@ -34,6 +35,14 @@ from perdure.errors import (
     StoreError,
 )
 from perdure.stores._push import CHANGED, ENDED, WAKE, Hub, pushes
+from perdure.stores._queues import (
+    candidates,
+    load_of,
+    queue_params,
+    queue_row,
+    scan_size,
+    stats_row,
+)
 from perdure.stores._rows import (
     checked_chain,
     checkpoint_row,
@@ -65,6 +74,7 @@ from perdure.stores.base import (
     NewObject,
     NodeInfo,
     ObjectRow,
+    QueueStats,
     Route,
     Writer,
 )
@@ -269,7 +279,8 @@ class SQLiteStore(SQLiteBrowse):
     def create(self, new: NewObject, now: float) -> bool:
         """Insert the object row and its first record in one transaction."""
         with self._write() as conn:
-            cur = conn.execute(_Q["insert_object"], create_params(new, now, json.dumps))
+            query = "insert_object" if new.queue is None else "insert_queued_object"
+            cur = conn.execute(_Q[query], create_params(new, now, json.dumps))
             if cur.rowcount == 0:
                 return False
             conn.execute(_Q["insert_record"], record_params(new.first))
@@ -381,14 +392,23 @@ class SQLiteStore(SQLiteBrowse):
             "node": route.node_id,
         }
         with self._read() as conn:
-            candidates = _ids(conn, params)
-        if not candidates:
+            found = _ids(conn, params)
+            queued = [row[0] for row in conn.execute(_Q["queues_ready"], {"now": now})]
+        if not found and not queued:
             return []
-        claims = []
+        claims: builtins.list[Claim] = []
         with self._write() as conn:
+            # Queues first, each counted under the write lock: claims from every process
+            # take turns, so together they never exceed a queue's limits.
+            for name in queued:
+                if len(claims) >= limit:
+                    break
+                claims += self._claim_queue(conn, name, owner, now, lease_until,
+                                            limit - len(claims), params)
+            rest = params["limit"] = limit - len(claims)
             # Choose again under the write lock: another node may have claimed the rows
             # read above, and this claim should still get a full batch of the others.
-            for object_id in _ids(conn, params):
+            for object_id in _ids(conn, params) if found and rest > 0 else ():
                 row = conn.execute(
                     _Q["claim_one"],
                     {"owner": owner, "lease_until": lease_until, "now": now,
@@ -397,6 +417,62 @@ class SQLiteStore(SQLiteBrowse):
                 if row is not None:
                     claims.append(claim_from_row(row))
         return claims
+
+    @staticmethod
+    def _claim_queue(conn: sqlite3.Connection, name: str, owner: str, now: float,
+                     lease_until: float, limit: int, params: dict[str, Any]
+                     ) -> builtins.list[Claim]:
+        """Claim what queue ``name`` has room for (the caller holds the write lock)."""
+        row = conn.execute(_Q["queue_row"], (name,)).fetchone()
+        if row is None:
+            return []
+        queue = queue_row(row)
+        held = conn.execute(_Q["queue_held"], {"queue": name, "owner": owner, "now": now})
+        load = held.fetchall()
+        started = 0
+        if queue.rate_period is not None:
+            started = int(conn.execute(_Q["queue_started"], {
+                "queue": name, "since": now - queue.rate_period}).fetchone()[0])
+        got = load_of(load, started)
+        room = flow.room(queue, got, limit)
+        found = conn.execute(_Q["queue_candidates"], {
+            **params, "queue": name, "room": room.slots > 0, "fresh": room.fresh,
+            "full": json.dumps(builtins.list(room.full_keys)),
+            "scan": scan_size(limit)}).fetchall()
+        claims = []
+        for object_id in flow.admit(queue, got, candidates(found), limit):
+            claimed = conn.execute(_Q["claim_queued_one"], {
+                "owner": owner, "lease_until": lease_until, "now": now,
+                "object_id": object_id}).fetchone()
+            if claimed is not None:
+                claims.append(claim_from_row(claimed))
+        return claims
+
+    # -- queues ----------------------------------------------------------------
+
+    def declare_queue(self, queue: flow.Queue, now: float) -> flow.Queue | None:
+        """Keep ``queue``'s limits; those it replaced, if they differed."""
+        with self._write() as conn:
+            row = conn.execute(_Q["queue_row"], (queue.name,)).fetchone()
+            conn.execute(_Q["declare_queue"], queue_params(queue, now))
+        before = None if row is None else queue_row(row)
+        return None if before is None or before.same_limits(queue) else before
+
+    def queues(self) -> builtins.list[flow.Queue]:
+        """Every declared queue, by name."""
+        with self._read() as conn:
+            return [queue_row(row) for row in conn.execute(_Q["queues"])]
+
+    def queue_stats(self, now: float) -> builtins.list[QueueStats]:
+        """Every declared queue and what it holds at ``now``."""
+        with self._read() as conn:
+            return [stats_row(row) for row in conn.execute(_Q["queue_stats"], {"now": now})]
+
+    def queue_holder(self, queue: str, dedupe_key: str) -> str | None:
+        """The live object of ``queue`` holding ``dedupe_key``, if any."""
+        with self._read() as conn:
+            row = conn.execute(_Q["queue_holder"], (queue, dedupe_key)).fetchone()
+        return None if row is None else str(row[0])
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease if still held at ``epoch``."""

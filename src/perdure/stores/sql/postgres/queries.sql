@@ -127,7 +127,8 @@ SELECT seq, ts_us, concat_ws(chr(31), trace_id, node_id, policy_ref, kind), body
 FROM records WHERE object_id = %s AND seq > %s ORDER BY seq;
 
 -- name: claim
--- The objects_ready index (its WHERE is the paused term below) serves the candidates
+-- Objects without a queue (queued ones are claim_queued's, below).
+-- The objects_ready index (its WHERE is the paused and queue terms below) serves the candidates
 -- from the oldest ready time up to now: objects sleeping until later, waiting for an
 -- event (no ready time) or paused are never read. It indexes ready_at + 0, not the
 -- column: ANALYZE keeps statistics of an index expression over the index's own rows,
@@ -137,7 +138,7 @@ WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS no
 candidates AS (
     SELECT o.object_id FROM objects o, db
     WHERE o.ready_at + 0 <= %(now)s
-      AND (o.paused = FALSE OR o.cancel_requested)
+      AND (o.paused = FALSE OR o.cancel_requested) AND o.queue IS NULL
       AND (o.lease_expires IS NULL OR o.lease_expires <= db.now)
       AND (o.cancel_requested OR (
             (%(serves)s::text[] IS NULL
@@ -159,6 +160,136 @@ SET epoch = o.epoch + 1, lease_owner = %(owner)s, lease_expires = db.now + %(lea
 FROM candidates c, db
 WHERE o.object_id = c.object_id
 RETURNING o.object_id, o.epoch, o.lease_expires, o.cancel_requested, o.paused, o.crashes;
+
+-- name: insert_queued_object
+-- An object started on a queue. ON CONFLICT without a target: a taken id, or a dedupe
+-- key a live object of the queue holds (objects_dedupe), inserts nothing.
+INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
+                     head_seq, head_hash, parent_id, created_at, updated_at, requires,
+                     queue, queue_key, priority, dedupe_key)
+VALUES (%(object_id)s, %(agent)s, %(agent_version)s, 'ready', 'instantiated', 0, %(ready_at)s,
+        %(head_seq)s, %(head_hash)s, %(parent_id)s, %(now)s, %(now)s, %(requires)s,
+        %(queue)s, %(queue_key)s, %(priority)s, %(dedupe_key)s)
+ON CONFLICT DO NOTHING;
+
+-- name: queue_holder
+SELECT object_id FROM objects
+WHERE queue = %s AND dedupe_key = %s AND status NOT IN ('completed', 'failed', 'cancelled');
+
+-- name: declare_queue
+-- The queue's limits (the caller read those it replaces with queue_lock first).
+INSERT INTO queues (name, concurrency, per_key, worker_concurrency, rate_limit, rate_period,
+                    priority, updated_at)
+VALUES (%(name)s, %(concurrency)s, %(per_key)s, %(worker_concurrency)s, %(rate_limit)s,
+        %(rate_period)s, %(priority)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,
+    per_key = excluded.per_key, worker_concurrency = excluded.worker_concurrency,
+    rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,
+    priority = excluded.priority, updated_at = excluded.updated_at;
+
+-- name: queues
+SELECT name, concurrency, per_key, worker_concurrency, rate_limit, rate_period, priority
+FROM queues ORDER BY name;
+
+-- name: queues_any
+-- Whether any queue was ever declared (the table only grows): until one is, a claim
+-- does not look for queued work.
+SELECT EXISTS (SELECT 1 FROM queues);
+
+-- name: queues_ready
+-- Queues with an object runnable now that no node holds (objects_queue_ready): the
+-- claim visits each of them in turn, in name order.
+WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now)
+SELECT q.name FROM queues q
+WHERE EXISTS (SELECT 1 FROM objects o, db
+              WHERE o.queue = q.name AND o.ready_at <= %(now)s
+                AND (o.paused = FALSE OR o.cancel_requested)
+                AND (o.lease_expires IS NULL OR o.lease_expires <= db.now))
+ORDER BY q.name;
+
+-- name: queue_lock
+-- Held until the claim's transaction ends: claims of one queue from every node take
+-- turns counting its slots, so that together they never exceed its limits.
+SELECT name, concurrency, per_key, worker_concurrency, rate_limit, rate_period, priority
+FROM queues WHERE name = %s FOR UPDATE;
+
+-- name: queue_held
+-- The queue's slots: its objects under a live lease (by the database clock), per key,
+-- and how many of them the claiming worker holds (objects_queue_held).
+SELECT o.queue_key, count(*), count(*) FILTER (WHERE o.lease_owner = %(owner)s)
+FROM objects o
+WHERE o.queue = %(queue)s AND o.lease_owner IS NOT NULL
+  AND o.lease_expires > extract(epoch FROM clock_timestamp())::double precision
+GROUP BY o.queue_key;
+
+-- name: queue_started
+-- Objects of the queue first claimed within the limiter's period (objects_queue_starts).
+SELECT count(*) FROM objects
+WHERE queue = %(queue)s
+  AND started_at > extract(epoch FROM clock_timestamp())::double precision - %(period)s;
+
+-- name: queue_candidates
+-- Runnable objects of the queue, in its order (objects asked to cancel first, then by
+-- priority, then by ready time): those this node can serve, of keys not at their cap
+-- (%(full)s), and, when the limiter is at its limit (%(fresh)s false), only ones that
+-- already started. With no room (%(room)s false) only objects asked to cancel.
+WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now)
+SELECT o.object_id, o.queue_key, o.started_at IS NULL, o.cancel_requested
+FROM objects o, db
+WHERE o.queue = %(queue)s AND o.ready_at <= %(now)s
+  AND (o.paused = FALSE OR o.cancel_requested)
+  AND (o.lease_expires IS NULL OR o.lease_expires <= db.now)
+  AND (o.cancel_requested OR (
+        %(room)s
+    AND (%(fresh)s OR o.started_at IS NOT NULL)
+    AND (o.queue_key IS NULL OR NOT (o.queue_key = ANY(%(full)s::text[])))
+    AND (%(serves)s::text[] IS NULL
+         OR (o.agent || '@' || o.agent_version) = ANY(%(serves)s::text[]))
+    AND o.requires <@ %(caps)s::text[]
+    AND NOT (%(node)s::text = ANY(o.avoid))))
+ORDER BY o.cancel_requested DESC, o.priority, o.ready_at, o.object_id
+LIMIT %(scan)s;
+
+-- name: claim_queued
+-- The objects admitted (perdure.core.flow.admit) leased, as claim leases; started_at
+-- keeps the first claim's time.
+WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now)
+UPDATE objects o
+SET epoch = o.epoch + 1, lease_owner = %(owner)s, lease_expires = db.now + %(lease)s,
+    status = 'running', phase = 'evaluation', updated_at = %(now)s,
+    crashes = CASE WHEN o.lease_owner IS NULL THEN 0
+                   WHEN o.crash_seq = o.head_seq THEN o.crashes + 1 ELSE 1 END,
+    crash_seq = o.head_seq,
+    started_at = COALESCE(o.started_at, db.now)
+FROM db
+WHERE o.object_id = ANY(%(ids)s::text[]) AND o.ready_at <= %(now)s
+  AND (o.lease_expires IS NULL OR o.lease_expires <= db.now)
+RETURNING o.object_id, o.epoch, o.lease_expires, o.cancel_requested, o.paused, o.crashes;
+
+-- name: queue_stats
+-- Each queue's limits, its slots held, its objects runnable and not held, its dormant
+-- ones (neither held nor runnable, not terminal), and its starts within the period.
+WITH db AS (SELECT extract(epoch FROM clock_timestamp())::double precision AS now),
+counts AS (
+    SELECT o.queue,
+           count(*) FILTER (WHERE o.lease_owner IS NOT NULL AND o.lease_expires > db.now)
+               AS held,
+           count(*) FILTER (WHERE NOT (o.lease_owner IS NOT NULL AND o.lease_expires > db.now)
+                              AND o.ready_at <= %(now)s
+                              AND (o.paused = FALSE OR o.cancel_requested)) AS ready,
+           count(*) AS live
+    FROM objects o, db
+    WHERE o.queue IS NOT NULL AND o.status NOT IN ('completed', 'failed', 'cancelled')
+    GROUP BY o.queue
+)
+SELECT q.name, q.concurrency, q.per_key, q.worker_concurrency, q.rate_limit, q.rate_period,
+       q.priority, COALESCE(c.held, 0), COALESCE(c.ready, 0),
+       COALESCE(c.live - c.held - c.ready, 0),
+       CASE WHEN q.rate_period IS NULL THEN 0 ELSE (
+           SELECT count(*) FROM objects s, db
+           WHERE s.queue = q.name AND s.started_at > db.now - q.rate_period) END
+FROM queues q LEFT JOIN counts c ON c.queue = q.name
+ORDER BY q.name;
 
 -- name: renew
 UPDATE objects

@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 9
+-- version: 10
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -43,13 +43,18 @@ CREATE TABLE objects (
     requires         TEXT[] NOT NULL DEFAULT '{}',
     avoid            TEXT[] NOT NULL DEFAULT '{}',
     crashes          INTEGER NOT NULL DEFAULT 0,
-    crash_seq        BIGINT
+    crash_seq        BIGINT,
+    queue            TEXT,
+    queue_key        TEXT,
+    priority         INTEGER NOT NULL DEFAULT 0,
+    started_at       DOUBLE PRECISION,
+    dedupe_key       TEXT
 );
 
 -- Runnable objects by ready time, and by due time (the ready time, or the lease expiry if
 -- later): an idle or claiming node reads only what is due or held, however many sleep.
 CREATE INDEX objects_ready ON objects ((ready_at + 0))
-WHERE ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
+WHERE ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested) AND queue IS NULL;
 CREATE INDEX objects_due ON objects ((GREATEST(ready_at, COALESCE(lease_expires, ready_at))))
 WHERE ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
 CREATE INDEX objects_status ON objects (status, created_at);
@@ -57,6 +62,29 @@ CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;
 CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
 CREATE INDEX objects_created ON objects (created_at, object_id);
+CREATE INDEX objects_queued ON objects (queue, priority, ready_at)
+WHERE queue IS NOT NULL AND ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
+CREATE INDEX objects_queue_ready ON objects (queue, ready_at)
+WHERE queue IS NOT NULL AND ready_at IS NOT NULL AND (paused = FALSE OR cancel_requested);
+CREATE INDEX objects_queue_held ON objects (queue, queue_key)
+WHERE queue IS NOT NULL AND lease_owner IS NOT NULL;
+CREATE INDEX objects_queue_starts ON objects (queue, started_at)
+WHERE queue IS NOT NULL AND started_at IS NOT NULL;
+CREATE UNIQUE INDEX objects_dedupe ON objects (queue, dedupe_key)
+WHERE dedupe_key IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled');
+
+-- Named queues and their limits (perdure.core.flow); a claim locks its queue's row
+-- while it counts the queue's slots.
+CREATE TABLE queues (
+    name               TEXT PRIMARY KEY,
+    concurrency        INTEGER,
+    per_key            INTEGER,
+    worker_concurrency INTEGER,
+    rate_limit         INTEGER,
+    rate_period        DOUBLE PRECISION,
+    priority           BOOLEAN NOT NULL DEFAULT FALSE,
+    updated_at         DOUBLE PRECISION NOT NULL
+);
 
 CREATE TABLE records (
     object_id   TEXT NOT NULL,

@@ -136,14 +136,15 @@ SELECT seq, ts_us, json_array(trace_id, node_id, policy_ref, kind), body, prev_h
 FROM records WHERE object_id = ? AND seq > ? ORDER BY seq;
 
 -- name: claim_candidates
+-- Objects without a queue (queued ones are queue_candidates', below).
 -- Runnable objects this node can serve: its agent@version, its capabilities, not an
 -- object that said this node cannot do its next step. Any node may finish a cancel.
--- The objects_ready index (its WHERE is the paused term below) is walked from the
+-- The objects_ready index (its WHERE is the paused and queue terms below) is walked from the
 -- oldest ready time up to now: objects sleeping until later, waiting for an event
 -- (no ready time) or paused are never read.
 SELECT object_id FROM objects
 WHERE ready_at <= :now
-  AND (paused = 0 OR cancel_requested = 1)
+  AND (paused = 0 OR cancel_requested = 1) AND queue IS NULL
   AND (lease_expires IS NULL OR lease_expires <= :now)
   AND (cancel_requested = 1 OR (
         (:serves IS NULL
@@ -167,6 +168,120 @@ WHERE object_id = :object_id
   AND ready_at <= :now
   AND (lease_expires IS NULL OR lease_expires <= :now)
 RETURNING object_id, epoch, lease_expires, cancel_requested, paused, crashes;
+
+-- name: insert_queued_object
+-- An object started on a queue. ON CONFLICT without a target: a taken id, or a dedupe
+-- key a live object of the queue holds (objects_dedupe), inserts nothing.
+INSERT INTO objects (object_id, agent, agent_version, status, phase, epoch, ready_at,
+                     head_seq, head_hash, parent_id, created_at, updated_at, requires,
+                     queue, queue_key, priority, dedupe_key)
+VALUES (:object_id, :agent, :agent_version, 'ready', 'instantiated', 0, :ready_at,
+        :head_seq, :head_hash, :parent_id, :now, :now, :requires,
+        :queue, :queue_key, :priority, :dedupe_key)
+ON CONFLICT DO NOTHING;
+
+-- name: queue_holder
+SELECT object_id FROM objects
+WHERE queue = ? AND dedupe_key = ? AND status NOT IN ('completed', 'failed', 'cancelled');
+
+-- name: declare_queue
+INSERT INTO queues (name, concurrency, per_key, worker_concurrency, rate_limit, rate_period,
+                    priority, updated_at)
+VALUES (:name, :concurrency, :per_key, :worker_concurrency, :rate_limit, :rate_period,
+        :priority, :now)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency,
+    per_key = excluded.per_key, worker_concurrency = excluded.worker_concurrency,
+    rate_limit = excluded.rate_limit, rate_period = excluded.rate_period,
+    priority = excluded.priority, updated_at = excluded.updated_at;
+
+-- name: queues
+SELECT name, concurrency, per_key, worker_concurrency, rate_limit, rate_period, priority
+FROM queues ORDER BY name;
+
+-- name: queue_row
+SELECT name, concurrency, per_key, worker_concurrency, rate_limit, rate_period, priority
+FROM queues WHERE name = ?;
+
+-- name: queues_ready
+-- Queues with an object runnable now that no node holds (objects_queue_ready): the
+-- claim visits each of them in turn, in name order, under the write lock.
+SELECT q.name FROM queues q
+WHERE EXISTS (SELECT 1 FROM objects o
+              WHERE o.queue = q.name AND o.ready_at <= :now
+                AND (o.paused = 0 OR o.cancel_requested = 1)
+                AND (o.lease_expires IS NULL OR o.lease_expires <= :now))
+ORDER BY q.name;
+
+-- name: queue_held
+-- The queue's slots: its objects under a live lease, per key, and how many of them the
+-- claiming worker holds (objects_queue_held).
+SELECT queue_key, count(*), sum(lease_owner = :owner)
+FROM objects
+WHERE queue = :queue AND lease_owner IS NOT NULL AND lease_expires > :now
+GROUP BY queue_key;
+
+-- name: queue_started
+-- Objects of the queue first claimed within the limiter's period (objects_queue_starts).
+SELECT count(*) FROM objects WHERE queue = :queue AND started_at > :since;
+
+-- name: queue_candidates
+-- Runnable objects of the queue, in its order (objects asked to cancel first, then by
+-- priority, then by ready time): those this node can serve, of keys not at their cap
+-- (:full, a JSON list), and, when the limiter is at its limit (:fresh 0), only ones
+-- that already started. With no room (:room 0) only objects asked to cancel.
+SELECT object_id, queue_key, started_at IS NULL, cancel_requested FROM objects
+WHERE queue = :queue AND ready_at <= :now
+  AND (paused = 0 OR cancel_requested = 1)
+  AND (lease_expires IS NULL OR lease_expires <= :now)
+  AND (cancel_requested = 1 OR (
+        :room
+    AND (:fresh OR started_at IS NOT NULL)
+    AND (queue_key IS NULL OR queue_key NOT IN (SELECT value FROM json_each(:full)))
+    AND (:serves IS NULL
+         OR (agent || '@' || agent_version) IN (SELECT value FROM json_each(:serves)))
+    AND NOT EXISTS (SELECT 1 FROM json_each(objects.requires) AS r
+                    WHERE r.value NOT IN (SELECT value FROM json_each(:caps)))
+    AND NOT EXISTS (SELECT 1 FROM json_each(objects.avoid) AS a WHERE a.value = :node)))
+ORDER BY cancel_requested DESC, priority, ready_at, object_id
+LIMIT :scan;
+
+-- name: claim_queued_one
+-- claim_one for an object of a queue: started_at keeps the first claim's time.
+UPDATE objects
+SET epoch = epoch + 1, lease_owner = :owner, lease_expires = :lease_until,
+    status = 'running', phase = 'evaluation', updated_at = :now,
+    crashes = CASE WHEN lease_owner IS NULL THEN 0
+                   WHEN crash_seq = head_seq THEN crashes + 1 ELSE 1 END,
+    crash_seq = head_seq,
+    started_at = COALESCE(started_at, :now)
+WHERE object_id = :object_id
+  AND ready_at <= :now
+  AND (lease_expires IS NULL OR lease_expires <= :now)
+RETURNING object_id, epoch, lease_expires, cancel_requested, paused, crashes;
+
+-- name: queue_stats
+-- Each queue's limits, its slots held, its objects runnable and not held, its dormant
+-- ones (neither held nor runnable, not terminal), and its starts within the period.
+WITH counts AS (
+    SELECT queue,
+           sum(CASE WHEN lease_owner IS NOT NULL AND lease_expires > :now
+                    THEN 1 ELSE 0 END) AS held,
+           sum(CASE WHEN (lease_owner IS NULL OR lease_expires <= :now)
+                         AND ready_at <= :now AND (paused = 0 OR cancel_requested = 1)
+                    THEN 1 ELSE 0 END) AS ready,
+           count(*) AS live
+    FROM objects
+    WHERE queue IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled')
+    GROUP BY queue
+)
+SELECT q.name, q.concurrency, q.per_key, q.worker_concurrency, q.rate_limit, q.rate_period,
+       q.priority, COALESCE(c.held, 0), COALESCE(c.ready, 0),
+       COALESCE(c.live - c.held - c.ready, 0),
+       CASE WHEN q.rate_period IS NULL THEN 0 ELSE (
+           SELECT count(*) FROM objects s
+           WHERE s.queue = q.name AND s.started_at > :now - q.rate_period) END
+FROM queues q LEFT JOIN counts c ON c.queue = q.name
+ORDER BY q.name;
 
 -- name: renew
 UPDATE objects SET lease_expires = :lease_until

@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 10
+-- version: 11
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -36,13 +36,18 @@ CREATE TABLE objects (
     requires TEXT NOT NULL DEFAULT '[]',
     avoid TEXT NOT NULL DEFAULT '[]',
     crashes INTEGER NOT NULL DEFAULT 0,
-    crash_seq INTEGER
+    crash_seq INTEGER,
+    queue TEXT,
+    queue_key TEXT,
+    priority INTEGER NOT NULL DEFAULT 0,
+    started_at REAL,
+    dedupe_key TEXT
 );
 
 -- Runnable objects by ready time, and by due time (the ready time, or the lease expiry if
 -- later): an idle or claiming node reads only what is due or held, however many sleep.
 CREATE INDEX objects_ready ON objects (ready_at)
-WHERE ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);
+WHERE ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1) AND queue IS NULL;
 CREATE INDEX objects_due ON objects (
     CASE WHEN lease_expires IS NOT NULL AND lease_expires > ready_at
          THEN lease_expires ELSE ready_at END)
@@ -52,6 +57,28 @@ CREATE INDEX objects_agent ON objects (agent, created_at);
 CREATE INDEX objects_parent ON objects (parent_id, created_at) WHERE parent_id IS NOT NULL;
 CREATE INDEX objects_created ON objects (created_at, object_id);
 CREATE INDEX objects_lease_owner ON objects (lease_owner) WHERE lease_owner IS NOT NULL;
+CREATE INDEX objects_queued ON objects (queue, priority, ready_at)
+WHERE queue IS NOT NULL AND ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);
+CREATE INDEX objects_queue_ready ON objects (queue, ready_at)
+WHERE queue IS NOT NULL AND ready_at IS NOT NULL AND (paused = 0 OR cancel_requested = 1);
+CREATE INDEX objects_queue_held ON objects (queue, queue_key)
+WHERE queue IS NOT NULL AND lease_owner IS NOT NULL;
+CREATE INDEX objects_queue_starts ON objects (queue, started_at)
+WHERE queue IS NOT NULL AND started_at IS NOT NULL;
+CREATE UNIQUE INDEX objects_dedupe ON objects (queue, dedupe_key)
+WHERE dedupe_key IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled');
+
+-- Named queues and their limits (perdure.core.flow); a claim counts each queue's slots.
+CREATE TABLE queues (
+    name               TEXT PRIMARY KEY,
+    concurrency        INTEGER,
+    per_key            INTEGER,
+    worker_concurrency INTEGER,
+    rate_limit         INTEGER,
+    rate_period        REAL,
+    priority           INTEGER NOT NULL DEFAULT 0,
+    updated_at         REAL NOT NULL
+);
 
 CREATE TABLE records (
     object_id   TEXT NOT NULL,
