@@ -137,12 +137,13 @@ class AsyncApp:
 
     def options(self, *, object_id: str | None = None, deadline: float | None = None,
                 max_failures: int | None = None, labels: Mapping[str, str] | None = None,
-                budget: Any = None) -> AsyncStarter:
+                budget: Any = None, start_at: Any = None, delay: Any = None
+                ) -> AsyncStarter:
         """See ``App.options``: ``await app.aio.options(object_id=...).start(agent, ...)``
         (checked here, before anything is stored)."""
         return AsyncStarter(self, self.app.options(
             object_id=object_id, deadline=deadline, max_failures=max_failures,
-            labels=labels, budget=budget))
+            labels=labels, budget=budget, start_at=start_at, delay=delay))
 
     async def handle(self, object_id: str) -> AsyncHandle:
         """See ``App.handle``; ``ObjectNotFoundError`` if there is no such object."""
