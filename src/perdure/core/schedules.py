@@ -68,6 +68,7 @@ OVERLAPS = ("skip", "buffer_one", "allow_all", "cancel_previous")
 #: The most fires one look starts or queues (a catch-up window, a backfill).
 MAX_FIRES = 1000
 NAME_MAX = 150  # leaves room in a run's id for the fire time
+_EPSILON = 1e-6  # a half-open bound made closed
 _CONTROL_OPS = ("pause", "resume", "trigger", "backfill", "update", "delete")
 
 
@@ -332,7 +333,8 @@ def plan(spec: ScheduleSpec, state: ScheduleState, now: float, finished: Collect
                 fires.append({"fire": latest})
                 dropped += spec.count_between(cursor, latest, MAX_FIRES) - 1
         else:
-            low = max(cursor, now - window)
+            # A fire missed by exactly the window still runs.
+            low = max(cursor, now - window - _EPSILON)
             kept = spec.fires_between(low, now, MAX_FIRES)
             if low > cursor:
                 dropped += spec.count_between(cursor, low, MAX_FIRES)
@@ -417,7 +419,8 @@ def apply_control(spec: ScheduleSpec, state: ScheduleState, payload: Any
     if op == "backfill":
         low, high = float(payload["start"]), float(payload["end"])
         # [start, end): the fires after start - epsilon, before end
-        fires = [f for f in spec.fires_between(low - 1e-6, high, MAX_FIRES + 1) if f < high]
+        fires = [f for f in spec.fires_between(low - _EPSILON, high, MAX_FIRES + 1)
+                 if f < high]
         return spec, replace(state, pending=(*state.pending,
                                              *({"fire": f} for f in fires[:MAX_FIRES])))
     # update
