@@ -448,6 +448,7 @@ class ScheduleInfo:
     dropped: int
     running: tuple[str, ...]
     created_at: float
+    buffered: float | None = None  # a fire waiting for the live run to end (buffer_one)
 
     def to_json(self) -> dict[str, Any]:
         """As ``perdure schedules --json`` prints it."""
@@ -457,7 +458,8 @@ class ScheduleInfo:
                 "jitter": self.spec.jitter, "next_fire": self.next_fire,
                 "last_fire": self.last_fire, "last_run": self.last_run,
                 "started": self.started, "skipped": self.skipped, "dropped": self.dropped,
-                "running": list(self.running), "spec": self.spec.to_body(),
+                "running": list(self.running), "buffered": self.buffered,
+                "spec": self.spec.to_body(),
                 "created_at": self.created_at}
 
 
@@ -493,4 +495,5 @@ def read_schedule(records: Sequence[Record]) -> ScheduleInfo:
     return ScheduleInfo(spec.name, schedule_id(spec.name), spec, status,
                         None if status != "active" else next_fire, state.last_fire,
                         state.last_run, state.started, state.skipped, state.dropped,
-                        state.running, records[0].ts_us / 1e6)
+                        state.running, records[0].ts_us / 1e6,
+                        None if state.buffered is None else float(state.buffered["fire"]))
