@@ -161,6 +161,10 @@ def test_allow_all_and_cancel_previous(make_app: AppFactory) -> None:
         assert wait_until(lambda: len(_live(app, "all")) >= 3, WAIT)
         assert wait_until(lambda: len(fires_of(app, "cancel")) >= 3, WAIT)
         assert wait_until(lambda: len(_live(app, "cancel")) <= 1, WAIT)
+        live = _live(app, "all")
+        app.schedule_handle("all").delete()  # its live runs go on
+        assert wait_until(lambda: app.get("schedule:all").terminal, WAIT)
+        assert all(not app.get(r).terminal for r in live)
     ended = [app.get(r).status for r in fires_of(app, "cancel")[:-1]]
     assert set(ended) == {perdure.Status.CANCELLED}
 
@@ -181,6 +185,9 @@ def test_after_downtime_one_run_catches_up_by_default(make_app: AppFactory,
     with app.background_worker():
         assert wait_until(lambda: handle.info().dropped >= 5, WAIT)
         assert wait_until(lambda: windowed.info().dropped >= 2, WAIT)
+        # the runs those plans started exist (a plan is recorded before its runs)
+        assert wait_until(lambda: handle.info().started == len(fires_of(app, "c")), WAIT)
+        assert wait_until(lambda: windowed.info().started == len(fires_of(app, "w")), WAIT)
     # What the first look after the return started, from the plans memory recorded.
     look_c, look_w = _first_look_after(app, "c", back), _first_look_after(app, "w", back)
     missed_c = [_fire(r) for r in fires_of(app, "c") if down_from < _fire(r) <= look_c]
