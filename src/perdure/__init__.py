@@ -21,6 +21,7 @@ from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.questions import Question
 from perdure.core.records import Kind, Record
+from perdure.core.schedules import ScheduleInfo, ScheduleSpec
 from perdure.core.secret import Secret
 from perdure.core.usage import UsageTotals
 from perdure.engine import (
@@ -68,6 +69,7 @@ from perdure.errors import (
     ResourceError,
     ResourceStaleError,
     ResultTimeoutError,
+    ScheduleError,
     SealBrokenError,
     SerializationError,
     StepFailedError,
@@ -86,6 +88,7 @@ from perdure.info import ObjectInfo
 from perdure.keys.data_keys import DataKeys
 from perdure.keys.folder import KeyFolder
 from perdure.queries import MemoryView
+from perdure.schedules import ScheduleHandle
 from perdure.starting import Starter
 from perdure.tools import Tool, tool
 
@@ -154,6 +157,10 @@ __all__ = [
     "ResultTimeoutError",
     "RetryPolicy",
     "Run",
+    "ScheduleError",
+    "ScheduleHandle",
+    "ScheduleInfo",
+    "ScheduleSpec",
     "SealBrokenError",
     "Secret",
     "SerializationError",

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -31,6 +32,7 @@ from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.questions import Question
 from perdure.core.records import Kind, Record
+from perdure.core.schedules import SCHEDULE_AGENT, ScheduleInfo, schedule_id
 from perdure.core.sealing import check_reserved, marked
 from perdure.core.trust import Certificate, Revocation
 from perdure.core.usage import UsageTotals, usage_totals
@@ -38,6 +40,7 @@ from perdure.describe import waiting_note
 from perdure.engine.instantiate import instantiate
 from perdure.engine.replay import ReplayReport, replay_check
 from perdure.engine.run import is_async
+from perdure.engine.schedules import definition as schedule_definition
 from perdure.engine.settings import DRAIN_SECONDS
 from perdure.engine.worker import AgentDef, Worker, WorkerSettings
 from perdure.errors import (
@@ -70,6 +73,7 @@ from perdure.keys.sealer import Sealer, needs_sealing
 from perdure.keys.verifier import Verifier
 from perdure.memory_notes import MemoryNotes
 from perdure.queries import QueryRegistry, run_query
+from perdure.schedules import ScheduleHandle, create_schedule, list_schedules
 from perdure.starting import Starter, starter
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo
@@ -530,7 +534,9 @@ class App:
     def options(self, *, object_id: str | None = None, deadline: float | None = None,
                 max_failures: int | None = None, labels: Mapping[str, str] | None = None,
                 budget: Any = None, queue: str | Queue | None = None, key: str | None = None,
-                priority: int | None = None, dedupe_key: str | None = None) -> Starter:
+                priority: int | None = None, dedupe_key: str | None = None,
+                start_at: float | datetime | None = None,
+                delay: float | timedelta | None = None) -> Starter:
         """How to start objects: a frozen ``Starter`` whose ``start(agent, *args,
         **kwargs)`` starts one with these options (see ``perdure.starting``).
 
@@ -543,8 +549,12 @@ class App:
         budget (``None``: the node policy's); ``labels`` strings by name. ``budget`` (a
         ``perdure.llm.Budget`` or a mapping of ``tokens`` and ``cost``) caps what its
         model calls may use; ``refine(id, budget=...)`` changes it (see "Budgets" in
-        docs/howto/model-calls.md). A bad value is a ``ConfigurationError`` here, an
-        unknown option a ``TypeError``.
+        docs/howto/model-calls.md). ``start_at`` (seconds since the epoch, or a
+        ``datetime`` with a time zone) or ``delay`` (seconds, or a ``timedelta``, from the
+        ``start`` call) starts the object later: it is created at once (its id is taken,
+        ``created``/``differs`` work as always) but no node runs it before then; it
+        lists as dormant, ``waits to start at ...``; a ``deadline`` counts from then. A
+        bad value is a ``ConfigurationError`` here, an unknown option a ``TypeError``.
 
         ``queue`` (a queue this App declared with ``queue``, or its name) puts the object
         on it: it is claimed only while the queue's limits let. ``key`` is its key there
@@ -557,7 +567,8 @@ class App:
         """
         return starter(self, object_id=object_id, deadline=deadline,
                        max_failures=max_failures, labels=labels, budget=budget,
-                       queue=queue, key=key, priority=priority, dedupe_key=dedupe_key)
+                       queue=queue, key=key, priority=priority, dedupe_key=dedupe_key,
+                       start_at=start_at, delay=delay)
 
     def _start(self, agent: Callable[..., Any] | str, args: tuple[Any, ...],
                kwargs: dict[str, Any], options: Starter | None) -> Handle:
@@ -567,6 +578,7 @@ class App:
         max_failures = options.max_failures if options else None
         labels = options.labels if options else None
         budget = options.budget if options else None
+        begins = options.begins(self.clock()) if options else None
         definition = self._resolve(agent)
         oid = uuid.uuid4().hex if object_id is None else check_object_id(object_id)
         labels = check_labels(labels)
@@ -599,7 +611,8 @@ class App:
             new = instantiate(definition, stored_args, stored_kwargs, object_id=oid,
                               signer=signer,
                               policy_ref=self.policy.ref, now=now, deadline=deadline,
-                              max_failures=max_failures, labels=labels, budget=budget)
+                              max_failures=max_failures, labels=labels, budget=budget,
+                              start_at=begins)
             if queue is not None and options is not None:
                 new = dataclasses.replace(new, queue=queue.name, queue_key=options.key,
                                           priority=options.priority, dedupe_key=dedupe)
@@ -628,6 +641,56 @@ class App:
             oid, first.body, args=args, kwargs=kwargs, labels=labels,
             max_failures=max_failures, deadline=deadline)
         return Handle(self, oid, differs=differs)
+
+    # -- schedules ------------------------------------------------------------------
+
+    def schedule(self, name: str, agent: Callable[..., Any] | str, /, *args: Any,
+                 cron: str | None = None, timezone: str | None = None,
+                 interval: float | timedelta | None = None, overlap: str = "skip",
+                 catch_up_window: float | timedelta | None = None,
+                 jitter: float | timedelta = 0.0, **kwargs: Any) -> ScheduleHandle:
+        """Create the schedule ``name`` (once: idempotent on the name), which starts
+        ``agent(*args, **kwargs)`` at every fire of ``cron`` (five fields, read in
+        ``timezone``, an IANA name, UTC by default) or every ``interval`` seconds (at the
+        multiples of it since the epoch), and return its ``ScheduleHandle``.
+
+        The schedule is an object of its own (id ``schedule:<name>``), carried by any
+        worker: dormant until its next fire, it then starts one run, a child object
+        named ``<name>@<fire time>`` (so a fire never starts two runs, even across a
+        crash). ``overlap`` says what a fire does while an earlier run is live:
+        ``skip`` (the default), ``buffer_one`` (start it when the live one ends; at most
+        one waits), ``allow_all``, ``cancel_previous``. After downtime only the most
+        recent missed fire runs, unless ``catch_up_window`` (seconds) lets every fire
+        missed by less than that run. ``jitter`` delays each run by up to that many
+        seconds (the same delay on every node). See docs/howto/schedules.md.
+
+        ``ScheduleError`` for a bad spec, ``UnknownAgentError``, ``ConfigurationError``
+        for arguments the agent does not take; nothing is stored then. An existing
+        schedule of that name is returned as it is, with ``differs`` saying how its spec
+        differs.
+        """
+        options = {"cron": cron, "timezone": timezone, "interval": interval,
+                   "overlap": overlap, "catch_up_window": catch_up_window, "jitter": jitter}
+        return create_schedule(self, name, agent, args, kwargs, options)
+
+    def schedules(self) -> builtins.list[ScheduleInfo]:
+        """Every schedule in the store (deleted ones too), by name, as its memory says:
+        spec, state (active, paused, deleted), next and last fire, runs started."""
+        return list_schedules(self)
+
+    def schedule_handle(self, name: str) -> ScheduleHandle:
+        """The schedule ``name``, to pause, resume, trigger, backfill, update or delete
+        it; ``ObjectNotFoundError`` if there is none."""
+        check_name(name, "schedule name")
+        row = self.store.get(schedule_id(name))
+        if row is None or row.agent != SCHEDULE_AGENT:
+            raise ObjectNotFoundError(f"no schedule {name!r} in {self.store_url}")
+        return ScheduleHandle(self, name)
+
+    def _served(self) -> dict[str, AgentDef]:
+        """The agents this node's workers run: the registered ones and perdure's own
+        schedule agent."""
+        return {**self._agents, SCHEDULE_AGENT: schedule_definition()}
 
     def handle(self, object_id: str) -> Handle:
         """A handle to an existing object; ``ObjectNotFoundError`` if there is none."""
@@ -899,7 +962,7 @@ class App:
         for object_id in object_ids:
             records = self.history(object_id)
             sealer = Sealer(self.store, self.data_keys, object_id)
-            reports.append(asyncio.run(replay_check(self._agents, records, sealer)))
+            reports.append(asyncio.run(replay_check(self._served(), records, sealer)))
         return reports
 
     def result_of(self, object_id: str) -> Any:
@@ -963,7 +1026,8 @@ class App:
         )
         signer = self.client.certified()
         return Worker(store=self.store, signer=signer, policy=self.policy,
-                      agents=self._agents, settings=settings, capabilities=self.capabilities,
+                      agents=self._served(), settings=settings,
+                      capabilities=self.capabilities,
                       verifier=self._identity.verifier(self.store),
                       anchors=self.anchors, hooks=self.hooks, clock=self.clock)
 

@@ -4,6 +4,7 @@ The tree::
 
     PerdureError
     ├── ConfigurationError        bad settings, store URL, name, id or arguments; missing extra
+    │   └── ScheduleError         a schedule's spec is wrong (cron, time zone, interval, ...)
     ├── StoreError                the store cannot be used (down, locked, disk full)
     │   └── StoreCorruptError     the store's bytes are damaged
     ├── NodeIdentityError         this node's key is not certified under the id it acts as
@@ -102,6 +103,7 @@ __all__ = [
     "ResourceError",
     "ResourceStaleError",
     "ResultTimeoutError",
+    "ScheduleError",
     "SealBrokenError",
     "SerializationError",
     "StepFailedError",
@@ -123,6 +125,12 @@ class PerdureError(Exception):
 class ConfigurationError(PerdureError):
     """A setting or an input is wrong: fix the setting, store URL, name, id or arguments
     named in the message."""
+
+
+class ScheduleError(ConfigurationError):
+    """A schedule's spec is wrong (a bad cron expression, an unknown time zone, an
+    interval that is not a whole number of seconds above 0, both or neither of cron and
+    interval, an unknown overlap policy, ...). Nothing was stored."""
 
 
 class StoreError(PerdureError):

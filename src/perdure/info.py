@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from perdure.core.cycle import moment
 from perdure.core.lifecycle import Status
 from perdure.core.questions import Question
 from perdure.stores.base import ObjectRow
@@ -72,6 +73,11 @@ def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
             status = Status.RUNNING
         elif status is Status.RUNNING:
             status = Status.READY  # its node died; the lease lapsed and it waits to be claimed
+    note = row.note
+    if (status is Status.READY and row.epoch == 0 and note is None
+            and row.ready_at is not None and row.ready_at > now):
+        # Never claimed and not due: a delayed start (``app.options(start_at=...)``).
+        status, note = Status.DORMANT, f"waits to start at {moment(row.ready_at)}"
     return ObjectInfo(
         object_id=row.object_id,
         agent=row.agent,
@@ -83,7 +89,7 @@ def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
         ready_at=row.ready_at,
         waiting_event=row.waiting_event,
         records=row.head_seq,
-        note=row.note,
+        note=note,
         parent_id=row.parent_id,
         created_at=row.created_at,
         updated_at=row.updated_at,

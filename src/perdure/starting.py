@@ -23,8 +23,10 @@ wrong kind a ``ConfigurationError`` there, and a queue this App did not declare 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.flow import Queue, check_priority, check_queue_key
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["START_OPTIONS", "Starter"]
 
 START_OPTIONS = ("object_id", "deadline", "max_failures", "labels", "budget", "queue", "key",
-                 "priority", "dedupe_key")
+                 "priority", "dedupe_key", "start_at", "delay")
 """The names ``App.options`` takes."""
 
 
@@ -58,6 +60,8 @@ class Starter:
     priority (lower first; the queue must be declared with ``priority=True``), and
     ``dedupe_key``: while an object of the queue started with that key has not ended, a
     start with it returns a handle to that object instead (``created=False``).
+    ``start_at`` (seconds since the epoch) or ``delay`` (seconds from the start call)
+    starts it later: the object is created at once (its id taken) but dormant until then.
     """
 
     app: App
@@ -70,6 +74,15 @@ class Starter:
     key: str | None = None
     priority: int = 0
     dedupe_key: str | None = None
+    start_at: float | None = None
+    delay: float | None = None
+
+    def begins(self, now: float) -> float | None:
+        """When an object started at ``now`` with these options may first run (``None``:
+        at once)."""
+        if self.start_at is not None:
+            return self.start_at
+        return None if self.delay is None else now + self.delay
 
     def start(self, agent: Callable[..., Any] | str, /, *args: Any, **kwargs: Any) -> Handle:
         """Create an object running ``agent(*args, **kwargs)`` with these options; every
@@ -108,9 +121,11 @@ def queue_options(app: App, queue: Queue | str | None, key: Any, priority: Any,
 def starter(app: App, *, object_id: str | None, deadline: float | None,
             max_failures: int | None, labels: Mapping[str, str] | None,
             budget: Any, queue: Queue | str | None = None, key: str | None = None,
-            priority: int | None = None, dedupe_key: str | None = None) -> Starter:
+            priority: int | None = None, dedupe_key: str | None = None,
+            start_at: Any = None, delay: Any = None) -> Starter:
     """A ``Starter`` with checked options (``ConfigurationError`` for a bad value,
     ``UnknownQueueError`` for a queue the App did not declare)."""
+    begins, wait = _start_time(start_at, delay)
     if object_id is not None:
         check_object_id(object_id)
     if deadline is not None and (isinstance(deadline, bool)
@@ -128,4 +143,31 @@ def starter(app: App, *, object_id: str | None, deadline: float | None,
     declared, queue_key, rank, dedupe = queue_options(app, queue, key, priority, dedupe_key)
     return Starter(app, object_id, deadline, max_failures,
                    check_labels(labels) if labels is not None else None, body,
-                   declared, queue_key, rank, dedupe)
+                   declared, queue_key, rank, dedupe, begins, wait)
+
+
+def _start_time(start_at: Any, delay: Any) -> tuple[float | None, float | None]:
+    """``start_at`` as seconds since the epoch (from a number or an aware ``datetime``)
+    and ``delay`` as seconds; ``ConfigurationError`` for anything else, or both."""
+    if start_at is not None and delay is not None:
+        raise ConfigurationError("give start_at or delay, not both")
+    if delay is not None:
+        if hasattr(delay, "total_seconds"):
+            delay = delay.total_seconds()
+        if (isinstance(delay, bool) or not isinstance(delay, int | float)
+                or not math.isfinite(delay) or delay < 0):
+            raise ConfigurationError(f"delay is a number of seconds, 0 or more, not {delay!r}")
+        return None, float(delay)
+    if start_at is None:
+        return None, None
+    if isinstance(start_at, datetime):
+        if start_at.tzinfo is None or start_at.utcoffset() is None:
+            raise ConfigurationError(
+                "start_at is a datetime with a time zone (datetime.now(UTC), say) or seconds "
+                "since the epoch; a naive datetime could mean any zone")
+        return start_at.timestamp(), None
+    if (isinstance(start_at, bool) or not isinstance(start_at, int | float)
+            or not math.isfinite(start_at) or start_at < 0):
+        raise ConfigurationError(f"start_at is seconds since the epoch or an aware datetime, "
+                                 f"not {start_at!r}")
+    return float(start_at), None

@@ -132,7 +132,8 @@ intents = st.builds(
     kwargs=_object, deadline=maybe(_when),
     max_failures=maybe(st.integers(min_value=0, max_value=100) | _seconds),
     requires=st.lists(_name, max_size=3).map(tuple), goal=_object,
-    version_no=st.integers(min_value=1, max_value=100), budget=_budget)
+    version_no=st.integers(min_value=1, max_value=100), budget=_budget,
+    start_at=maybe(_when))
 
 contexts = st.builds(
     Context, object_id=_name, trace_id=_hex, parent_id=maybe(_name), root_id=maybe(_name),
@@ -208,7 +209,8 @@ SHAPES: dict[type[Any], st.SearchStrategy[Any]] = {
         st.builds(Dormant.approval, _pos, _name, _name, maybe(_when)),
         st.builds(Dormant.wait, _pos, _name, maybe(_when),
                   maybe(_json.filter(lambda v: v is not None)),
-                  maybe(st.lists(_json, max_size=3).map(tuple))),
+                  maybe(st.lists(_json, max_size=3).map(tuple)),
+                  st.lists(_name, max_size=2)),
         st.builds(Dormant.join, _pos, st.lists(_name, min_size=1, max_size=3), _name),
         st.builds(Dormant.gather, _pos, maybe(_when), maybe(_name),
                   st.lists(_name, max_size=3))),

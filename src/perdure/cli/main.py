@@ -14,6 +14,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -30,6 +31,7 @@ from perdure.cli.approvals import approvals, approve, reject
 from perdure.cli.data_keys import data_key
 from perdure.cli.keys import keys
 from perdure.cli.queues import queues
+from perdure.cli.schedules import schedules
 from perdure.cli.steer import fork, query, questions, retry
 from perdure.cli.tail import tail
 from perdure.cli.ui import start_ui, ui
@@ -141,11 +143,14 @@ class _Ctx:
         in the key folder (and no ``--trust``), one line naming the folder and what to
         run. ``worker``, ``start``, ``fork``, ``demo`` and ``keys`` may set a folder up."""
         command = click.get_current_context(silent=True)
+        inner = command.info_name if command is not None else None
         while command is not None and command.parent is not None and (
                 command.parent.parent is not None):
             command = command.parent  # up to the top-level command (``keys``, not ``list``)
         top = command.info_name if command is not None and command.parent is not None else None
         if top is None or top in _MAY_MAKE_KEYS or app.identity.explicit_trust:
+            return
+        if top == "schedules" and inner != top:  # create, pause, ...: not the listing
             return
         app.store  # noqa: B018 - a store that cannot be opened says so first, in its own words
         folder = app.identity.folder
@@ -405,6 +410,22 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
         os._exit(0)
 
 
+def _moment(text: str, what: str) -> float:
+    """Seconds since the epoch from ``text``: a number, or ISO 8601 with a zone."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        _fail(f"{what} is an ISO 8601 time with a zone or seconds since the epoch, not "
+              f"{text[:80]!r}")
+    if moment.tzinfo is None:
+        _fail(f"{what} {text[:80]!r} has no zone; add one (+00:00 or Z)")
+    return moment.timestamp()
+
+
 def _json_arg(text: str | None, what: str) -> Any:
     if text is None:
         return None
@@ -436,10 +457,19 @@ def _secret_arg(text: str | None) -> Secret[Any]:
               help="Keyword arguments as a JSON object.")
 @click.option("--id", "object_id", help="Object id (idempotent: an existing id is reused).")
 @click.option("--deadline", type=float, help="Seconds from now before the object is terminated.")
+@click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Create the object now but run it no sooner than SECONDS from now.")
+@click.option("--at", "at_text", metavar="WHEN",
+              help="Create the object now but run it no sooner than WHEN (ISO 8601 with a "
+                   "zone, e.g. 2025-01-31T02:30:00+01:00, or seconds since the epoch).")
 @click.pass_obj
 def start(obj: _Ctx, agent: str, args_json: str, kwargs_json: str, object_id: str | None,
-          deadline: float | None) -> None:
-    """Start an object running AGENT."""
+          deadline: float | None, delay: float | None = None,
+          at_text: str | None = None) -> None:
+    """Start an object running AGENT (now, or later with --delay or --at)."""
+    if delay is not None and at_text is not None:
+        _fail("give --delay or --at, not both")
+    start_at = None if at_text is None else _moment(at_text, "--at")
     args = _json_arg(args_json, "--args")
     if not isinstance(args, list):
         args = [args]
@@ -447,7 +477,8 @@ def start(obj: _Ctx, agent: str, args_json: str, kwargs_json: str, object_id: st
     if not isinstance(kwargs, dict):
         _fail("--kwargs must be a JSON object")
     app = obj.app(need_agents=True)
-    handle = app.options(object_id=object_id, deadline=deadline).start(agent, *args, **kwargs)
+    handle = app.options(object_id=object_id, deadline=deadline, delay=delay,
+                         start_at=start_at).start(agent, *args, **kwargs)
     created = handle.created
     differs = handle.differs
     if differs:
@@ -794,6 +825,7 @@ cli.add_command(ls_, name="list")  # the same listing under its long name
 cli.add_command(ui)
 cli.add_command(api)
 cli.add_command(api_token)
+cli.add_command(schedules)
 for _command in (approvals, approve, reject):
     cli.add_command(_command)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "ObjectView",
     "ReasonCode",
     "evaluate",
+    "moment",
     "read_memory",
 ]
 
@@ -62,6 +64,7 @@ class ReasonCode(StrEnum):
     TIMER_DUE = "timer_due"
     EVENT_ARRIVED = "event_arrived"
     WAITING = "waiting"  # a dormancy still waits: for children, an event or a timer
+    NOT_STARTED = "not_started"  # a delayed start whose time has not come
     FIRST_EXECUTION = "first_execution"
     RESUME = "resume"  # executed before: resume the agent from memory
 
@@ -280,13 +283,26 @@ def evaluate(view: ObjectView, policy: LocalPolicy, now: float) -> Decision:
     if dormancy is not None:
         return _dormant(dormancy, view, facts, now)
     if not facts.executed:
+        start_at = facts.intent.start_at
+        if start_at is not None and now < start_at:
+            return _dormancy(ReasonCode.NOT_STARTED, f"waits to start at {moment(start_at)}",
+                             wake_at=start_at)
         return _go(Action.EXECUTE, ReasonCode.FIRST_EXECUTION, "first execution")
     return _go(Action.REENTRY, ReasonCode.RESUME, "resume from memory")
+
+
+def moment(instant: float) -> str:
+    """An instant as people read it in notes: ``2025-01-31 02:30:00Z``."""
+    return datetime.fromtimestamp(instant, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _dormant(dormancy: Dormancy, view: ObjectView, facts: MemoryFacts, now: float) -> Decision:
     """An object with an open dormancy: re-enter if what it waits for is there, else wait."""
     if dormancy.children:
+        if dormancy.reason == "event" and dormancy.event in view.pending_events:
+            # A wait that also watches children (a schedule's): its event came first.
+            return _go(Action.REENTRY, ReasonCode.EVENT_ARRIVED,
+                       f"event {dormancy.event!r} arrived")
         live = [c for c in dormancy.children if c not in facts.finished_children]
         if not live:
             return _go(Action.REENTRY, ReasonCode.CHILDREN_FINISHED,

@@ -7,7 +7,8 @@ Each is defined here once, for the API that sends it and the engine that takes i
 
 from __future__ import annotations
 
-__all__ = ["ACTION_NOTE", "APPROVAL_EVENT", "REFINE_EVENT", "RESERVED_PREFIX", "is_reserved"]
+__all__ = ["ACTION_NOTE", "APPROVAL_EVENT", "REFINE_EVENT", "RESERVED_PREFIX", "SCHEDULE_EVENT",
+           "is_reserved"]
 
 #: The prefix of every event name perdure reserves for itself.
 RESERVED_PREFIX = "perdure:"
@@ -15,6 +16,8 @@ RESERVED_PREFIX = "perdure:"
 APPROVAL_EVENT = "perdure:approval"
 #: An intent refinement, or an operator's action, in an object's inbox.
 REFINE_EVENT = "perdure:refine"
+#: A control of a schedule object (pause, resume, trigger, backfill, update, delete).
+SCHEDULE_EVENT = "perdure:schedule"
 #: A refinement event whose payload is ``{ACTION_NOTE: {...}}`` records who acted on the
 #: object (pause, resume, cancel, ...) instead of changing its intent.
 ACTION_NOTE = "perdure:action"

@@ -67,15 +67,19 @@ class Intent:
     goal: dict[str, Any] = field(default_factory=dict)  # free-form objective, refinable
     version_no: int = 1  # intent version, bumped by each refinement
     budget: dict[str, Any] | None = None  # model calls' budget (``budget_body``)
+    #: Seconds since the epoch before which the object does not run (a delayed start).
+    start_at: float | None = None
 
     def to_body(self) -> dict[str, Any]:
-        """Encode as a JSON object for a memory record (``budget`` only when set, so an
-        intent without one encodes as it always did)."""
+        """Encode as a JSON object for a memory record (``budget`` and ``start_at`` only
+        when set, so an intent without them encodes as it always did)."""
         body = asdict(self)
         body["args"] = list(self.args)
         body["requires"] = list(self.requires)
         if self.budget is None:
             del body["budget"]
+        if self.start_at is None:
+            del body["start_at"]
         return body
 
     @classmethod
@@ -92,6 +96,7 @@ class Intent:
             goal=detached(dict(body.get("goal", {}))),
             version_no=int(body.get("version_no", 1)),
             budget=budget_body(body.get("budget")),
+            start_at=body.get("start_at"),
         )
 
     def refined(self, changes: dict[str, Any]) -> Intent:

@@ -16,7 +16,7 @@ from typing import Any
 
 from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
 from perdure.core.codec import decode
-from perdure.core.cycle import Action, Decision, MemoryFacts
+from perdure.core.cycle import Action, Decision, MemoryFacts, ReasonCode
 from perdure.core.events import ACTION_NOTE, REFINE_EVENT
 from perdure.core.gc import gc_paused
 from perdure.core.intent import Context, Intent
@@ -176,8 +176,12 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
         await refresh_flags(node, run, claim.epoch)
 
     async def spawn_child(agent: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                          child_id: str, parent: Context) -> str:
-        return await spawn(node, agent, args, kwargs, child_id, parent)
+                          child_id: str, parent: Context, start_at: float | None) -> str:
+        return await spawn(node, agent, args, kwargs, child_id, parent, start_at)
+
+    async def cancel_child(child_id: str) -> None:
+        now = node.clock()
+        await node.write(lambda: node.store.control(child_id, now, cancel=True))
 
     async def lineage_budgets() -> list[Any]:
         from perdure.engine.commands.model_budget import lineage_budgets as gather
@@ -192,7 +196,7 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
         run = Run(journal=journal, intent=facts.intent, context=facts.context, records=records,
                   load_events=load_events, pending_events=events,
                   step_executor=node.run_step, clock=node.clock,
-                  spawn=spawn_child, capabilities=node.capabilities,
+                  spawn=spawn_child, cancel=cancel_child, capabilities=node.capabilities,
                   check_event=node.verifier.check_event, refresh_flags=flags,
                   crashes=claim.crashes, max_crashes=node.policy.max_crashes,
                   model_prices=node.settings.model_prices, lineage_budgets=lineage_budgets,
@@ -287,6 +291,8 @@ async def dormancy(node: Node, claim: Claim, records: list[Record], decision: De
     # Still waiting for what it went dormant for (woken by a control event, say): the
     # row says again what it waits for (the questions it asks, the approvals), from memory.
     note = waiting_note(records) if status in (Status.DORMANT, Status.PAUSED) else None
+    if decision.code is ReasonCode.NOT_STARTED:
+        note = decision.reason  # "waits to start at ..."
     journal = node.journal(claim, records)
     await journal.commit([], status=status, phase=Phase.DORMANCY, ready_at=ready_at,
                          running=False, waiting_event=event, release=True,

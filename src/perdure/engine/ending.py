@@ -15,6 +15,7 @@ from typing import Any
 from perdure.core.bodies import Terminated
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Record, RecordDraft
+from perdure.core.schedules import SCHEDULE_AGENT
 from perdure.core.sealing import redact
 from perdure.engine.failures import error_body
 from perdure.engine.journal import Journal
@@ -50,7 +51,9 @@ async def finish(node: Node, journal: Journal, records: list[Record], ended_as: 
     # The live children are asked to cancel in the terminal record's own transaction
     # (every object whose row names this one as parent: also a child whose delegation
     # record a crash kept from being written), so the request is never lost.
-    children = node.policy.cancel_children
+    # A schedule's runs are its children but outlive it: deleting it cancels none.
+    children = node.policy.cancel_children and (
+        records[0].body.get("intent", {}).get("agent") != SCHEDULE_AGENT)
     completing = status is Status.COMPLETED
     ended = status
     try:

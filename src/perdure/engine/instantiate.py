@@ -33,21 +33,24 @@ def instantiate(
     budget: dict[str, Any] | None = None,
     labels: Mapping[str, str] | None = None,
     parent: Context | None = None,
+    start_at: float | None = None,
 ) -> NewObject:
     """Build a new object: intent, context (with lineage from ``parent``), first record.
 
-    ``deadline`` is seconds from ``now``. A child shares its parent's trace and root,
-    one level deeper, and inherits its labels.
+    ``deadline`` is seconds from ``now``, or from ``start_at`` (seconds since the epoch)
+    when the object starts later: no node runs it before then. A child shares its
+    parent's trace and root, one level deeper, and inherits its labels.
     """
     intent = Intent(
         agent=definition.name,
         version=definition.version,
         args=tuple(args),
         kwargs=dict(kwargs),
-        deadline=now + deadline if deadline is not None else None,
+        deadline=(max(now, start_at or now) + deadline if deadline is not None else None),
         max_failures=max_failures,
         budget=budget,
         requires=tuple(sorted(definition.requires)),
+        start_at=start_at if start_at is not None and start_at > now else None,
     )
     if parent is None:
         context = Context(object_id=object_id, trace_id=uuid.uuid4().hex, root_id=object_id,
@@ -70,5 +73,6 @@ def instantiate(
         ts_us=int(now * 1_000_000), policy_ref=policy_ref, signer=signer,
     )
     return NewObject(object_id=object_id, agent=definition.name,
-                     agent_version=definition.version, first=first, ready_at=now,
+                     agent_version=definition.version, first=first,
+                     ready_at=intent.start_at if intent.start_at is not None else now,
                      parent_id=context.parent_id, requires=intent.requires)

@@ -31,8 +31,9 @@ __all__ = ["fold_children", "parent_signal", "spawn"]
 
 
 async def spawn(node: Node, agent: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                child_id: str, parent: Context) -> str:
-    """Create a child object (idempotent on its id); returns the child's agent version."""
+                child_id: str, parent: Context, start_at: float | None = None) -> str:
+    """Create a child object (idempotent on its id), dormant until ``start_at`` if given;
+    returns the child's agent version."""
     name = agent if isinstance(agent, str) else getattr(agent, "__perdure_agent__", None)
     definition = node.agents.get(str(name)) if name is not None else None
     if definition is None:
@@ -44,7 +45,8 @@ async def spawn(node: Node, agent: Any, args: tuple[Any, ...], kwargs: dict[str,
         args, kwargs = await node.write(
             lambda: sealed_arguments(sealer, args, kwargs, agent=definition.name))
     new = instantiate(definition, args, kwargs, object_id=child_id, signer=node.signer,
-                      policy_ref=node.policy_ref, now=node.clock(), parent=parent)
+                      policy_ref=node.policy_ref, now=node.clock(), parent=parent,
+                      start_at=start_at)
     if not await node.write(node.store.create, new, node.clock()):
         row = await node.read(node.store.get, child_id)
         if row is not None and (row.agent != definition.name

@@ -89,6 +89,7 @@ class Run:
         step_executor: Callable[..., Awaitable[Any]],
         clock: Callable[[], float] = time.time,
         spawn: Spawn | None = None,
+        cancel: Callable[[str], Awaitable[None]] | None = None,
         capabilities: frozenset[str] = frozenset(),
         check_event: Callable[[Event], EventCheck] | None = None,
         refresh_flags: Callable[[], Awaitable[None]] | None = None,
@@ -111,6 +112,7 @@ class Run:
         self._step_executor = step_executor
         self._clock = clock
         self._spawn = spawn
+        self._cancel = cancel  # asks another object to cancel (a schedule's previous run)
         self._capabilities = capabilities
         self._model_prices = model_prices  # the App's price table for ``run.model``
         # Lineage budgets over this object, with their lineages' records (``model_budget``)

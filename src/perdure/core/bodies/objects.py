@@ -54,6 +54,7 @@ _INTENT_KEYS: dict[str, Callable[[BodyReader, str], Any]] = {
     "goal": BodyReader.mapping,
     "version_no": BodyReader.integer,
     "budget": _read_budget,
+    "start_at": BodyReader.optional_number,  # only a delayed start holds it
 }
 
 
@@ -84,8 +85,8 @@ assert set(_CONTEXT_KEYS) == {f.name for f in dataclass_fields(Context)}, \
 
 
 def _read_intent(fields: BodyReader, key: str) -> Intent:
-    """An intent as ``Intent.to_body`` writes it: every key present but ``budget``,
-    which only an intent with a budget holds."""
+    """An intent as ``Intent.to_body`` writes it: every key present but ``budget`` and
+    ``start_at``, which only an intent with a budget, or a delayed start, holds."""
     nested = fields.nested(key)
     intent = Intent(**{name: read(nested, name) for name, read in _INTENT_KEYS.items()})
     nested.finish()

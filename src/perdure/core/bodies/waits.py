@@ -102,11 +102,12 @@ class Dormant(Body):
 
     @classmethod
     def wait(cls, pos: Position, event: str, wake_at: float | None, prompt: JSON = None,
-             choices: tuple[JSON, ...] | None = None) -> Dormant:
+             choices: tuple[JSON, ...] | None = None, watch: Sequence[str] = ()) -> Dormant:
         """``run.wait_for(event)``, timing out at ``wake_at`` (``None``: never), asking
-        ``prompt`` with ``choices`` (``None``: none)."""
+        ``prompt`` with ``choices`` (``None``: none); a schedule's wait also ends when the
+        runs it ``watch``es have all ended (``children``, left out when empty)."""
         return cls(pos, "wait", "event", wake_at, name=event, event=event, prompt=prompt,
-                   choices=choices)
+                   choices=choices, children=tuple(watch))
 
     @classmethod
     def join(cls, pos: Position, children: Sequence[str], event: str) -> Dormant:
@@ -130,6 +131,8 @@ class Dormant(Body):
             put(body, "prompt", self.prompt)
             if self.choices is not None:
                 body["choices"] = list(self.choices)
+            if self.children:
+                body["children"] = list(self.children)
         return body
 
     @classmethod
@@ -147,7 +150,8 @@ class Dormant(Body):
             pos, cmd, fields.text("reason"), fields.nullable_number("wake_at"),
             name=fields.text("name") if "name" in keys else None,
             event=fields.nullable_text("event") if "event" in keys else None,
-            children=fields.texts("children") if "children" in keys else (),
+            children=(fields.texts("children")
+                      if "children" in keys or (asks and fields.has("children")) else ()),
             seconds=fields.number("seconds") if "seconds" in keys else None,
             prompt=prompt, choices=choices,
         )

@@ -55,9 +55,10 @@ __all__ = [
 
 CHILD_EVENT = "perdure:child"  # a child's terminal signal in its parent's inbox
 
-#: How a run creates a child object: ``(agent, args, kwargs, child_id, parent context)``
-#: -> the child's agent version (the node's ``Worker._spawn``).
-Spawn = Callable[[Any, tuple[Any, ...], dict[str, Any], str, Context], Awaitable[str]]
+#: How a run creates a child object: ``(agent, args, kwargs, child_id, parent context,
+#: start_at)`` -> the child's agent version (``engine.lineage.spawn``).
+Spawn = Callable[[Any, tuple[Any, ...], dict[str, Any], str, Context, float | None],
+                 Awaitable[str]]
 
 # When gather's branches end differently, these signals unwind it first, the most
 # urgent first whatever the branches' order: a park (a person must look), a lost lease,
@@ -135,7 +136,8 @@ async def delegate(self: Run, agent: Callable[..., Any] | str, /, *args: Any,
 
 
 async def _delegate(self: Run, agent: Callable[..., Any] | str, args: tuple[Any, ...],
-                    kwargs: dict[str, Any], object_id: str | None) -> ChildHandle:
+                    kwargs: dict[str, Any], object_id: str | None,
+                    start_at: float | None = None) -> ChildHandle:
     name = agent if isinstance(agent, str) else str(
         getattr(agent, "__perdure_agent__", None) or qualname(agent))
     if object_id is not None:
@@ -153,7 +155,8 @@ async def _delegate(self: Run, agent: Callable[..., Any] | str, args: tuple[Any,
         raise ObjectConflictError(
             f"cannot delegate to {child_id!r} at command #{key}: this object delegated to "
             f"it already at command #{earlier}; give each child its own object_id")
-    version = await self._spawn(agent, tuple(args), dict(kwargs), child_id, self._context)
+    version = await self._spawn(agent, tuple(args), dict(kwargs), child_id, self._context,
+                                start_at)
     await self._journal.commit([Delegated(key, name, child_id, version).draft()])
     self._journal.delegated.append(child_id)
     return ChildHandle(self, child_id)

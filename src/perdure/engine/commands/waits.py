@@ -37,7 +37,7 @@ from perdure.stores.base import Event
 if TYPE_CHECKING:
     from perdure.engine.run import Run
 
-__all__ = ["check_question", "received", "sleep", "vouched", "wait_for"]
+__all__ = ["check_question", "received", "sleep", "vouched", "wait_for", "watch_wait"]
 
 _EVENT_RECEIVED = Kind.EVENT_RECEIVED.value  # compared as the plain string a record holds
 
@@ -91,6 +91,33 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None,
     if find(recs, Kind.WAIT_TIMED_OUT) is not None:
         return None
     self._boundary()
+    arrived, payload = await _receive(self, pos, event)
+    if arrived:
+        return payload
+    dormant = find(recs, Kind.DORMANT)
+    now = self._clock()
+    if dormant is not None:
+        deadline = dormant.body.get("wake_at")
+        drafts: list[RecordDraft] = []
+        # What memory says it asks (the code may ask otherwise now: memory is the truth).
+        prompt, asked = dormant.body.get("prompt"), dormant.body.get("choices")
+        offered = tuple(asked) if isinstance(asked, list) else None
+    else:
+        deadline = now + float(timeout) if timeout is not None else None
+        drafts = [Dormant.wait(pos, event, deadline, *_kept(self, event, prompt, offered)
+                               ).draft()]
+    if deadline is not None and now >= deadline:
+        self._journal.defer(WaitTimedOut(pos, event).draft())
+        return None
+    note = (asking_note(event, *_kept(self, event, prompt, offered))
+            if prompt is not None or offered is not None else None)
+    raise Suspend(drafts, ready_at=deadline, waiting_event=event,
+                  reason=f"waiting for event {event!r}", note=note)
+
+
+async def _receive(self: Run, pos: int | str, event: str) -> tuple[bool, Any]:
+    """Take the first event ``event`` of the inbox that its seal vouches for: ``(True,
+    payload)``, its receipt deferred to the next commit; ``(False, None)`` if none."""
     for ev in await _inbox(self, event):
         if ev.name == event and ev.event_id not in self._consumed:
             self._consumed.add(ev.event_id)
@@ -111,26 +138,38 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None,
                 EventReceived(pos, event, ev.event_id, payload, digest).draft(),
                 consume_event_ids=[ev.event_id],
             )
-            return self._opened(payload)
+            return True, self._opened(payload)
+    return False, None
+
+
+async def watch_wait(self: Run, event: str, wake_at: float | None, watch: Sequence[str]
+                     ) -> tuple[bool, Any]:
+    """Wait for ``event`` until ``wake_at`` (seconds since the epoch; ``None``: no
+    timer), or until every run in ``watch`` (children of this object) has ended, which
+    comes first: ``(True, payload)`` for the event, ``(False, None)`` otherwise (a
+    ``wait_timed_out`` record says so to a replay). A schedule waits this way."""
+    pos, recs = self._take("wait", event)
+    got = find(recs, Kind.EVENT_RECEIVED)
+    if got is not None:
+        return True, detached(got.body.get("payload"))
+    if find(recs, Kind.WAIT_TIMED_OUT) is not None:
+        return False, None
+    self._boundary()
+    received_now, payload = await _receive(self, pos, event)
+    if received_now:
+        return True, payload
     dormant = find(recs, Kind.DORMANT)
-    now = self._clock()
-    if dormant is not None:
-        deadline = dormant.body.get("wake_at")
-        drafts: list[RecordDraft] = []
-        # What memory says it asks (the code may ask otherwise now: memory is the truth).
-        prompt, asked = dormant.body.get("prompt"), dormant.body.get("choices")
-        offered = tuple(asked) if isinstance(asked, list) else None
-    else:
-        deadline = now + float(timeout) if timeout is not None else None
-        drafts = [Dormant.wait(pos, event, deadline, *_kept(self, event, prompt, offered)
-                               ).draft()]
-    if deadline is not None and now >= deadline:
+    if dormant is not None:  # memory is the truth: what the wait was when it began
+        wake_at = dormant.body.get("wake_at")
+        watch = tuple(dormant.body.get("children", ()))
+    ended = bool(watch) and all(child in self._children for child in watch)
+    if ended or (wake_at is not None and self._clock() >= wake_at):
         self._journal.defer(WaitTimedOut(pos, event).draft())
-        return None
-    note = (asking_note(event, *_kept(self, event, prompt, offered))
-            if prompt is not None or offered is not None else None)
-    raise Suspend(drafts, ready_at=deadline, waiting_event=event,
-                  reason=f"waiting for event {event!r}", note=note)
+        return False, None
+    drafts = [] if dormant is not None else [Dormant.wait(pos, event, wake_at,
+                                                          watch=watch).draft()]
+    raise Suspend(drafts, ready_at=wake_at, waiting_event=event, children=watch,
+                  reason=f"waiting for event {event!r}")
 
 
 def _kept(run: Run, event: str, prompt: Any, offered: tuple[Any, ...] | None
