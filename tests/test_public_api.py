@@ -57,7 +57,7 @@ def test_the_root_exports_what_users_write() -> None:
     machinery stays in its subpackage (and is importable from there)."""
     assert not NOT_AT_THE_ROOT & set(perdure.__all__)
     assert set(FACE_NAMES) >= NOT_AT_THE_ROOT
-    assert len(perdure.__all__) <= 90
+    assert len(perdure.__all__) <= 100  # grown with queues, schedules, async and testing
 
 
 def test_all_is_sorted_and_unique() -> None:
