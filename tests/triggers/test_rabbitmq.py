@@ -207,7 +207,7 @@ def _campaign(rabbit: Rabbit, tmp_path: Path, messages: int, kills: int) -> None
         app.close()
     assert rabbit.ready() == 0 and rabbit.dead() == []
     # Each killed process's last start came again to the next one and changed nothing.
-    assert sum("was applied before" in log for log in logs[1:]) >= kills
+    assert sum(log.count("was applied before") for log in logs[1:]) >= kills
 
 
 def test_consumers_killed_between_commit_and_ack(rabbit: Rabbit, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ tests.triggers.trigger_app:app triggers run``), set by the environment:
 - ``TRIGGER_TEST_QUEUE`` (and ``TRIGGER_TEST_RABBITMQ``): a RabbitMQ trigger ``jobs-rabbit``;
 - ``TRIGGER_TEST_SUBJECT``, ``TRIGGER_TEST_STREAM`` (and ``TRIGGER_TEST_NATS``): a NATS
   trigger ``jobs-nats``;
+- ``TRIGGER_TEST_FOLDER``: a folder trigger ``files`` starting ``take`` (a file's path);
 - ``TRIGGER_TEST_KILL_AT=N``: the process kills itself with SIGKILL right after its N-th
   committed start, before that message is acknowledged.
 """
@@ -38,7 +39,21 @@ async def inbox(run: perdure.Run, expected: int) -> list[Any]:
     return got
 
 
+@app.agent()
+async def take(run: perdure.Run, path: str) -> str:
+    """Started by a file: what it holds."""
+    return await run.step(_read, path)
+
+
+def _read(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
 triggers = Triggers.of(app)
+if os.environ.get("TRIGGER_TEST_FOLDER"):
+    triggers.folder(os.environ["TRIGGER_TEST_FOLDER"], agent=take, name="files",
+                    interval=0.05)
 if os.environ.get("TRIGGER_TEST_QUEUE"):
     triggers.rabbitmq(os.environ["TRIGGER_TEST_QUEUE"], agent=job, name="jobs-rabbit",
                       url=os.environ.get("TRIGGER_TEST_RABBITMQ",
