@@ -214,3 +214,13 @@ def test_consumers_killed_between_commit_and_ack(js: JetStream, tmp_path: Path) 
 def test_consumers_killed_between_commit_and_ack_soak(js: JetStream, tmp_path: Path) -> None:
     """The same, with 80 messages and 20 kills."""
     _campaign(js, tmp_path, messages=80, kills=20)
+
+
+def test_a_missing_stream_stops_the_trigger_with_its_name(app: perdure.App) -> None:
+    """A stream that does not exist is a ``ConfigurationError`` naming it."""
+    triggers = Triggers()
+    triggers.nats("nowhere.jobs", stream=unique("MISSING").replace("-", "_"), agent="job",
+                  servers=need_nats())
+    with pytest.raises(perdure.ConfigurationError, match=r"stream 'MISSING_.*' does not exist"), \
+            running(triggers, app):
+        pass

@@ -220,3 +220,13 @@ def test_consumers_killed_between_commit_and_ack(rabbit: Rabbit, tmp_path: Path)
 def test_consumers_killed_between_commit_and_ack_soak(rabbit: Rabbit, tmp_path: Path) -> None:
     """The same, with 80 messages and 20 kills."""
     _campaign(rabbit, tmp_path, messages=80, kills=20)
+
+
+def test_a_missing_queue_stops_the_trigger_with_its_name(app: perdure.App) -> None:
+    """The trigger looks its queue up and declares nothing: a queue that does not exist
+    is a ``ConfigurationError`` naming it."""
+    triggers = Triggers()
+    triggers.rabbitmq(unique("perdure-missing"), agent="job", url=need_rabbitmq())
+    with pytest.raises(perdure.ConfigurationError, match="does not exist at amqp://guest:"
+                       r"\*\*\*@"), running(triggers, app):
+        pass

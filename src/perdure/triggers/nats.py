@@ -124,7 +124,8 @@ class NatsTrigger(Trigger):
         is not needed here: a batch is short, and whatever is not acknowledged comes
         again after ``ack_wait``."""
         nats = _nats()
-        nc = await self._connect(nats, stop)
+        closing = asyncio.Event()
+        nc = await self._connect(nats, stop, closing)
         if nc is None:
             return
         try:
@@ -156,15 +157,20 @@ class NatsTrigger(Trigger):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(sub.unsubscribe(), timeout=5)
         finally:
+            closing.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(nc.close(), timeout=5)
 
-    async def _connect(self, nats: Any, stop: asyncio.Event) -> Client | None:
+    async def _connect(self, nats: Any, stop: asyncio.Event,
+                       closing: asyncio.Event) -> Client | None:
         """A connection that reconnects by itself, trying again (backing off up to 5 s)
-        until a server answers or ``stop`` is set (then ``None``)."""
+        until a server answers or ``stop`` is set (then ``None``); a disconnection is
+        said unless ``closing`` is set."""
         name = self.name
 
         async def disconnected() -> None:
+            if closing.is_set():
+                return
             log.warning("trigger %s: disconnected from NATS; reconnecting", name,
                         extra={"action": "trigger_disconnected"})
 
