@@ -7,8 +7,10 @@ that needs another's types for its signatures depends on it all the same). It fa
 - ``stores``, ``llm``, ``resources`` or ``keys`` import a layer above them;
 - ``engine`` imports a top-level API module (``app``, ``handle``, ``approvals``, ...);
 - anything outside ``stores/`` imports a private module of ``stores/``;
-- an edge (``cli``, ``web``, ``adapters``, ``demo``) imports a private member of another
-  package (a name or a module starting with ``_``).
+- an edge (``cli``, ``web``, ``adapters``, ``demo``, ``triggers``) imports a private
+  member of another package (a name or a module starting with ``_``);
+- ``triggers`` imports the engine, a store or the key machinery: a consumer uses the
+  App's public API, as any program would.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ ALLOWED: dict[str, set[str]] = {
     "keys": {"core", "errors", "hooks", "stores"},
     "resources": {"core", "errors", "hooks", "stores"},
 }
-EDGES = {"cli", "web", "adapters", "demo"}
+EDGES = {"cli", "web", "adapters", "demo", "triggers"}
+# What the broker and folder consumers may not reach below the API.
+TRIGGERS_AVOID = {"engine", "stores", "keys"}
 
 
 def _part(module: str) -> str:
@@ -111,6 +115,8 @@ def _problems() -> list[str]:
                 part.startswith("_") for part in target.split(".")[2:]
             ):
                 problems.append(f"{where}: a private module of stores/")
+            if layer == "triggers" and there in TRIGGERS_AVOID:
+                problems.append(f"{where}: triggers use the App's API, not the {there}")
             if layer in EDGES and there != layer:
                 private_module = any(
                     p.startswith("_") and p != "__init__" for p in target.split(".")[1:]
@@ -149,7 +155,8 @@ def test_layers_import_only_downwards() -> None:
 @pytest.mark.parametrize(
     ("layer", "target"),
     [("core", "perdure.stores.base"), ("stores", "perdure.engine.run"),
-     ("engine", "perdure.app"), ("web", "perdure.stores._rows")],
+     ("engine", "perdure.app"), ("web", "perdure.stores._rows"),
+     ("triggers", "perdure.engine.worker")],
 )
 def test_the_walk_sees_a_forbidden_import(layer: str, target: str, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -1081,7 +1081,8 @@ class App:
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,
                    install_signals: bool = True, drain_seconds: float = DRAIN_SECONDS,
-                   warn_stalls: float | None = None) -> int:
+                   warn_stalls: float | None = None,
+                   also: Sequence[Callable[[asyncio.Event], Awaitable[object]]] = ()) -> int:
         """Run this node until SIGINT/SIGTERM (or ``until()`` turns true). Blocks.
 
         On the first signal the node claims nothing more, says what it waits for, and
@@ -1090,6 +1091,11 @@ class App:
         them go at once. Returns how many steps were abandoned still running on code
         threads: the interpreter waits for those threads at exit unless the caller
         exits at once (``os._exit``), as ``perdure worker`` does.
+
+        ``also``: coroutine functions run beside the worker on its event loop, each given
+        the stop event the first signal sets (``perdure.triggers.Triggers.runner``
+        makes one: ``perdure worker --triggers``). The worker returns once they have
+        returned too; one that raises stops the worker, and its exception is raised.
         """
 
         async def main() -> int:
@@ -1113,13 +1119,19 @@ class App:
                     stop.set()
 
                 watcher = asyncio.create_task(watch())
+            companions = [asyncio.create_task(_companion(fn, stop)) for fn in also]
             try:
-                return await self.serve(stop, concurrency=concurrency,
-                                        drain_seconds=drain_seconds, abandon=abandon,
-                                        warn_stalls=warn_stalls)
+                abandoned = await self.serve(stop, concurrency=concurrency,
+                                             drain_seconds=drain_seconds, abandon=abandon,
+                                             warn_stalls=warn_stalls)
+                stop.set()
+                await asyncio.gather(*companions)
+                return abandoned
             finally:
                 if watcher is not None:
                     watcher.cancel()
+                for task in companions:
+                    task.cancel()
 
         return asyncio.run(main())
 
@@ -1139,3 +1151,14 @@ class App:
         finally:
             stopped.set()
             thread.join(timeout=30)
+
+
+async def _companion(fn: Callable[[asyncio.Event], Awaitable[object]],
+                     stop: asyncio.Event) -> None:
+    """Run ``fn(stop)`` beside a worker; if it fails, stop the worker (the failure is
+    raised where the companions are gathered)."""
+    try:
+        await fn(stop)
+    except BaseException:
+        stop.set()
+        raise

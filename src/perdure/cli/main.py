@@ -34,6 +34,7 @@ from perdure.cli.queues import queues
 from perdure.cli.schedules import schedules
 from perdure.cli.steer import fork, query, questions, retry
 from perdure.cli.tail import tail
+from perdure.cli.triggers import declared_triggers, triggers
 from perdure.cli.ui import start_ui, ui
 from perdure.core.chain import VerifyReport
 from perdure.core.lifecycle import Status
@@ -91,7 +92,7 @@ def _load_app(spec: str) -> App:
 
 # Commands that may set a key folder up, or never read or sign with one.
 _MAY_MAKE_KEYS = frozenset({"worker", "start", "api", "fork", "demo", "keys", "cancel", "pause",
-                            "resume", "retry", "forget-heads"})
+                            "resume", "retry", "forget-heads", "triggers"})
 
 
 class _Ctx:
@@ -373,6 +374,9 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 @click.option("--capability", "capabilities", multiple=True, metavar="NAME",
               help="A capability this node has (repeatable), added to the App's own; objects "
                    "and steps that require one go only to nodes that have it.")
+@click.option("--triggers", "with_triggers", is_flag=True,
+              help="Run the App's declared triggers too (see `perdure triggers`): their "
+                   "consumers stop taking messages at the first Ctrl-C/SIGTERM.")
 @click.option("--ui", "with_ui", is_flag=True,
               help="Serve the dashboard too (see `perdure ui`; 127.0.0.1 by default).")
 @click.option("--ui-host", default="127.0.0.1", show_default=True, envvar="PERDURE_UI_HOST",
@@ -384,7 +388,8 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
            poll_interval: float | None, capabilities: tuple[str, ...], with_ui: bool = False,
            ui_host: str = "127.0.0.1", ui_port: int = 8377,
-           drain_seconds: float = DRAIN_SECONDS, warn_stalls: float | None = None) -> None:
+           drain_seconds: float = DRAIN_SECONDS, warn_stalls: float | None = None,
+           with_triggers: bool = False) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM.
 
     The first Ctrl-C (or SIGTERM) stops claiming, says which objects and steps it waits
@@ -397,10 +402,16 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
     caps = f", capabilities {', '.join(sorted(app.capabilities))}" if app.capabilities else ""
     err.print(f"node {app.node_id} serving {serving} from {app.store_url} "
               f"(concurrency {concurrency}{caps})")
+    also = []
+    if with_triggers:
+        declared = declared_triggers(obj)
+        also.append(declared.runner(app=app, drain_seconds=drain_seconds))
+        err.print(f"with triggers {', '.join(t.name for t in declared) or '(none declared)'}")
     if with_ui:
         start_ui(app, host=ui_host, port=ui_port, background=True)
     abandoned = app.run_worker(concurrency=concurrency, drain_seconds=drain_seconds,
-                               warn_stalls=None if warn_stalls is None else warn_stalls / 1000)
+                               warn_stalls=None if warn_stalls is None else warn_stalls / 1000,
+                               also=also)
     if abandoned:
         # Steps left running on code threads would hold the process until they end:
         # their objects were let go, so exit now.
@@ -826,6 +837,7 @@ cli.add_command(ui)
 cli.add_command(api)
 cli.add_command(api_token)
 cli.add_command(schedules)
+cli.add_command(triggers)
 for _command in (approvals, approve, reject):
     cli.add_command(_command)
 
@@ -921,7 +933,8 @@ def main() -> None:
 
 _EXTRAS = {"openai": "llm", "anthropic": "llm", "bpe_openai": "llm", "psycopg": "postgres",
            "psycopg_pool": "postgres", "starlette": "ui", "uvicorn": "ui", "mcp": "mcp",
-           "keyring": "keyring", "httpx": "resources", "pydantic_ai": "pydantic-ai"}
+           "keyring": "keyring", "httpx": "resources", "pydantic_ai": "pydantic-ai",
+           "aio_pika": "rabbitmq", "aiormq": "rabbitmq", "nats": "nats"}
 
 
 def _import_hint(exc: ImportError) -> str:
