@@ -81,13 +81,15 @@ class ObjectClaimed(HookEvent):
     """The node claimed an object and checked its memory, before any agent code ran.
 
     ``records`` is how many records it read from the store this time (0 when it held
-    them all); ``seconds`` the time from the claim to the checked memory."""
+    them all); ``seconds`` the time from the claim to the checked memory; ``trace_id``
+    the one the object's records carry."""
 
     object_id: str
     epoch: int
     records: int
     held: bool
     seconds: float
+    trace_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

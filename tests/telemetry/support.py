@@ -25,8 +25,9 @@ log = logging.getLogger("tests.telemetry")
 FAST = perdure.RetryPolicy(max_attempts=3, base=0.02, cap=0.05)
 
 
-def _pause(seconds: float) -> float:
+def _pause(seconds: float, i: int, steps: int) -> float:
     time.sleep(seconds)
+    log.warning("step %d of %d done", i + 1, steps, extra={"action": "test_step"})
     return seconds
 
 
@@ -41,12 +42,11 @@ def _flaky(marks: str) -> str:
 
 @app.agent(name="chain")
 async def chain(run: perdure.Run, steps: int, seconds: float = 0.0) -> int:
-    """``steps`` steps (each sleeping ``seconds`` on a code thread), logging as it goes."""
+    """``steps`` steps (each sleeping ``seconds`` on a code thread and logging)."""
     total = 0
     for i in range(steps):
-        await run.step(_pause, seconds, name=f"s{i % 4}")
+        await run.step(_pause, seconds, i, steps, name=f"s{i % 4}")
         total += 1
-        log.info("step %d of %d done", i + 1, steps, extra={"action": "test_step"})
     return total
 
 

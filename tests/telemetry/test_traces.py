@@ -78,20 +78,33 @@ def receiver() -> Iterator[Receiver]:
     got.close()
 
 
+def _ended(app: object, object_id: str) -> bool:
+    row = app.store.get(object_id)  # type: ignore[attr-defined]
+    return row is not None and row.status in ("completed", "failed", "cancelled")
+
+
 def _campaign(store_url: str, key_dir: Path, tmp_path: Path, receiver: Receiver,
               kills: int, steps: int) -> None:
     app = support.app.with_settings(store=store_url, key_dir=key_dir)
     handle = app.start(support.chain, steps, 0.15)
     log = tmp_path / "worker.log"
-    for _ in range(kills):
+    killed = 0
+    while killed < kills and not _ended(app, handle.object_id):
+        killed += 1
         proc = support.start_worker(store_url, key_dir, log, "--otlp", receiver.url)
         try:
             done_before = sum(r.kind == Kind.STEP_DONE for r in app.store.records(
                 handle.object_id))
             # Kill once a new step is recorded and its span received: the worker is then
-            # in the middle of the next step (replayed by the next worker).
+            # in the middle of the next step (run again by the next worker).
             def next_span(before: int = done_before) -> bool:
-                return sum(n.startswith("step ") for n in receiver.names()) > before
+                # Caught up: every step recorded so far has its span. Spans are sent at
+                # most once; one batched but unsent at a SIGKILL is lost (documented),
+                # so the kills land where the exporter has sent what was written.
+                sent = sum(n.startswith("step ") for n in receiver.names())
+                done = sum(r.kind == Kind.STEP_DONE for r in app.store.records(
+                    handle.object_id))
+                return sent > before and sent == done
 
             assert wait_until(next_span, timeout=30), log.read_text()[-2000:]
         finally:
@@ -116,7 +129,8 @@ def _campaign(store_url: str, key_dir: Path, tmp_path: Path, receiver: Receiver,
         names = [n for _, _, n, _ in receiver.spans]
     assert names.count("invoke_agent chain") == 1
     assert sum(n.startswith("step s") for n in names) == steps
-    assert sum(n == "claim chain" for n in names) >= kills + 1
+    assert sum(n == "claim chain" for n in names) >= killed + 1
+    assert killed >= min(kills, 3)
 
 
 def test_each_span_once_across_killed_workers(store_url: str, key_dir: Path, tmp_path: Path,
@@ -129,5 +143,5 @@ def test_each_span_once_across_killed_workers(store_url: str, key_dir: Path, tmp
 @pytest.mark.slow
 def test_each_span_once_across_many_killed_workers(store_url: str, key_dir: Path,
                                                    tmp_path: Path, receiver: Receiver) -> None:
-    """The longer campaign: ten kills over twenty steps."""
-    _campaign(store_url, key_dir, tmp_path, receiver, kills=10, steps=20)
+    """The longer campaign: up to ten kills over forty steps."""
+    _campaign(store_url, key_dir, tmp_path, receiver, kills=10, steps=40)

@@ -13,6 +13,7 @@ logged, so an agent's own ``logging`` calls inside a step carry it), its ``trace
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -23,7 +24,7 @@ from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any
 
 from perdure.engine.context import current_step
-from perdure.hooks import HookEvent, RecordsWritten
+from perdure.hooks import HookEvent, ObjectClaimed, RecordsWritten
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -45,15 +46,21 @@ class TraceIds:
         self._lock = threading.Lock()
 
     def __call__(self, event: HookEvent) -> None:
-        """Learn from ``RecordsWritten`` (a hooks listener)."""
-        if not isinstance(event, RecordsWritten):
+        """Learn from ``ObjectClaimed`` and ``RecordsWritten`` (a hooks listener)."""
+        if isinstance(event, ObjectClaimed):
+            if event.trace_id:
+                self._learn(event.object_id, event.trace_id)
+        elif isinstance(event, RecordsWritten):
+            for rec in event.records:
+                self._learn(rec.object_id, rec.trace_id)
+
+    def _learn(self, object_id: str, trace_id: str) -> None:
+        if object_id in self._ids:
             return
         with self._lock:
-            for rec in event.records:
-                if rec.object_id not in self._ids:
-                    self._ids[rec.object_id] = rec.trace_id
-                    if len(self._ids) > self._size:
-                        self._ids.popitem(last=False)
+            self._ids[object_id] = trace_id
+            if len(self._ids) > self._size:
+                self._ids.popitem(last=False)
 
     def get(self, object_id: str) -> str | None:
         """The object's trace id, if known."""
@@ -81,9 +88,8 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value
         if "object_id" not in out:
-            step = current_step()
-            if step is not None:
-                out["object_id"] = step.object_id
+            with contextlib.suppress(RuntimeError):  # not inside a step
+                out["object_id"] = current_step().object_id
         oid = out.get("object_id")
         if "trace_id" not in out and isinstance(oid, str) and self.traces is not None:
             trace = self.traces.get(oid)
@@ -113,7 +119,8 @@ def json_logging(app: App | None = None, *, level: int | None = None,
     root.addHandler(handler)
     if level is not None:
         root.setLevel(level)
-    stop = app.hooks.subscribe(traces, RecordsWritten) if app is not None and traces else None
+    stop = (app.hooks.subscribe(traces, ObjectClaimed, RecordsWritten)
+            if app is not None and traces is not None else None)
 
     def undo() -> None:
         root.removeHandler(handler)
