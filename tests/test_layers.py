@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "keys": {"core", "errors", "hooks", "stores"},
     "resources": {"core", "errors", "hooks", "stores"},
 }
-EDGES = {"cli", "web", "adapters", "demo", "triggers"}
+EDGES = {"cli", "web", "adapters", "demo", "triggers", "telemetry"}
 # What the broker and folder consumers may not reach below the API.
 TRIGGERS_AVOID = {"engine", "stores", "keys"}
 

@@ -28,7 +28,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from perdure.core.records import Record
 
 __all__ = [
     "ClaimRound",
@@ -43,6 +46,7 @@ __all__ = [
     "ObjectDormant",
     "ObjectTerminated",
     "ObjectWoke",
+    "RecordsWritten",
     "StepRecorded",
 ]
 
@@ -77,13 +81,15 @@ class ObjectClaimed(HookEvent):
     """The node claimed an object and checked its memory, before any agent code ran.
 
     ``records`` is how many records it read from the store this time (0 when it held
-    them all); ``seconds`` the time from the claim to the checked memory."""
+    them all); ``seconds`` the time from the claim to the checked memory; ``trace_id``
+    the one the object's records carry."""
 
     object_id: str
     epoch: int
     records: int
     held: bool
     seconds: float
+    trace_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +150,17 @@ class CommitBatch(HookEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class RecordsWritten(HookEvent):
+    """Records the node's group committer just made durable (the appends the store
+    refused left out), in commit order: what an exporter reads model calls, tokens,
+    retries, in-doubt steps and spans from. Only records written now are here: a step
+    replayed from memory writes none, so a listener sees each record once, from the
+    node that wrote it. Built only when a listener subscribed to this type."""
+
+    records: tuple[Record, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseLost(HookEvent):
     """The node learnt that it no longer holds the object (another node took it)."""
 
@@ -188,6 +205,11 @@ class Hooks:
         self._failed: set[tuple[int, type[BaseException]]] = set()
         #: Whether anyone listens: the engine builds no event while this is False.
         self.active = False
+
+    def listens(self, kind: type[HookEvent]) -> bool:
+        """Whether anyone would receive an event of ``kind`` (a subscriber to every
+        event, or to this type): for events costly enough to build only on demand."""
+        return bool(self._all) or kind in self._by_type
 
     def subscribe(self, listener: Callable[[E], None],
                   *types: type[E]) -> Callable[[], None]:

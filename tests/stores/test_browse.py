@@ -224,6 +224,25 @@ def test_status_counts(store: Store, signer: Signer) -> None:
     assert store.status_counts() == {"ready": 2, "completed": 1, "running": 1}
 
 
+def test_object_counts(store: Store, signer: Signer) -> None:
+    """Objects per agent and status in one grouped read; those waiting for a decision on
+    a tool call counted beside; none held, none listed."""
+    assert store.object_counts() == []
+    _made(store, signer, "a1")
+    _made(store, signer, "a2")
+    _made(store, signer, "b1", agent="other")
+    _released(store, signer, "c", "completed")
+    _released(store, signer, "w1", "dormant", waiting_event="perdure:approval")
+    _released(store, signer, "w2", "dormant", waiting_event="answer")
+    _released(store, signer, "p", "dormant", parked=True, note="stuck")
+    _made(store, signer, "z")
+    store.control("z", NOW, paused=True)
+    got = {(c.agent, c.status): (c.count, c.approvals) for c in store.object_counts()}
+    assert got == {("agent", "ready"): (2, 0), ("other", "ready"): (1, 0),
+                   ("agent", "completed"): (1, 0), ("agent", "dormant"): (2, 1),
+                   ("agent", "parked"): (1, 0), ("agent", "paused"): (1, 0)}
+
+
 def test_awaiting_outside(store: Store, signer: Signer) -> None:
     """Dormant, unheld objects waiting for an event from outside, latest updated first;
     not those waiting for perdure's own events, for a timer, or held by a node."""

@@ -377,6 +377,21 @@ def cli(ctx: click.Context, store: str | None, app_spec: str | None, key_dir: st
 @click.option("--triggers", "with_triggers", is_flag=True,
               help="Run the App's declared triggers too (see `perdure triggers`): their "
                    "consumers stop taking messages at the first Ctrl-C/SIGTERM.")
+@click.option("--metrics", "metrics_port", type=click.IntRange(0, 65535), default=None,
+              envvar="PERDURE_METRICS", show_envvar=True, metavar="PORT",
+              help="Serve Prometheus metrics of this node and of the store on PORT "
+                   "(http://HOST:PORT/metrics; needs perdure[prometheus]).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              envvar="PERDURE_METRICS_HOST", show_envvar=True,
+              help="Address the metrics server listens on (with --metrics).")
+@click.option("--log-json", "log_json", is_flag=True, envvar="PERDURE_LOG_JSON",
+              show_envvar=True,
+              help="Log one JSON object per line (time, level, logger, message, action, "
+                   "object_id, trace_id) instead of text.")
+@click.option("--otlp", "otlp_url", default=None, envvar="PERDURE_OTLP", show_envvar=True,
+              metavar="URL",
+              help="Send OpenTelemetry traces over OTLP/HTTP to URL (a collector's "
+                   "http://HOST:4318/v1/traces; needs perdure[otel]).")
 @click.option("--ui", "with_ui", is_flag=True,
               help="Serve the dashboard too (see `perdure ui`; 127.0.0.1 by default).")
 @click.option("--ui-host", default="127.0.0.1", show_default=True, envvar="PERDURE_UI_HOST",
@@ -389,7 +404,9 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
            poll_interval: float | None, capabilities: tuple[str, ...], with_ui: bool = False,
            ui_host: str = "127.0.0.1", ui_port: int = 8377,
            drain_seconds: float = DRAIN_SECONDS, warn_stalls: float | None = None,
-           with_triggers: bool = False) -> None:
+           with_triggers: bool = False, metrics_port: int | None = None,
+           metrics_host: str = "127.0.0.1", log_json: bool = False,
+           otlp_url: str | None = None) -> None:
     """Run a node: claim runnable objects and carry them forward until Ctrl-C/SIGTERM.
 
     The first Ctrl-C (or SIGTERM) stops claiming, says which objects and steps it waits
@@ -398,6 +415,7 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
     app = obj.app(need_agents=True).with_settings(
         lease_seconds=lease_seconds, poll_interval=poll_interval, capabilities=set(capabilities))
     logging.getLogger("perdure").setLevel(min(logging.getLogger().level, logging.INFO))
+    _telemetry(app, metrics_port, metrics_host, log_json, otlp_url)
     serving = ", ".join(f"{a.name}@{a.version}" for a in app.agents.values()) or "no agents"
     caps = f", capabilities {', '.join(sorted(app.capabilities))}" if app.capabilities else ""
     err.print(f"node {app.node_id} serving {serving} from {app.store_url} "
@@ -419,6 +437,30 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _telemetry(app: App, metrics_port: int | None, metrics_host: str, log_json: bool,
+               otlp_url: str | None) -> None:
+    """Set up what ``worker`` exports: JSON logs, Prometheus metrics, OTLP traces."""
+    from perdure import telemetry
+
+    if log_json:
+        telemetry.json_logging(app)
+    try:
+        if otlp_url is not None:
+            telemetry.otel_traces(app, otlp_url)
+            err.print(f"traces to {otlp_url}")
+        if metrics_port is not None:
+            metrics = telemetry.prometheus_metrics(app)
+            try:
+                server = metrics.serve(metrics_port, metrics_host)
+            except OSError as exc:
+                _fail(f"cannot serve metrics on {metrics_host}:{metrics_port}: "
+                      f"{exc.strerror or exc}")
+            where = f"[{metrics_host}]" if ":" in metrics_host else metrics_host
+            err.print(f"metrics on http://{where}:{server.server_port}/metrics")
+    except ConfigurationError as exc:
+        _fail(str(exc))
 
 
 def _moment(text: str, what: str) -> float:

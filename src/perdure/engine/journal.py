@@ -14,7 +14,7 @@ from perdure.core.lifecycle import Phase, Status
 from perdure.core.records import Kind, Record, RecordDraft
 from perdure.core.sealing import redact
 from perdure.errors import CancelRequestedError, LeaseLostError, PerdureSignal, StoreError
-from perdure.hooks import CommitBatch, Hooks
+from perdure.hooks import CommitBatch, Hooks, RecordsWritten
 from perdure.stores.base import Append, Outcomes, Signal, Store, Writer
 
 if TYPE_CHECKING:
@@ -149,6 +149,11 @@ class Committer:
                     self._node_id, len(batch), sum(len(op.records) for op, _ in batch),
                     sum(failure is not None for failure in results),
                     time.perf_counter() - self._began))
+                if self._hooks.listens(RecordsWritten):
+                    written = tuple(rec for (op, _), failure in zip(batch, results, strict=True)
+                                    if failure is None for rec in op.records)
+                    if written:
+                        self._hooks.emit(RecordsWritten(self._node_id, written))
             for (op, future), failure in zip(batch, results, strict=True):
                 if future.done():
                     continue

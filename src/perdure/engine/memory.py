@@ -53,7 +53,8 @@ async def checked_memory(node: Node, oid: str, epoch: int = 0
     if node.hooks.active:
         node.hooks.emit(ObjectClaimed(node.signer.node_id, oid, epoch, read,
                                       held is not None and dropped is None,
-                                      time.perf_counter() - began))
+                                      time.perf_counter() - began,
+                                      records[0].trace_id if records else ""))
     return records, row, events
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from perdure.core.records import Record
 from perdure.stores._postgres_db import PostgresDatabase, Q, object_of
 from perdure.stores._rows import browse_params, record_from_row
-from perdure.stores.base import ObjectFilter, ObjectRow, RecordBody
+from perdure.stores.base import ObjectCount, ObjectFilter, ObjectRow, RecordBody
 
 __all__ = ["PostgresBrowse"]
 
@@ -48,6 +48,11 @@ class PostgresBrowse(PostgresDatabase):
     def status_counts(self) -> dict[str, int]:
         """How many objects hold each stored status."""
         return {row[0]: int(row[1]) for row in self._all(Q["status_counts"], {})}
+
+    def object_counts(self) -> builtins.list[ObjectCount]:
+        """Objects per agent and shown status, and those waiting for an approval."""
+        return [ObjectCount(row[0], row[1], int(row[2]), int(row[3] or 0))
+                for row in self._all(Q["object_counts"], {})]
 
     def awaiting_outside(self, limit: int) -> builtins.list[ObjectRow]:
         """Dormant objects waiting for an event from outside, latest updated first."""

@@ -18,7 +18,7 @@ from perdure.core.records import Record
 from perdure.errors import StoreError
 from perdure.stores._rows import browse_params, record_from_row
 from perdure.stores._sqlite_file import Q, SQLiteFile, bad_text, damaged_row, object_of
-from perdure.stores.base import ObjectFilter, ObjectRow, RecordBody
+from perdure.stores.base import ObjectCount, ObjectFilter, ObjectRow, RecordBody
 
 __all__ = ["SQLiteBrowse", "browse_query"]
 
@@ -76,6 +76,11 @@ class SQLiteBrowse(SQLiteFile):
         """How many objects hold each stored status."""
         return {row[0]: int(row[1])
                 for row in self._rows(Q["status_counts"], (), text_at=(0,))}
+
+    def object_counts(self) -> builtins.list[ObjectCount]:
+        """Objects per agent and shown status, and those waiting for an approval."""
+        return [ObjectCount(row[0], row[1], int(row[2]), int(row[3] or 0))
+                for row in self._rows(Q["object_counts"], (), text_at=(0, 1))]
 
     def awaiting_outside(self, limit: int) -> builtins.list[ObjectRow]:
         """Dormant objects waiting for an event from outside, latest updated first."""

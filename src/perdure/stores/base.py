@@ -44,6 +44,7 @@ __all__ = [
     "NewObject",
     "NodeInfo",
     "Nodes",
+    "ObjectCount",
     "ObjectFilter",
     "ObjectRow",
     "Objects",
@@ -160,6 +161,18 @@ class QueueStats:
     ready: int
     waiting: int
     started: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectCount:
+    """How many objects of ``agent`` hold ``status`` (a stored status, or ``parked`` or
+    ``paused`` when the flag is set, parked first), and how many of those wait for a
+    person's decision on a tool call (``approvals``)."""
+
+    agent: str
+    status: str
+    count: int
+    approvals: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,6 +601,11 @@ class Browse(Protocol):
 
     def status_counts(self) -> dict[str, int]:
         """How many objects hold each stored status (statuses no object holds left out)."""
+
+    def object_counts(self) -> builtins.list[ObjectCount]:
+        """How many objects each agent has in each status (``ObjectCount``), groups of
+        none left out: one grouped read of the index, whatever the number of objects
+        (what a metrics scrape asks)."""
 
     def awaiting_outside(self, limit: int) -> builtins.list[ObjectRow]:
         """Up to ``limit`` dormant objects no node holds that wait for an event someone

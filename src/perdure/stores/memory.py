@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from perdure.core.chain import CommitSeal
+from perdure.core.events import APPROVAL_EVENT
 from perdure.core.flow import Queue
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
@@ -42,6 +43,7 @@ from perdure.stores.base import (
     Event,
     NewObject,
     NodeInfo,
+    ObjectCount,
     ObjectFilter,
     ObjectRow,
     Outcomes,
@@ -304,6 +306,18 @@ class MemoryStore:
             for row in t.objects.values():
                 counts[row.status] = counts.get(row.status, 0) + 1
         return counts
+
+    def object_counts(self) -> builtins.list[ObjectCount]:
+        """Objects per agent and shown status, and those waiting for an approval."""
+        groups: dict[tuple[str, str], list[int]] = {}
+        with self._held() as t:
+            for row in t.objects.values():
+                shown = "parked" if row.parked else "paused" if row.paused else row.status
+                group = groups.setdefault((row.agent, shown), [0, 0])
+                group[0] += 1
+                group[1] += row.waiting_event == APPROVAL_EVENT
+        return [ObjectCount(agent, shown, count, approvals)
+                for (agent, shown), (count, approvals) in groups.items()]
 
     def awaiting_outside(self, limit: int) -> builtins.list[ObjectRow]:
         """Dormant objects waiting for an event from outside, latest updated first."""

@@ -500,6 +500,18 @@ class Api:
                        f"no such path in this API: {request.url.path}; see "
                        f"{PREFIX}/openapi.json")
 
+    async def refusal(self, request: Request, scope: str) -> Response | None:
+        """``None`` when the request's bearer token holds ``scope``; else the response
+        that refuses it (logged as the API's refusals are). For routes served beside the
+        API, such as the dashboard's ``/metrics``."""
+        try:
+            await self._admit(request, scope)
+        except _Problem as problem:
+            log.warning("refused %s %s from %s: %s", request.method, request.url.path,
+                        _client(request), problem.detail, extra={"action": "api_refused"})
+            return _problem_response(problem)
+        return None
+
     async def _admit(self, request: Request, scope: str) -> Principal:
         """The caller the request's bearer token proves, if it holds ``scope``."""
         header = request.headers.get("authorization", "")

@@ -152,6 +152,7 @@ class Dashboard:
         self._hour: tuple[float, dict[str, Any]] = (0.0, {})
         self._streams = 0
         self._streams_lock = threading.Lock()
+        self._metrics: Any = None  # perdure.telemetry's, made at the first scrape
 
     # -- the guard -------------------------------------------------------------------
 
@@ -601,6 +602,31 @@ class Dashboard:
         self._flash.put(sid, said, None)
         return RedirectResponse(back, 303)
 
+    # -- metrics -------------------------------------------------------------------------
+
+    async def metrics(self, request: Request) -> Response:
+        """GET /metrics: the store's figures for Prometheus (objects by agent and status,
+        approvals waiting, queues, schedules), and the node's own when this dashboard
+        runs beside a worker. A bearer API token with the ``read`` scope, as for the API
+        (``perdure api-token create prometheus --scope read``); needs perdure[prometheus]."""
+        host = self._check_host(request)
+        if isinstance(host, _Refusal):
+            return self._refuse(request, host)
+        refused = await self.api.refusal(request, "read")
+        if refused is not None:
+            return refused
+        if self._metrics is None:
+            from perdure import telemetry
+
+            try:
+                self._metrics = telemetry.prometheus_metrics(self.app)
+            except ConfigurationError as exc:
+                return PlainTextResponse(str(exc), status_code=501, headers=_HEADERS)
+        from perdure.telemetry.prometheus import CONTENT_TYPE
+
+        body = await run_in_threadpool(self._metrics.exposition)
+        return Response(body, media_type=CONTENT_TYPE, headers=_HEADERS)
+
     # -- the application ---------------------------------------------------------------------
 
     def asgi(self) -> Starlette:
@@ -627,6 +653,7 @@ class Dashboard:
             Route("/inbox", g(self.inbox), methods=["GET"]),
             Route("/nodes", g(self.nodes), methods=["GET"]),
             Route("/api/hour", g(self.hour), methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
             Route("/stream", g(self.stream), methods=["GET"]),
             Route("/act/{action}", g(self.act, act=True), methods=["POST"]),
             Route("/inbox/{verdict:str}", g(self.decide, act=True), methods=["POST"]),

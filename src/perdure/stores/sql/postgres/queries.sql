@@ -687,6 +687,16 @@ LIMIT %(limit)s;
 -- name: status_counts
 SELECT status, COUNT(*) FROM objects GROUP BY status;
 
+-- name: object_counts
+-- Per agent and shown status (parked, then paused, else the stored one): how many, and
+-- how many of them wait for a decision on a tool call.
+SELECT agent,
+       CASE WHEN parked THEN 'parked' WHEN paused THEN 'paused' ELSE status END AS shown,
+       COUNT(*),
+       SUM(CASE WHEN waiting_event = 'perdure:approval' THEN 1 ELSE 0 END)
+FROM objects
+GROUP BY agent, shown;
+
 -- name: awaiting_outside
 -- Questions for people: dormant objects no node holds, waiting for an event that is not
 -- one of perdure's own (perdure:...), most recently updated first.
