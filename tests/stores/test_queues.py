@@ -243,6 +243,23 @@ def test_queue_stats_count_held_ready_and_waiting(store: Store, signer: Signer) 
     assert (stats["q"].held, stats["q"].ready, stats["q"].waiting) == (1, 2, 1)
 
 
+def test_queue_key_holders_rank_the_keys_holding_slots(store: Store, signer: Signer) -> None:
+    """``queue_key_holders``: per key, the slots its objects hold now, most first, objects
+    without a key under ``None``; objects not held and other queues count nowhere."""
+    store.declare_queue(Queue("q"), NOW)
+    store.declare_queue(Queue("other"), NOW)
+    for k, key in enumerate(["b", "b", "a", None, "c", "c", "c"]):
+        _queued(store, signer, f"o{k}", "q", key=key)
+    _queued(store, signer, "later", "q", key="z", ready_at=NOW + 1000)
+    _queued(store, signer, "elsewhere", "other", key="a")
+    assert len(_claim(store, "w1")) == 8
+    assert store.queue_key_holders("q", NOW, 10) == [("c", 3), ("b", 2), (None, 1),
+                                                     ("a", 1)]
+    assert store.queue_key_holders("q", NOW, 2) == [("c", 3), ("b", 2)]
+    assert store.queue_key_holders("other", NOW, 10) == [("a", 1)]
+    assert store.queue_key_holders("none", NOW, 10) == []
+
+
 @pytest.mark.parametrize("limits", [{"concurrency": 3}, {"per_key": 1},
                                     {"worker_concurrency": 2}])
 def test_concurrent_claimers_never_exceed_the_limits(

@@ -597,6 +597,12 @@ class Browse(Protocol):
     def lease_holders(self, now: float, limit: int) -> builtins.list[tuple[str, str]]:
         """``(object_id, lease_owner)`` of up to ``limit`` leases live at ``now``, by id."""
 
+    def queue_key_holders(self, queue: str, now: float, limit: int
+                          ) -> builtins.list[tuple[str | None, int]]:
+        """``(queue_key, slots)`` of the keys of ``queue`` whose objects hold slots (live
+        leases) at ``now``, most slots first (then by key), at most ``limit``; objects
+        started without a key count under ``None``."""
+
     def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
         """``(status, updated_at)`` of every object that completed, failed or was
         cancelled, last updated at or after ``since``."""

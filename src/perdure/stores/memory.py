@@ -315,6 +315,12 @@ class MemoryStore:
         with self._held() as t:
             return browsing.lease_holders(t, now, limit)
 
+    def queue_key_holders(self, queue: str, now: float, limit: int
+                          ) -> builtins.list[tuple[str | None, int]]:
+        """The keys of ``queue`` holding slots at ``now``, most first."""
+        with self._held() as t:
+            return browsing.queue_key_holders(t, queue, now, limit)
+
     def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
         """``(status, updated_at)`` of objects that ended at or after ``since``."""
         with self._held() as t:

@@ -679,6 +679,14 @@ WHERE lease_owner IS NOT NULL AND lease_expires > :now
 ORDER BY object_id
 LIMIT :limit;
 
+-- name: queue_key_holders
+-- The keys of a queue holding slots now, most first (objects_queue_held).
+SELECT queue_key, count(*) AS held FROM objects
+WHERE queue = :queue AND lease_owner IS NOT NULL AND lease_expires > :now
+GROUP BY queue_key
+ORDER BY held DESC, queue_key IS NOT NULL, queue_key
+LIMIT :limit;
+
 -- name: ended_since
 SELECT status, updated_at FROM objects
 WHERE updated_at >= :since AND status IN ('completed', 'failed', 'cancelled');
