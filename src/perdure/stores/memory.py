@@ -376,6 +376,22 @@ class MemoryStore:
         with self._held() as t:
             return t.holder(queue, dedupe_key)
 
+    def debounce_start(self, object_id: str, dedupe_key: str, name: str, payload: bytes,
+                       seal: bytes, ready_at: float, now: float) -> bool:
+        """Queue ``name`` for an object not claimed yet and put its first claim off."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            if row is None or row.status in TERMINAL or row.dedupe_key != dedupe_key:
+                return False
+            if row.started_at is not None:  # it started: the key goes free
+                row.dedupe_key = None
+                return False
+            t.insert_event(object_id, name, payload, None, now, seal)
+            if not row.cancel_requested:
+                row.ready_at, row.updated_at = float(ready_at), float(now)
+                t.due_changed(row)
+            return True
+
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease if still held at ``epoch``."""
         with self._held() as t:

@@ -508,6 +508,20 @@ WHERE event_id = %s AND object_id = %s AND consumed_seq IS NULL;
 -- name: object_status
 SELECT status FROM objects WHERE object_id = %s FOR UPDATE;
 
+-- name: debounce_row
+SELECT status, dedupe_key, started_at FROM objects WHERE object_id = %s FOR UPDATE;
+
+-- name: debounce_release
+-- A debounced object that started gives its key up (objects_dedupe): the next start
+-- with it makes a new object.
+UPDATE objects SET dedupe_key = NULL WHERE object_id = %s AND dedupe_key = %s;
+
+-- name: debounce_push
+-- A debounced object not claimed yet waits for the quiet period again (not one asked
+-- to cancel: its end is due now).
+UPDATE objects SET ready_at = %(ready_at)s, updated_at = %(now)s
+WHERE object_id = %(object_id)s AND NOT cancel_requested;
+
 -- name: insert_event
 INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at, seal)
 VALUES (%s, %s, %s, %s, %s, %s)
