@@ -6,6 +6,7 @@ anything is stored."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -13,6 +14,8 @@ from typing import Any
 import pytest
 
 import perdure
+from perdure.core.codec import MAX_DEPTH, encode
+from perdure.core.events import DEBOUNCED_START, REFINE_EVENT
 from perdure.core.lifecycle import Status
 from perdure.errors import ConfigurationError
 from tests.web.support import wait_until
@@ -87,7 +90,7 @@ def test_a_start_after_the_object_began_or_ended_makes_a_new_one(
     assert set(ran) == {("slow", 1), ("slow", 2), ("slow", 3)}  # (each replayed on resume)
 
 
-@pytest.mark.parametrize("options", [
+BAD: list[dict[str, Any]] = [
     {"debounce_key": "k", "debounce": 1.0},  # no queue
     {"queue": "mail", "debounce_key": "k"},  # no period
     {"queue": "mail", "debounce": 1.0},  # no key
@@ -100,11 +103,37 @@ def test_a_start_after_the_object_began_or_ended_makes_a_new_one(
     {"queue": "mail", "debounce_key": "k", "debounce": 1.0, "dedupe_key": "d"},
     {"queue": "mail", "debounce_key": "k", "debounce": 1.0, "delay": 5},
     {"queue": "mail", "debounce_key": "k", "debounce": 1.0, "object_id": "x"},
-])
-def test_bad_debounce_options_store_nothing(make_app: Callable[..., perdure.App],
-                                            options: dict[str, Any]) -> None:
+]
+
+
+def test_bad_debounce_options_store_nothing(make_app: Callable[..., perdure.App]) -> None:
     app = _app(make_app, [])
-    with pytest.raises(ConfigurationError):
-        app.options(**options).start("digest", "ann")
+    for options in BAD:
+        with pytest.raises(ConfigurationError):
+            app.options(**options).start("digest", "ann")
     assert app.list() == []
     assert app.store.queue_stats(0.0) == []
+
+
+def test_a_debounced_start_reaching_an_object_that_ran_is_rejected_in_memory(
+        make_app: Callable[..., perdure.App]) -> None:
+    """The store refuses a debounced start once the object was claimed; should such an
+    event reach it all the same (sent past that guard), its node records it rejected and
+    the object keeps the arguments it runs with."""
+    ran: list[tuple[str, int]] = []
+    app = _app(make_app, ran)
+    with app.background_worker():
+        handle = app.options(queue="mail").start("slow", 1)
+        wait_until(lambda: app.get(handle.object_id).status is Status.DORMANT
+                   and ("slow", 1) in ran)
+        data = encode({DEBOUNCED_START: {"args": [9], "kwargs": {}, "start_at": 0.0}},
+                      max_depth=MAX_DEPTH)
+        oid = handle.object_id
+        app.store.send(oid, REFINE_EVENT, data, None, time.time(),
+                       app.client.seal_event(oid, REFINE_EVENT, data, None))
+        wait_until(lambda: any("refinement_rejected" in r.body.get("fields", {})
+                               for r in app.history(oid) if r.kind == "progress"))
+        handle.send("go", None)
+        assert handle.result(timeout=30) == 1
+    assert "intent_refined" not in [r.kind for r in app.history(oid)]
+    assert ("slow", 9) not in ran
