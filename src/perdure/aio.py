@@ -140,13 +140,15 @@ class AsyncApp:
                 max_failures: int | None = None, labels: Mapping[str, str] | None = None,
                 budget: Any = None, queue: str | Queue | None = None, key: str | None = None,
                 priority: int | None = None, dedupe_key: str | None = None,
-                start_at: Any = None, delay: Any = None) -> AsyncStarter:
+                start_at: Any = None, delay: Any = None, debounce_key: str | None = None,
+                debounce: Any = None) -> AsyncStarter:
         """See ``App.options``: ``await app.aio.options(object_id=...).start(agent, ...)``
         (checked here, before anything is stored)."""
         return AsyncStarter(self, self.app.options(
             object_id=object_id, deadline=deadline, max_failures=max_failures,
             labels=labels, budget=budget, queue=queue, key=key, priority=priority,
-            dedupe_key=dedupe_key, start_at=start_at, delay=delay))
+            dedupe_key=dedupe_key, start_at=start_at, delay=delay,
+            debounce_key=debounce_key, debounce=debounce))
 
     async def handle(self, object_id: str) -> AsyncHandle:
         """See ``App.handle``; ``ObjectNotFoundError`` if there is no such object."""

@@ -25,8 +25,8 @@ from perdure.core.backoff import RetryPolicy
 from perdure.core.chain import Signer, VerifyReport, check_links
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.cycle import LocalPolicy
-from perdure.core.events import REFINE_EVENT, is_reserved
-from perdure.core.flow import Queue
+from perdure.core.events import DEBOUNCED_START, REFINE_EVENT, is_reserved
+from perdure.core.flow import Queue, debounce_column
 from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
@@ -536,7 +536,8 @@ class App:
                 budget: Any = None, queue: str | Queue | None = None, key: str | None = None,
                 priority: int | None = None, dedupe_key: str | None = None,
                 start_at: float | datetime | None = None,
-                delay: float | timedelta | None = None) -> Starter:
+                delay: float | timedelta | None = None, debounce_key: str | None = None,
+                debounce: float | timedelta | None = None) -> Starter:
         """How to start objects: a frozen ``Starter`` whose ``start(agent, *args,
         **kwargs)`` starts one with these options (see ``perdure.starting``).
 
@@ -564,11 +565,23 @@ class App:
         (``created=False``, ``differs`` as for an id) and creates nothing; a live holder
         of another agent is an ``ObjectConflictError``. A queue not declared on this App
         is an ``UnknownQueueError``; see docs/howto/queues.md.
+
+        ``debounce_key`` with ``debounce`` (seconds, or a ``timedelta``: the quiet
+        period), on a ``queue``: the first start creates the object, dormant for the
+        period; each later start with the same key before it runs sends it its
+        arguments (a signed event) and puts its start off by the period again, and
+        returns its handle (``created=False``). It runs once, a period after the last
+        start, with the last start's arguments and deadline (its labels, key, priority
+        and failure budget are the first start's). A start after it began makes a new
+        object. Without a queue, with only one of the two, with a period of 0 or less,
+        or with ``object_id``, ``dedupe_key``, ``start_at`` or ``delay``: a
+        ``ConfigurationError``.
         """
         return starter(self, object_id=object_id, deadline=deadline,
                        max_failures=max_failures, labels=labels, budget=budget,
                        queue=queue, key=key, priority=priority, dedupe_key=dedupe_key,
-                       start_at=start_at, delay=delay)
+                       start_at=start_at, delay=delay, debounce_key=debounce_key,
+                       debounce=debounce)
 
     def _start(self, agent: Callable[..., Any] | str, args: tuple[Any, ...],
                kwargs: dict[str, Any], options: Starter | None) -> Handle:
@@ -591,7 +604,10 @@ class App:
                 check_reserved(plain, what)  # a value that would be opened as sealed
         signer = self.client.certified()
         queue = options.queue if options else None
+        quiet = options.debounce if options else None
         dedupe = options.dedupe_key if options else None
+        if quiet is not None and options is not None and options.debounce_key is not None:
+            dedupe = debounce_column(options.debounce_key)
         if queue is not None:
             self._declare(queue)
         row = self.store.get(oid)
@@ -601,6 +617,11 @@ class App:
                 break
             if queue is not None and dedupe is not None:
                 holder = self.store.queue_holder(queue.name, dedupe)
+                if holder is not None and quiet is not None:
+                    if self._debounced(holder, dedupe, definition, args, kwargs, quiet,
+                                       deadline):
+                        return Handle(self, holder)
+                    continue  # it began already and gave its key up: a new object
                 if holder is not None and (row := self.store.get(holder)) is not None:
                     oid, deduped = holder, True
                     break
@@ -641,6 +662,31 @@ class App:
             oid, first.body, args=args, kwargs=kwargs, labels=labels,
             max_failures=max_failures, deadline=deadline)
         return Handle(self, oid, differs=differs)
+
+    def _debounced(self, holder: str, key: str, definition: AgentDef, args: tuple[Any, ...],
+                   kwargs: dict[str, Any], quiet: float, deadline: float | None) -> bool:
+        """Collapse a start into ``holder``, the debounced object holding ``key``, if it
+        has not begun: a signed refinement carrying these arguments, which its node
+        takes before it first runs, and its start put off by ``quiet`` seconds. ``False``
+        when it began (the store then took the key from it)."""
+        row = self.store.get(holder)
+        if row is not None and row.agent != definition.name:
+            raise ObjectConflictError(
+                f"the debounce key is held by object {holder!r}, which runs agent "
+                f"{row.agent!r}, not {definition.name!r}; use another debounce key")
+        now = self.clock()
+        begins = now + quiet
+        stored_args, stored_kwargs = start_arguments(
+            self.store, self.data_keys, definition.name, definition.encrypt, holder, args,
+            kwargs)
+        later: dict[str, Any] = {"args": list(stored_args), "kwargs": stored_kwargs,
+                                 "start_at": begins}
+        if deadline is not None:
+            later["deadline"] = begins + deadline
+        data = encode({DEBOUNCED_START: later}, what=f"arguments of agent {definition.name!r}",
+                      max_depth=MAX_DEPTH + 2)
+        seal = self.client.seal_event(holder, REFINE_EVENT, data, None)
+        return self.store.debounce_start(holder, key, REFINE_EVENT, data, seal, begins, now)
 
     # -- schedules ------------------------------------------------------------------
 

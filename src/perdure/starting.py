@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = ["START_OPTIONS", "Starter"]
 
 START_OPTIONS = ("object_id", "deadline", "max_failures", "labels", "budget", "queue", "key",
-                 "priority", "dedupe_key", "start_at", "delay")
+                 "priority", "dedupe_key", "start_at", "delay", "debounce_key", "debounce")
 """The names ``App.options`` takes."""
 
 
@@ -62,6 +62,11 @@ class Starter:
     start with it returns a handle to that object instead (``created=False``).
     ``start_at`` (seconds since the epoch) or ``delay`` (seconds from the start call)
     starts it later: the object is created at once (its id taken) but dormant until then.
+
+    ``debounce_key`` with ``debounce`` (seconds, a quiet period) on a ``queue``: starts
+    with the same key collapse into one object, which runs once ``debounce`` seconds
+    pass with no newer start, with the latest start's arguments (see "Debounce" in
+    docs/howto/queues.md).
     """
 
     app: App
@@ -76,10 +81,14 @@ class Starter:
     dedupe_key: str | None = None
     start_at: float | None = None
     delay: float | None = None
+    debounce_key: str | None = None
+    debounce: float | None = None
 
     def begins(self, now: float) -> float | None:
         """When an object started at ``now`` with these options may first run (``None``:
         at once)."""
+        if self.debounce is not None:
+            return now + self.debounce
         if self.start_at is not None:
             return self.start_at
         return None if self.delay is None else now + self.delay
@@ -122,10 +131,13 @@ def starter(app: App, *, object_id: str | None, deadline: float | None,
             max_failures: int | None, labels: Mapping[str, str] | None,
             budget: Any, queue: Queue | str | None = None, key: str | None = None,
             priority: int | None = None, dedupe_key: str | None = None,
-            start_at: Any = None, delay: Any = None) -> Starter:
+            start_at: Any = None, delay: Any = None, debounce_key: Any = None,
+            debounce: Any = None) -> Starter:
     """A ``Starter`` with checked options (``ConfigurationError`` for a bad value,
     ``UnknownQueueError`` for a queue the App did not declare)."""
     begins, wait = _start_time(start_at, delay)
+    quiet = _debounce(queue, debounce_key, debounce, object_id=object_id,
+                      dedupe_key=dedupe_key, later=begins is not None or wait is not None)
     if object_id is not None:
         check_object_id(object_id)
     if deadline is not None and (isinstance(deadline, bool)
@@ -143,7 +155,38 @@ def starter(app: App, *, object_id: str | None, deadline: float | None,
     declared, queue_key, rank, dedupe = queue_options(app, queue, key, priority, dedupe_key)
     return Starter(app, object_id, deadline, max_failures,
                    check_labels(labels) if labels is not None else None, body,
-                   declared, queue_key, rank, dedupe, begins, wait)
+                   declared, queue_key, rank, dedupe, begins, wait,
+                   None if quiet is None else check_queue_key(debounce_key, "debounce key"),
+                   quiet)
+
+
+def _debounce(queue: Any, key: Any, period: Any, *, object_id: Any, dedupe_key: Any,
+              later: bool) -> float | None:
+    """The debounce period in seconds, checked with what it goes with; ``None`` for no
+    debounce (``ConfigurationError`` for one half of it, a bad period, or an option that
+    contradicts it)."""
+    if key is None and period is None:
+        return None
+    if key is None or period is None:
+        raise ConfigurationError("debounce needs both debounce_key=... (what starts collapse "
+                                 "by) and debounce=SECONDS (the quiet period)")
+    if queue is None:
+        raise ConfigurationError("debounce is an option of a start on a queue; give "
+                                 "queue=... too (declared with app.queue)")
+    if hasattr(period, "total_seconds"):
+        period = period.total_seconds()
+    if (isinstance(period, bool) or not isinstance(period, int | float)
+            or not math.isfinite(period) or period <= 0):
+        raise ConfigurationError(f"debounce is a quiet period in seconds, more than 0, not "
+                                 f"{period!r}")
+    for name, value in (("object_id", object_id), ("dedupe_key", dedupe_key)):
+        if value is not None:
+            raise ConfigurationError(f"debounce and {name} do not go together: a debounced "
+                                     "start finds its object by its debounce key")
+    if later:
+        raise ConfigurationError("debounce and start_at/delay do not go together: a "
+                                 "debounced object starts when its quiet period ends")
+    return float(period)
 
 
 def _start_time(start_at: Any, delay: Any) -> tuple[float | None, float | None]:

@@ -243,6 +243,49 @@ def test_queue_stats_count_held_ready_and_waiting(store: Store, signer: Signer) 
     assert (stats["q"].held, stats["q"].ready, stats["q"].waiting) == (1, 2, 1)
 
 
+def test_a_debounced_start_is_taken_only_before_the_first_claim(store: Store,
+                                                                signer: Signer) -> None:
+    """``debounce_start``: before any claim, the event is queued and the first claim put
+    off (a claim at the old ready time takes nothing); once claimed, it is refused and
+    the key goes free (a new object may take it); a wrong key or an unknown object is
+    refused, nothing written."""
+    store.declare_queue(Queue("q"), NOW)
+    _queued(store, signer, "first", "q", dedupe_key="~k", ready_at=NOW + 1)
+    assert store.debounce_start("first", "~k", "perdure:refine", b"{}", b"", NOW + 5,
+                                NOW)
+    assert [e.name for e in store.pending_events("first")] == ["perdure:refine"]
+    assert _claim(store, "w1", now=NOW + 2) == []
+    assert not store.debounce_start("first", "other", "perdure:refine", b"{}", b"",
+                                    NOW + 9, NOW)
+    assert not store.debounce_start("nobody", "~k", "perdure:refine", b"{}", b"", NOW + 9,
+                                    NOW)
+    assert len(store.pending_events("first")) == 1
+    assert _claim(store, "w1", now=NOW + 5) == ["first"]
+    assert store.queue_holder("q", "~k") == "first"
+    assert not store.debounce_start("first", "~k", "perdure:refine", b"{}", b"", NOW + 9,
+                                    NOW + 5)
+    assert len(store.pending_events("first")) == 1
+    assert store.queue_holder("q", "~k") is None
+    assert _queued(store, signer, "second", "q", dedupe_key="~k")[1]
+
+
+def test_queue_key_holders_rank_the_keys_holding_slots(store: Store, signer: Signer) -> None:
+    """``queue_key_holders``: per key, the slots its objects hold now, most first, objects
+    without a key under ``None``; objects not held and other queues count nowhere."""
+    store.declare_queue(Queue("q"), NOW)
+    store.declare_queue(Queue("other"), NOW)
+    for k, key in enumerate(["b", "b", "a", None, "c", "c", "c"]):
+        _queued(store, signer, f"o{k}", "q", key=key)
+    _queued(store, signer, "later", "q", key="z", ready_at=NOW + 1000)
+    _queued(store, signer, "elsewhere", "other", key="a")
+    assert len(_claim(store, "w1")) == 8
+    assert store.queue_key_holders("q", NOW, 10) == [("c", 3), ("b", 2), (None, 1),
+                                                     ("a", 1)]
+    assert store.queue_key_holders("q", NOW, 2) == [("c", 3), ("b", 2)]
+    assert store.queue_key_holders("other", NOW, 10) == [("a", 1)]
+    assert store.queue_key_holders("none", NOW, 10) == []
+
+
 @pytest.mark.parametrize("limits", [{"concurrency": 3}, {"per_key": 1},
                                     {"worker_concurrency": 2}])
 def test_concurrent_claimers_never_exceed_the_limits(

@@ -235,3 +235,36 @@ def test_fork_from_the_browser(stack: Served, page: Any) -> None:
     assert stack.app.get("forked-copy").status is Status.COMPLETED
     assert stack.app.get(asking.object_id).status is Status.DORMANT
     assert [n["action"] for n in actions_noted(stack.app, "forked-copy")] == ["fork", "send"]
+
+
+def test_pause_resume_a_schedule_in_the_browser(stack: Served, page: Any) -> None:
+    """The Schedules page from the nav: pause a schedule by clicking, the page shows it
+    paused once the worker took the control (no reload), resume it; memory says who."""
+    app = stack.app
+    app.schedule("digest", "sleeper", 0.0, interval=3600)
+    app.queue("mail", concurrency=2, per_key=1)
+    app.options(queue="mail", key="user-1").start("sleeper", 3600.0)
+    oid = "schedule:digest"
+    wait_until(lambda: app.get(oid).status is Status.DORMANT)
+    page.click("nav a[href='/schedules']")
+    card = page.locator(".schedule[data-schedule='digest']")
+    card.wait_for()
+    assert "active" in card.locator(".state").inner_text()
+    assert "every 3600 s" in card.inner_text()
+    card.locator("button[data-action=pause]").click()
+    page.wait_for_url(re.compile(r"/schedules$"))
+    assert "pause asked" in page.inner_text(".flash")
+    page.wait_for_selector(".schedule[data-schedule='digest'] .state-paused")
+    shoot(page, "schedules")
+    page.locator(".schedule[data-schedule='digest'] button[data-action=resume]").click()
+    page.wait_for_url(re.compile(r"/schedules$"))
+    page.wait_for_selector(".schedule[data-schedule='digest'] .state-active")
+    assert app.schedule_handle("digest").info().state == "active"
+    noted = actions_noted(app, oid)
+    assert [(n["action"], n["by"]) for n in noted] == [("schedule_pause", "alice"),
+                                                       ("schedule_resume", "alice")]
+    page.click("nav a[href='/queues']")
+    row = page.locator("tr[data-queue='mail']")
+    row.wait_for()
+    assert row.locator("td").nth(1).inner_text().endswith("/ 2")
+    shoot(page, "queues")

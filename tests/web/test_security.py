@@ -47,12 +47,15 @@ def test_no_session_is_refused(served: Served, caplog: pytest.LogCaptureFixture)
         page = anon.get("/objects", headers={"accept": "text/html"})
         assert page.status_code == 303 and page.headers["location"] == "/login"
         for path in ("/", "/objects", f"/objects/{oid}", "/inbox", "/nodes", "/api/hour",
-                     f"/stream?id={oid}"):
+                     f"/stream?id={oid}", "/queues", "/schedules"):
             got = anon.get(path)
             assert got.status_code == 401, path
             assert oid not in got.text
         for action in ("cancel", "pause", "send"):
             got = anon.post(f"/act/{action}", data={"object_id": oid, "event": "x"})
+            assert got.status_code == 401
+        for action in ("pause", "delete"):
+            got = anon.post(f"/schedules/{action}", data={"name": "x", "confirm": "yes"})
             assert got.status_code == 401
         anon.cookies.set("perdure_session", "made-up-session-id")
         forged = anon.post("/act/cancel", data={"object_id": oid})
@@ -150,6 +153,10 @@ def test_cross_origin_and_csrf_are_refused(served: Served,
             assert got.status_code == 403
         got = client.post("/act/send", data={"object_id": oid, "event": "x"})
         assert got.status_code == 403
+        for headers in ({"origin": "http://evil.example"}, {"sec-fetch-site": "cross-site"}):
+            got = client.post("/schedules/pause", data={"csrf": csrf, "name": "x"},
+                              headers=headers)
+            assert got.status_code == 403, headers
         assert _snapshot(served.app, oid) == before
         # The same request from the dashboard's own page goes through.
         got = client.post("/act/pause", data={"csrf": csrf, "object_id": oid},

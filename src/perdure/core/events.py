@@ -7,8 +7,8 @@ Each is defined here once, for the API that sends it and the engine that takes i
 
 from __future__ import annotations
 
-__all__ = ["ACTION_NOTE", "APPROVAL_EVENT", "REFINE_EVENT", "RESERVED_PREFIX", "SCHEDULE_EVENT",
-           "is_reserved"]
+__all__ = ["ACTION_NOTE", "APPROVAL_EVENT", "DEBOUNCED_START", "REFINE_EVENT", "RESERVED_PREFIX",
+           "SCHEDULE_EVENT", "is_reserved"]
 
 #: The prefix of every event name perdure reserves for itself.
 RESERVED_PREFIX = "perdure:"
@@ -21,6 +21,10 @@ SCHEDULE_EVENT = "perdure:schedule"
 #: A refinement event whose payload is ``{ACTION_NOTE: {...}}`` records who acted on the
 #: object (pause, resume, cancel, ...) instead of changing its intent.
 ACTION_NOTE = "perdure:action"
+#: A refinement event whose payload is ``{DEBOUNCED_START: {"args", "kwargs", "start_at",
+#: ...}}`` is a later start collapsed into a debounced object that has not run yet: its
+#: arguments replace the intent's, and its start time is put off to ``start_at``.
+DEBOUNCED_START = "perdure:debounce"
 
 
 def is_reserved(name: str) -> bool:

@@ -134,6 +134,16 @@ def check_queue_key(key: Any, what: str = "queue key") -> str:
     return check_name(key, what)
 
 
+DEBOUNCE_MARK = "\x1fdebounce\x1f"
+"""What a debounce key is stored under (in the dedupe key's column): no dedupe key, a
+name, holds a control character, so the two never meet."""
+
+
+def debounce_column(key: str) -> str:
+    """The stored form of the debounce key ``key`` (``DEBOUNCE_MARK`` + ``key``)."""
+    return DEBOUNCE_MARK + key
+
+
 def check_priority(queue: Queue, priority: Any) -> int:
     """A start's priority on ``queue``: a whole number from 0 to ``MAX_PRIORITY`` (lower
     first), on a queue declared with ``priority=True``."""

@@ -99,6 +99,21 @@ class Intent:
             start_at=body.get("start_at"),
         )
 
+    def debounced(self, start: dict[str, Any]) -> Intent:
+        """The next intent version of a debounced object that has not run yet, taking a
+        later start's ``args``, ``kwargs``, ``start_at`` (and ``deadline``, if it gave
+        one); ``ValueError`` for a value of the wrong kind (nothing recorded then)."""
+        args, kwargs, start_at = start.get("args"), start.get("kwargs"), start.get("start_at")
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise ValueError("a debounced start's args are a list and its kwargs a mapping")
+        if isinstance(start_at, bool) or not isinstance(start_at, int | float):
+            raise ValueError("a debounced start's start_at is a number")
+        deadline = start.get("deadline", self.deadline)
+        if isinstance(deadline, bool) or not isinstance(deadline, int | float | None):
+            raise ValueError("a debounced start's deadline is a number or None")
+        return replace(self, version_no=self.version_no + 1, args=tuple(args),
+                       kwargs=dict(kwargs), start_at=float(start_at), deadline=deadline)
+
     def refined(self, changes: dict[str, Any]) -> Intent:
         """Return the next intent version with ``changes`` applied."""
         allowed = {"deadline", "max_failures", "goal", "requires", "budget"}

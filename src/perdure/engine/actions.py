@@ -17,7 +17,7 @@ from typing import Any
 from perdure.core.bodies import IntentRefined, Nondeterminism, Parked, Progress, Terminated
 from perdure.core.codec import decode
 from perdure.core.cycle import Action, Decision, MemoryFacts, ReasonCode
-from perdure.core.events import ACTION_NOTE, REFINE_EVENT
+from perdure.core.events import ACTION_NOTE, DEBOUNCED_START, REFINE_EVENT
 from perdure.core.gc import gc_paused
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
@@ -253,7 +253,14 @@ async def _refine(node: Node, journal: Journal, facts: MemoryFacts,
                                         "event_id": event.event_id,
                                         "event_hash": digest}).draft())
                 continue
-            intent = intent.refined(dict(changes))
+            if isinstance(changes, dict) and set(changes) == {DEBOUNCED_START}:
+                # A later start collapsed into this object: taken only before it ran
+                # (the store refuses the event once a node claimed it; this is the rule).
+                if facts.executed:
+                    raise ValueError("a debounced start came after the object started")
+                intent = intent.debounced(dict(changes[DEBOUNCED_START]))
+            else:
+                intent = intent.refined(dict(changes))
             # A seal that verifies always gives a digest (``check_event``).
             assert digest is not None
             drafts.append(IntentRefined(intent, changes, event_id=event.event_id,

@@ -15,6 +15,7 @@ from perdure.stores._rows import ENDED
 from perdure.stores.base import ObjectFilter, ObjectRow, RecordBody
 
 __all__ = ["awaiting_outside", "bodies_since", "browse", "ended_since", "lease_holders",
+           "queue_key_holders",
            "records_of_kinds", "sent_at", "updated_since"]
 
 _KIND, _BODY = 6, 7  # a stored record's columns (``record_params``' order)
@@ -109,6 +110,17 @@ def lease_holders(t: Tables, now: float, limit: int) -> builtins.list[tuple[str,
     held = sorted((row.object_id, row.lease_owner) for row in t.objects.values()
                   if _live(row, now) and row.lease_owner is not None)
     return held[:max(0, limit)]
+
+
+def queue_key_holders(t: Tables, queue: str, now: float, limit: int
+                      ) -> builtins.list[tuple[str | None, int]]:
+    """``queue_key_holders``: the keys of ``queue`` holding slots, most first."""
+    counts: dict[str | None, int] = {}
+    for row in t.objects.values():
+        if row.queue == queue and _live(row, now):
+            counts[row.queue_key] = counts.get(row.queue_key, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0] is not None, item[0] or ""))
+    return ranked[:max(0, limit)]
 
 
 def ended_since(t: Tables, since: float) -> builtins.list[tuple[str, float]]:

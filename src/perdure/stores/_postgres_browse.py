@@ -63,6 +63,13 @@ class PostgresBrowse(PostgresDatabase):
         rows = self._all(Q["lease_holders"], {"now": now, "limit": limit})
         return [(row[0], row[1]) for row in rows]
 
+    def queue_key_holders(self, queue: str, now: float, limit: int
+                          ) -> builtins.list[tuple[str | None, int]]:
+        """The keys of ``queue`` holding slots at ``now``, most first."""
+        rows = self._all(Q["queue_key_holders"], {"queue": queue, "now": now,
+                                                  "limit": limit})
+        return [(row[0], int(row[1])) for row in rows]
+
     def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
         """``(status, updated_at)`` of objects that ended at or after ``since``."""
         return [(row[0], float(row[1])) for row in self._all(Q["ended_since"],

@@ -91,6 +91,13 @@ class SQLiteBrowse(SQLiteFile):
         rows = self._rows(Q["lease_holders"], {"now": now, "limit": limit}, text_at=(0, 1))
         return [(row[0], row[1]) for row in rows]
 
+    def queue_key_holders(self, queue: str, now: float, limit: int
+                          ) -> builtins.list[tuple[str | None, int]]:
+        """The keys of ``queue`` holding slots at ``now``, most first."""
+        rows = self._rows(Q["queue_key_holders"], {"queue": queue, "now": now,
+                                                   "limit": limit}, text_at=(0,))
+        return [(row[0], int(row[1])) for row in rows]
+
     def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
         """``(status, updated_at)`` of objects that ended at or after ``since``."""
         rows = self._rows(Q["ended_since"], {"since": since}, text_at=(0,))

@@ -469,6 +469,17 @@ class Queues(Protocol):
         """The id of the object of ``queue`` that is not terminal and holds ``dedupe_key``,
         if there is one."""
 
+    def debounce_start(self, object_id: str, dedupe_key: str, name: str, payload: bytes,
+                       seal: bytes, ready_at: float, now: float) -> bool:
+        """Collapse a start into ``object_id``, the live object holding ``dedupe_key``
+        (a debounce key), if no node ever claimed it: queue the event ``name`` (with its
+        ``seal``, no dedupe key, waking nothing) and put its first claim off to
+        ``ready_at`` (unless it was asked to cancel), in one transaction; ``True``.
+        ``False`` when the object is gone, ended, holds another key, or started already:
+        then the key is taken from a started holder (it goes on; the next start with the
+        key makes a new object). A claim and this exclude each other: an object is
+        claimed with the event in its inbox, or the event is refused."""
+
 
 class Inbox(Protocol):
     """Events waiting to be folded into an object's memory."""
@@ -614,6 +625,12 @@ class Browse(Protocol):
 
     def lease_holders(self, now: float, limit: int) -> builtins.list[tuple[str, str]]:
         """``(object_id, lease_owner)`` of up to ``limit`` leases live at ``now``, by id."""
+
+    def queue_key_holders(self, queue: str, now: float, limit: int
+                          ) -> builtins.list[tuple[str | None, int]]:
+        """``(queue_key, slots)`` of the keys of ``queue`` whose objects hold slots (live
+        leases) at ``now``, most slots first (then by key), at most ``limit``; objects
+        started without a key count under ``None``."""
 
     def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
         """``(status, updated_at)`` of every object that completed, failed or was

@@ -329,6 +329,12 @@ class MemoryStore:
         with self._held() as t:
             return browsing.lease_holders(t, now, limit)
 
+    def queue_key_holders(self, queue: str, now: float, limit: int
+                          ) -> builtins.list[tuple[str | None, int]]:
+        """The keys of ``queue`` holding slots at ``now``, most first."""
+        with self._held() as t:
+            return browsing.queue_key_holders(t, queue, now, limit)
+
     def ended_since(self, since: float) -> builtins.list[tuple[str, float]]:
         """``(status, updated_at)`` of objects that ended at or after ``since``."""
         with self._held() as t:
@@ -383,6 +389,22 @@ class MemoryStore:
         """The live object of ``queue`` holding ``dedupe_key``, if any."""
         with self._held() as t:
             return t.holder(queue, dedupe_key)
+
+    def debounce_start(self, object_id: str, dedupe_key: str, name: str, payload: bytes,
+                       seal: bytes, ready_at: float, now: float) -> bool:
+        """Queue ``name`` for an object not claimed yet and put its first claim off."""
+        with self._held() as t:
+            row = t.objects.get(object_id)
+            if row is None or row.status in TERMINAL or row.dedupe_key != dedupe_key:
+                return False
+            if row.started_at is not None:  # it started: the key goes free
+                row.dedupe_key = None
+                return False
+            t.insert_event(object_id, name, payload, None, now, seal)
+            if not row.cancel_requested:
+                row.ready_at, row.updated_at = float(ready_at), float(now)
+                t.due_changed(row)
+            return True
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease if still held at ``epoch``."""

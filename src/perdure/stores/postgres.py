@@ -404,6 +404,21 @@ class PostgresStore(PostgresBrowse):
             row = conn.execute(_Q["queue_holder"], (queue, dedupe_key)).fetchone()
         return None if row is None else str(row[0])
 
+    def debounce_start(self, object_id: str, dedupe_key: str, name: str, payload: bytes,
+                       seal: bytes, ready_at: float, now: float) -> bool:
+        """Queue ``name`` for an object not claimed yet and put its first claim off."""
+        with self._tx() as conn:
+            row = conn.execute(_Q["debounce_row"], (object_id,)).fetchone()
+            if row is None or row[0] in _TERMINAL or row[1] != dedupe_key:
+                return False
+            if row[2] is not None:  # it started: the key goes free
+                conn.execute(_Q["debounce_release"], (object_id, dedupe_key))
+                return False
+            conn.execute(_Q["insert_event"], (object_id, name, payload, None, now, seal))
+            conn.execute(_Q["debounce_push"], {"ready_at": ready_at, "now": now,
+                                               "object_id": object_id})
+            return True
+
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease (by the database clock) if still held at ``epoch``."""
         with self._single() as conn:

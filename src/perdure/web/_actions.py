@@ -32,13 +32,19 @@ from perdure.core.lifecycle import Status
 from perdure.core.names import check_name
 from perdure.core.questions import Question as AskedQuestion
 from perdure.core.questions import may_ask
-from perdure.errors import ApprovalError, ConfigurationError, RecordDecodeError
+from perdure.errors import (
+    ApprovalError,
+    ConfigurationError,
+    ObjectTerminatedError,
+    RecordDecodeError,
+)
 from perdure.handle import Handle
 from perdure.info import ObjectInfo
 from perdure.web._auth import Principal
 
-__all__ = ["Question", "approve", "cancel", "fork", "pause", "pending_approvals",
-           "questions", "record_action", "reject", "resume", "retry", "send", "start"]
+__all__ = ["SCHEDULE_ACTIONS", "Question", "approve", "cancel", "fork", "pause",
+           "pending_approvals", "questions", "record_action", "reject", "resume", "retry",
+           "schedule_control", "send", "start"]
 
 _NONCE = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _MAX_REASON = 2000
@@ -121,6 +127,27 @@ def cancel(app: App, who: Principal, object_id: str) -> ObjectInfo:
     app.get(object_id, explain=False)
     record_action(app, object_id, who, "cancel")
     return app.cancel(object_id)
+
+
+# -- schedules ---------------------------------------------------------------------------
+
+#: What a person may do to a schedule from the dashboard (``ScheduleHandle``'s methods).
+SCHEDULE_ACTIONS = ("pause", "resume", "trigger", "delete")
+
+
+def schedule_control(app: App, who: Principal, name: str, action: str) -> None:
+    """Pause, resume, trigger or delete the schedule ``name``: the note of who did it goes
+    into the schedule's memory first (``schedule_pause``, ...), then the control, as
+    ``ScheduleHandle`` sends it. A schedule that is not there, or was deleted, is refused
+    before anything is written."""
+    if action not in SCHEDULE_ACTIONS:
+        raise ConfigurationError(f"unknown schedule action {action!r}")
+    handle = app.schedule_handle(name)  # ObjectNotFoundError: nothing written
+    info = app.get(handle.object_id, explain=False)
+    if info.terminal:
+        raise ObjectTerminatedError(f"schedule {name!r} was deleted; it takes no control")
+    record_action(app, handle.object_id, who, f"schedule_{action}", schedule=name)
+    getattr(handle, action)()
 
 
 # -- retry, fork -----------------------------------------------------------------------

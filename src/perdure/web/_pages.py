@@ -25,13 +25,15 @@ from perdure.core.sealing import sealed_shown
 from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError
 from perdure.info import ObjectInfo
-from perdure.stores.base import NodeInfo
+from perdure.schedules import ScheduleInfo
+from perdure.stores.base import NodeInfo, QueueStats
 from perdure.web._actions import Question
 from perdure.web._auth import Principal
 from perdure.web._queries import Filters
 
 __all__ = ["approval_card", "inbox_page", "layout", "list_page", "login_page",
-           "message_page", "nodes_page", "object_page", "overview_page"]
+           "message_page", "nodes_page", "object_page", "overview_page", "queues_page",
+           "schedules_page"]
 
 _TIMELINE_SHOWN = 1000  # records of one object drawn at once (the newest)
 
@@ -66,7 +68,10 @@ def layout(title: str, body: str, *, who: Principal | None, csrf: str = "",
             f'<a href="{href}" class="{"on" if key == active else ""}">{name}</a>'
             for key, href, name in (("overview", "/", "Overview"),
                                     ("objects", "/objects", "Objects"),
-                                    ("inbox", "/inbox", "Inbox"), ("nodes", "/nodes", "Nodes")))
+                                    ("inbox", "/inbox", "Inbox"),
+                                    ("queues", "/queues", "Queues"),
+                                    ("schedules", "/schedules", "Schedules"),
+                                    ("nodes", "/nodes", "Nodes")))
         nav = (f'<nav>{links}<span class="who">{_e(who.name)} · {_e(who.role)}</span>'
                f'<form method="post" action="/logout" class="inline">{_csrf(csrf)}'
                '<button type="submit">Log out</button></form></nav>')
@@ -544,3 +549,109 @@ def nodes_page(nodes: Sequence[NodeInfo], running: Mapping[str, Sequence[str]], 
             f'<th>running</th><th>objects</th></tr></thead><tbody>{"".join(rows)}</tbody>'
             f"</table><p>{len(nodes)} live node(s).</p></section>")
     return layout("Nodes", body, who=who, csrf=csrf, active="nodes")
+
+
+# -- queues and schedules ---------------------------------------------------------------
+
+
+def _limit(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _holders(held: Sequence[tuple[str | None, int]], shown: int) -> str:
+    """The keys holding the most slots, ``key: n``; objects without a key as "(no key)"."""
+    if not held:
+        return "-"
+    out = ", ".join(f"<code>{_e(key)}</code>: {n}" if key is not None else f"(no key): {n}"
+                    for key, n in held[:shown])
+    return out + (" …" if len(held) > shown else "")
+
+
+def queues_page(stats: Sequence[QueueStats],
+                holders: Mapping[str, Sequence[tuple[str | None, int]]], *,
+                who: Principal, csrf: str, shown: int = 5) -> str:
+    """Every declared queue: its limits, slots held of its cap, the keys holding the most
+    slots (``holders``: per queue, up to ``shown`` + 1 of them), its objects ready for a
+    slot and its dormant ones (as ``perdure queues`` lists them). Read-only."""
+    rows = []
+    for item in stats:
+        q = item.queue
+        cap = f"{item.held} / {_limit(q.concurrency)}" if q.concurrency else str(item.held)
+        limiter = ("-" if q.rate_limit is None
+                   else f"{q.rate_limit} per {q.rate_period:g}s ({item.started} in it now)")
+        rows.append(
+            f'<tr data-queue="{_e(q.name)}"><td>{_e(q.name)}</td><td>{_e(cap)}</td>'
+            f"<td>{_e(_limit(q.per_key))}</td><td>{_e(_limit(q.worker_concurrency))}</td>"
+            f"<td>{_e(limiter)}</td><td>{'yes' if q.priority else 'no'}</td>"
+            f'<td class="holders">{_holders(holders.get(q.name, ()), shown)}</td>'
+            f"<td>{item.ready}</td><td>{item.waiting}</td></tr>")
+    head = "".join(f"<th>{c}</th>" for c in (
+        "queue", "held / cap", "per key", "per worker", "limiter", "priority",
+        "top keys holding", "ready", "dormant"))
+    empty = ('<p class="hint">No queue is declared in this store (app.queue declares one; '
+             "a worker or a start on it puts it here).</p>") if not stats else ""
+    body = (f'<h1>Queues</h1><section data-live id="queues">{empty}<table class="queues">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+            '<p class="hint">A slot is an object of the queue a worker holds now; ready '
+            "objects wait for a slot or a worker; dormant ones (sleeping, waiting for an "
+            "event) hold none.</p></section>")
+    return layout("Queues", body, who=who, csrf=csrf, active="queues")
+
+
+def _schedule_controls(info: ScheduleInfo, who: Principal, csrf: str) -> str:
+    """An operator's forms for one schedule: pause or resume, trigger now, delete (with
+    a box to tick first); none for a deleted schedule or a viewer."""
+    if not who.can_act or info.state == "deleted":
+        return ""
+    name = f'<input type="hidden" name="name" value="{_e(info.name)}">'
+
+    def form(action: str, label: str, extra: str = "", css: str = "") -> str:
+        cls = f' class="{css}"' if css else ""
+        return (f'<form method="post" action="/schedules/{action}" class="inline">'
+                f'{_csrf(csrf)}{name}{extra}<button data-action="{action}"{cls}>{label}'
+                "</button></form>")
+
+    hold = form("resume", "Resume") if info.state == "paused" else form("pause", "Pause")
+    confirm = ('<label class="confirm"><input type="checkbox" name="confirm" value="yes" '
+               "required> sure</label>")
+    return (f'<div class="controls">{hold}{form("trigger", "Trigger now")}'
+            f'{form("delete", "Delete", confirm, "danger")}</div>')
+
+
+def schedules_page(infos: Sequence[ScheduleInfo],
+                   runs: Mapping[str, Sequence[ObjectInfo]], *, who: Principal, csrf: str,
+                   flash: str | None = None, error: str | None = None) -> str:
+    """Every schedule: its spec, state, next and last fire, counts, and its most recent
+    runs (``runs``: per schedule name) linked to their pages; an operator's controls."""
+    cards = []
+    for info in infos:
+        spec = info.spec
+        recent = runs.get(info.name, ())
+        run_list = "".join(
+            f'<li><a href="{_oid_url(r.object_id)}">{_e(r.object_id)}</a> '
+            f"{_status(str(r.status))}</li>" for r in recent) or "<li>none yet</li>"
+        facts = [("spec", f"{spec.every}, agent {spec.agent}"),
+                 ("overlap", spec.overlap),
+                 ("catch-up window", "-" if spec.catch_up_window is None
+                  else f"{spec.catch_up_window:g}s"),
+                 ("jitter", f"{spec.jitter:g}s"),
+                 ("next fire", view.when(info.next_fire) if info.state == "active" else "-"),
+                 ("last fire", view.when(info.last_fire)),
+                 ("runs", f"{info.started} started, {info.skipped} skipped, "
+                  f"{info.dropped} dropped"),
+                 ("object", info.object_id)]
+        table = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+        cards.append(
+            f'<div class="card schedule" data-schedule="{_e(info.name)}">'
+            f'<h2>{_e(info.name)} <span class="state state-{_e(info.state)}">'
+            f"{_e(info.state)}</span></h2>"
+            f'<table class="kv">{table}</table><p>Recent runs:</p>'
+            f'<ul class="runs">{run_list}</ul>{_schedule_controls(info, who, csrf)}</div>')
+    empty = ('<p class="hint">No schedule in this store (app.schedule creates one; '
+             "<code>perdure schedules create</code> too).</p>") if not infos else ""
+    viewer = ("" if who.can_act or not infos else
+              '<p class="hint">Viewers read; an operator can pause, resume, trigger or '
+              "delete a schedule.</p>")
+    body = (f"<h1>Schedules</h1>{_flash(flash, error)}{viewer}"
+            f'<section data-live id="schedules">{empty}{"".join(cards)}</section>')
+    return layout("Schedules", body, who=who, csrf=csrf, active="schedules")

@@ -66,6 +66,8 @@ _MAX_BODY = 256 * 1024
 _MAX_STREAMS = 64  # live streams (a thread each) served at once
 _WHOLE_MEMORY = 20_000  # records read whole for an object's page; beyond, the newest only
 _TAIL = 1000
+_TOP_KEYS = 5  # the keys holding the most slots shown per queue
+_RECENT_RUNS = 5  # the newest runs shown per schedule
 _SAFE = ("GET", "HEAD")
 _HEADERS = {
     "Content-Security-Policy": ("default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -442,6 +444,30 @@ class Dashboard:
                                     who=session.principal, csrf=session.csrf)
         return self._html(await run_in_threadpool(build))
 
+    async def queues(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /queues: every declared queue, its limits and what it holds (read-only)."""
+        def build() -> str:
+            now = time.time()
+            stats = self.app.store.queue_stats(now)
+            holders = {item.queue.name: self.app.store.queue_key_holders(
+                item.queue.name, now, _TOP_KEYS + 1) for item in stats}
+            return pages.queues_page(stats, holders, who=session.principal,
+                                     csrf=session.csrf, shown=_TOP_KEYS)
+        return self._html(await run_in_threadpool(build))
+
+    async def schedules(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /schedules: every schedule, its state and recent runs; an operator's
+        controls."""
+        flash, error = self._flash.take(sid)
+
+        def build() -> str:
+            infos = self.app.schedules()
+            runs = {info.name: self.app.list(parent=info.object_id, limit=_RECENT_RUNS)
+                    for info in infos}
+            return pages.schedules_page(infos, runs, who=session.principal,
+                                        csrf=session.csrf, flash=flash, error=error)
+        return self._html(await run_in_threadpool(build))
+
     async def hour(self, request: Request, session: Session, sid: str) -> Response:
         """GET /api/hour: the overview's figures as JSON."""
         return JSONResponse(await run_in_threadpool(self.queries.hour))
@@ -564,6 +590,34 @@ class Dashboard:
         self._flash.put(sid, said, None)
         return RedirectResponse(back, 303)
 
+    async def schedule_act(self, request: Request, session: Session, sid: str) -> Response:
+        """POST /schedules/{action}: pause, resume, trigger or delete a schedule (delete
+        only with its box ticked), noted in the schedule's memory."""
+        action = request.path_params["action"]
+        form: dict[str, str] = request.state.form
+        name = form.get("name", "")
+        who = session.principal
+
+        def run() -> str:
+            if action == "delete" and form.get("confirm") != "yes":
+                raise ConfigurationError("tick the box to delete a schedule: a deleted "
+                                         "schedule starts nothing more, for good")
+            actions.schedule_control(self.app, who, name, action)
+            return {"pause": "pause asked", "resume": "resume asked",
+                    "trigger": "a run asked now", "delete": "delete asked"}.get(action, "")
+
+        try:
+            said = await run_in_threadpool(run)
+        except (ConfigurationError, PerdureError, ValueError) as exc:
+            log.warning("dashboard schedule %s on %r by %s failed: %s", action, name,
+                        who.label(), exc, extra={"action": "ui_action_failed"})
+            self._flash.put(sid, None, str(exc))
+            return RedirectResponse("/schedules", 303)
+        log.info("dashboard schedule %s on %r by %s", action, name, who.label(),
+                 extra={"action": "ui_action"})
+        self._flash.put(sid, f"schedule {name!r}: {said}", None)
+        return RedirectResponse("/schedules", 303)
+
     async def decide(self, request: Request, session: Session, sid: str) -> Response:
         """POST /inbox/approve, /inbox/reject."""
         verdict = request.path_params["verdict"]
@@ -652,6 +706,10 @@ class Dashboard:
             Route("/objects/{oid:path}", g(self.object), methods=["GET"]),
             Route("/inbox", g(self.inbox), methods=["GET"]),
             Route("/nodes", g(self.nodes), methods=["GET"]),
+            Route("/queues", g(self.queues), methods=["GET"]),
+            Route("/schedules", g(self.schedules), methods=["GET"]),
+            Route("/schedules/{action:str}", g(self.schedule_act, act=True),
+                  methods=["POST"]),
             Route("/api/hour", g(self.hour), methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
             Route("/stream", g(self.stream), methods=["GET"]),

@@ -508,6 +508,20 @@ WHERE event_id = %s AND object_id = %s AND consumed_seq IS NULL;
 -- name: object_status
 SELECT status FROM objects WHERE object_id = %s FOR UPDATE;
 
+-- name: debounce_row
+SELECT status, dedupe_key, started_at FROM objects WHERE object_id = %s FOR UPDATE;
+
+-- name: debounce_release
+-- A debounced object that started gives its key up (objects_dedupe): the next start
+-- with it makes a new object.
+UPDATE objects SET dedupe_key = NULL WHERE object_id = %s AND dedupe_key = %s;
+
+-- name: debounce_push
+-- A debounced object not claimed yet waits for the quiet period again (not one asked
+-- to cancel: its end is due now).
+UPDATE objects SET ready_at = %(ready_at)s, updated_at = %(now)s
+WHERE object_id = %(object_id)s AND NOT cancel_requested;
+
 -- name: insert_event
 INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at, seal)
 VALUES (%s, %s, %s, %s, %s, %s)
@@ -710,6 +724,14 @@ LIMIT %(limit)s;
 SELECT object_id, lease_owner FROM objects
 WHERE lease_owner IS NOT NULL AND lease_expires > %(now)s
 ORDER BY object_id
+LIMIT %(limit)s;
+
+-- name: queue_key_holders
+-- The keys of a queue holding slots now, most first (objects_queue_held).
+SELECT queue_key, count(*) AS held FROM objects
+WHERE queue = %(queue)s AND lease_owner IS NOT NULL AND lease_expires > %(now)s
+GROUP BY queue_key
+ORDER BY held DESC, queue_key IS NOT NULL, queue_key
 LIMIT %(limit)s;
 
 -- name: ended_since

@@ -372,6 +372,20 @@ UPDATE inbox SET consumed_seq = ? WHERE event_id = ? AND object_id = ? AND consu
 -- name: object_status
 SELECT status FROM objects WHERE object_id = ?;
 
+-- name: debounce_row
+SELECT status, dedupe_key, started_at FROM objects WHERE object_id = ?;
+
+-- name: debounce_release
+-- A debounced object that started gives its key up (objects_dedupe): the next start
+-- with it makes a new object.
+UPDATE objects SET dedupe_key = NULL WHERE object_id = ? AND dedupe_key = ?;
+
+-- name: debounce_push
+-- A debounced object not claimed yet waits for the quiet period again (not one asked
+-- to cancel: its end is due now).
+UPDATE objects SET ready_at = :ready_at, updated_at = :now
+WHERE object_id = :object_id AND cancel_requested = 0;
+
 -- name: insert_event
 INSERT INTO inbox (object_id, name, payload, dedupe_key, sent_at, seal)
 VALUES (?, ?, ?, ?, ?, ?)
@@ -687,6 +701,14 @@ LIMIT :limit;
 SELECT object_id, lease_owner FROM objects
 WHERE lease_owner IS NOT NULL AND lease_expires > :now
 ORDER BY object_id
+LIMIT :limit;
+
+-- name: queue_key_holders
+-- The keys of a queue holding slots now, most first (objects_queue_held).
+SELECT queue_key, count(*) AS held FROM objects
+WHERE queue = :queue AND lease_owner IS NOT NULL AND lease_expires > :now
+GROUP BY queue_key
+ORDER BY held DESC, queue_key IS NOT NULL, queue_key
 LIMIT :limit;
 
 -- name: ended_since
