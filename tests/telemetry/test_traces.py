@@ -89,6 +89,9 @@ def _campaign(store_url: str, key_dir: Path, tmp_path: Path, receiver: Receiver,
     handle = app.start(support.chain, steps, 0.15)
     log = tmp_path / "worker.log"
     killed = 0
+    # Steps recorded between the last look and a kill: their spans may have been batched
+    # and not sent (spans are sent at most once, documented), so they may be missing.
+    may_miss: set[str] = set()
     while killed < kills and not _ended(app, handle.object_id):
         killed += 1
         proc = support.start_worker(store_url, key_dir, log, "--otlp", receiver.url)
@@ -107,8 +110,11 @@ def _campaign(store_url: str, key_dir: Path, tmp_path: Path, receiver: Receiver,
                 return sent > before and sent == done
 
             assert wait_until(next_span, timeout=30), log.read_text()[-2000:]
+            seen = sum(n.startswith("step ") for n in receiver.names())
         finally:
             kill_process(proc)
+        done = [r for r in app.store.records(handle.object_id) if r.kind == Kind.STEP_DONE]
+        may_miss.update(f"{span_id_of(r.hash):016x}" for r in done[seen:])
     proc = support.start_worker(store_url, key_dir, log, "--otlp", receiver.url)
     try:
         assert handle.result(timeout=60) == steps
@@ -121,14 +127,17 @@ def _campaign(store_url: str, key_dir: Path, tmp_path: Path, receiver: Receiver,
     assert len(ids) == len(set(ids)), "a span was sent twice"
     records = app.store.records(handle.object_id)
     trace = records[0].trace_id
-    for rec in records:
-        if rec.kind == Kind.STEP_DONE:
-            assert f"{span_id_of(rec.hash):016x}" in ids, f"no span for step at {rec.seq}"
+    missing = [rec.seq for rec in records if rec.kind == Kind.STEP_DONE
+               and f"{span_id_of(rec.hash):016x}" not in ids
+               and f"{span_id_of(rec.hash):016x}" not in may_miss]
+    assert not missing, f"no span for the steps at {missing}"
+    lost = sum(f"{span_id_of(rec.hash):016x}" not in ids for rec in records
+               if rec.kind == Kind.STEP_DONE)
     with receiver.lock:
         assert {t for t, _, _, _ in receiver.spans} == {trace}
         names = [n for _, _, n, _ in receiver.spans]
     assert names.count("invoke_agent chain") == 1
-    assert sum(n.startswith("step s") for n in names) == steps
+    assert sum(n.startswith("step s") for n in names) == steps - lost
     assert sum(n == "claim chain" for n in names) >= killed + 1
     assert killed >= min(kills, 3)
 
