@@ -95,6 +95,9 @@ def _check_e2e(figures: dict[str, Any]) -> None:
         assert lat[key] > 0, key
     assert lat["ms_p50"] <= lat["ms_p99"] <= lat["ms_max"]
     assert lat["chain_verified"] is True
+    queued = e2e["queued_start_result"]
+    assert queued["pairs"] > 0 and 0 < queued["ms_p50"] <= queued["ms_p99"]
+    assert queued["chain_verified"] is True
     idle = e2e["idle_cpu"]
     assert idle["seconds"] > 0 and idle["percent_of_core"] >= 0
     lag = e2e["loop_lag"]
