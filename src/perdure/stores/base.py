@@ -8,7 +8,8 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 ``Store`` is the union of small role protocols, one per concern: ``Nodes`` (trust
 items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
 commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Queues``
-(named queues' limits), ``Inbox`` (events), ``DataKeyRows`` (objects' wrapped data
+(named queues' limits), ``ModelQuotas`` (model calls' tokens and requests per minute,
+reserved and settled), ``Inbox`` (events), ``DataKeyRows`` (objects' wrapped data
 keys, opaque bytes), ``Writes`` (fenced group commits) and ``Browse`` (what people look
 at: objects found by any filter a page at a time, and the figures of the last hour). How
 a node's event loop gets its commits made (on the loop, awaited on it, or on a thread)
@@ -27,6 +28,7 @@ from typing import Protocol, TypeAlias
 
 from perdure.core.chain import CommitSeal
 from perdure.core.flow import Queue
+from perdure.core.quotas import ModelQuota, QuotaState
 from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "Event",
     "Inbox",
     "Leases",
+    "ModelQuotas",
     "NewObject",
     "NodeInfo",
     "Nodes",
@@ -50,6 +53,8 @@ __all__ = [
     "Outcomes",
     "QueueStats",
     "Queues",
+    "QuotaGrant",
+    "QuotaStats",
     "RecordBody",
     "Records",
     "Route",
@@ -160,6 +165,32 @@ class QueueStats:
     ready: int
     waiting: int
     started: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaGrant:
+    """The answer to a reservation (``ModelQuotas.reserve_quota``): ``ticket`` names the
+    reservation to settle when it was granted (``None`` with ``granted``: the model has no
+    quota), else ``ready_at`` is when the call will fit."""
+
+    granted: bool
+    ticket: int | None = None
+    ready_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStats:
+    """A declared quota and its window at a moment: the tokens of settled calls
+    (``used``: what providers reported), of calls in flight (``reserved``: estimates),
+    the ``requests`` in the window, and what 429s taught (``state``; ``factor``: the share
+    of the declared rate in force now)."""
+
+    quota: ModelQuota
+    state: QuotaState
+    used: int
+    reserved: int
+    requests: int
+    factor: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,6 +488,41 @@ class Queues(Protocol):
         if there is one."""
 
 
+class ModelQuotas(Protocol):
+    """Model quotas (``perdure.core.quotas``): tokens and requests per minute per
+    provider and model, shared by every node. A call reserves its estimate before it is
+    sent and settles it to what the provider reported; reservations of one quota are
+    serialised (PostgreSQL: the quota's row locked; SQLite: the write lock), so calls
+    from every node together stay within it. A reservation counts for the quota's window
+    from when it was made (from when it was settled, once it is), then leaves it: one
+    whose worker died is never settled and leaves the window all the same."""
+
+    def declare_model_quota(self, quota: ModelQuota, now: float) -> ModelQuota | None:
+        """Keep ``quota``'s limits (a later declaration of the same provider and model
+        replaces them; what 429s taught is kept); those it replaced, if they differed."""
+
+    def model_quotas(self) -> builtins.list[ModelQuota]:
+        """Every declared quota, by provider and model."""
+
+    def reserve_quota(self, provider: str, model: str, tokens: int, holder: str,
+                      now: float) -> QuotaGrant:
+        """Reserve ``tokens`` and one request of the quota of ``provider``'s ``model`` for
+        ``holder`` (an object and call, for people) if they fit its window at ``now``
+        (``quotas.admit``); granted with no ticket when the model has no quota."""
+
+    def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
+        """Settle reservation ``ticket`` to ``tokens`` (what the provider reported) at
+        ``now``; a reservation that left the window already is not there to settle."""
+
+    def quota_throttled(self, provider: str, model: str, retry_after: float | None,
+                        now: float) -> QuotaState | None:
+        """The provider answered 429 for ``model``: adapt its quota (``quotas.throttled``)
+        and return the new state (``None``: no quota declared)."""
+
+    def quota_stats(self, now: float) -> builtins.list[QuotaStats]:
+        """Every declared quota and its window at ``now``, by provider and model."""
+
+
 class Inbox(Protocol):
     """Events waiting to be folded into an object's memory."""
 
@@ -613,8 +679,8 @@ class Browse(Protocol):
         """When each of ``event_ids`` was sent to an inbox (ids not found left out)."""
 
 
-class Store(Nodes, Objects, Records, Leases, Queues, Inbox, DataKeyRows, Checkpoints, Writes,
-            Browse, Protocol):
+class Store(Nodes, Objects, Records, Leases, Queues, ModelQuotas, Inbox, DataKeyRows,
+            Checkpoints, Writes, Browse, Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys, and
     the read-only ``Browse`` role people look through.
 

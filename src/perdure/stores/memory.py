@@ -21,9 +21,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from perdure.core.chain import CommitSeal
 from perdure.core.flow import Queue
+from perdure.core.quotas import ModelQuota, QuotaState, Reservation, admit, factor_at, throttled
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ObjectNotFoundError,
@@ -46,6 +48,8 @@ from perdure.stores.base import (
     ObjectRow,
     Outcomes,
     QueueStats,
+    QuotaGrant,
+    QuotaStats,
     RecordBody,
     Route,
     Writer,
@@ -369,6 +373,82 @@ class MemoryStore:
         """The live object of ``queue`` holding ``dedupe_key``, if any."""
         with self._held() as t:
             return t.holder(queue, dedupe_key)
+
+    # -- model quotas ---------------------------------------------------------------
+
+    def declare_model_quota(self, quota: ModelQuota, now: float) -> ModelQuota | None:
+        """Keep ``quota``'s limits; those it replaced, if they differed."""
+        with self._held() as t:
+            known = t.quotas.get(quota.key)
+            t.quotas[quota.key] = (quota, QuotaState() if known is None else known[1])
+        before = None if known is None else known[0]
+        return None if before is None or before.same_limits(quota) else before
+
+    def model_quotas(self) -> builtins.list[ModelQuota]:
+        """Every declared quota, by provider and model."""
+        with self._held() as t:
+            return [quota for _, (quota, _) in sorted(t.quotas.items())]
+
+    @staticmethod
+    def _window(t: Tables, key: tuple[str, str], since: float) -> builtins.list[Any]:
+        """The reservations of quota ``key`` in its window (older ones dropped)."""
+        found = []
+        for ticket, (of, row) in list(t.reservations.items()):
+            if of != key:
+                continue
+            if row[0] <= since:
+                del t.reservations[ticket]
+            else:
+                found.append(row)
+        return found
+
+    def reserve_quota(self, provider: str, model: str, tokens: int, holder: str,
+                      now: float) -> QuotaGrant:
+        """Reserve if the call fits the quota's window."""
+        with self._held() as t:
+            known = t.quotas.get((provider, model))
+            if known is None:
+                return QuotaGrant(True)
+            quota, state = known
+            window = self._window(t, quota.key, now - quota.window)
+            ready = admit(quota, state, [Reservation(at, n) for at, n, _ in window], tokens,
+                          now)
+            if ready is not None:
+                return QuotaGrant(False, None, ready)
+            t.last_ticket += 1
+            t.reservations[t.last_ticket] = (quota.key, [now, tokens, False])
+            return QuotaGrant(True, t.last_ticket)
+
+    def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
+        """Settle reservation ``ticket`` to ``tokens``."""
+        with self._held() as t:
+            found = t.reservations.get(ticket)
+            if found is not None:
+                row = found[1]
+                row[:] = [max(row[0], now), tokens, True]
+
+    def quota_throttled(self, provider: str, model: str, retry_after: float | None,
+                        now: float) -> QuotaState | None:
+        """Adapt the quota after a 429."""
+        with self._held() as t:
+            known = t.quotas.get((provider, model))
+            if known is None:
+                return None
+            new = throttled(known[0], known[1], now, retry_after)
+            t.quotas[(provider, model)] = (known[0], new)
+            return new
+
+    def quota_stats(self, now: float) -> builtins.list[QuotaStats]:
+        """Every declared quota and its window at ``now``."""
+        with self._held() as t:
+            found = []
+            for key, (quota, state) in sorted(t.quotas.items()):
+                window = self._window(t, key, now - quota.window)
+                found.append(QuotaStats(
+                    quota, state, sum(n for _, n, done in window if done),
+                    sum(n for _, n, done in window if not done), len(window),
+                    factor_at(quota, state, now)))
+            return found
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease if still held at ``epoch``."""

@@ -700,3 +700,47 @@ ORDER BY object_id, seq;
 -- name: sent_at
 -- When some inbox events (:ids, a JSON array) were sent.
 SELECT event_id, sent_at FROM inbox WHERE event_id IN (SELECT value FROM json_each(:ids));
+
+-- name: declare_model_quota
+-- A quota's limits (what 429s taught is kept).
+INSERT INTO model_quotas (provider, model, tokens_per_minute, requests_per_minute,
+                          window_seconds, updated_at)
+VALUES (:provider, :model, :tokens_per_minute, :requests_per_minute, :window, :now)
+ON CONFLICT (provider, model) DO UPDATE SET
+    tokens_per_minute = excluded.tokens_per_minute,
+    requests_per_minute = excluded.requests_per_minute,
+    window_seconds = excluded.window_seconds, updated_at = excluded.updated_at;
+
+-- name: model_quota_row
+SELECT provider, model, tokens_per_minute, requests_per_minute, window_seconds, factor,
+       adapted_at, blocked_until, throttles, throttled_at
+FROM model_quotas WHERE provider = :provider AND model = :model;
+
+-- name: model_quotas
+SELECT provider, model, tokens_per_minute, requests_per_minute, window_seconds, factor,
+       adapted_at, blocked_until, throttles, throttled_at
+FROM model_quotas ORDER BY provider, model;
+
+-- name: quota_prune
+-- Reservations that left the quota's window.
+DELETE FROM quota_reservations
+WHERE provider = :provider AND model = :model AND at <= :since;
+
+-- name: quota_window
+SELECT at, tokens, settled FROM quota_reservations
+WHERE provider = :provider AND model = :model AND at > :since;
+
+-- name: quota_reserve
+INSERT INTO quota_reservations (provider, model, holder, tokens, at)
+VALUES (:provider, :model, :holder, :tokens, :now)
+RETURNING ticket;
+
+-- name: quota_settle
+-- What the provider reported, counted from when the reply came.
+UPDATE quota_reservations SET tokens = :tokens, at = max(at, :now), settled = 1
+WHERE ticket = :ticket;
+
+-- name: quota_adapt
+UPDATE model_quotas SET factor = :factor, adapted_at = :adapted_at,
+    blocked_until = :blocked_until, throttles = :throttles, throttled_at = :throttled_at
+WHERE provider = :provider AND model = :model;
