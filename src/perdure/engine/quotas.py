@@ -69,12 +69,12 @@ class QuotaGate:
                 q.key for q in self.node.settings.model_quotas}
         return (provider, model) in self.known
 
-    async def reserve(self, provider: str, model: str, tokens: int, holder: str
-                      ) -> QuotaGrant:
+    async def reserve(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str) -> QuotaGrant:
         """Reserve ``tokens`` and a request (the store decides; see ``ModelQuotas``)."""
         store, now = self.node.store, self.node.clock()
         grant: QuotaGrant = await self.node.write(store.reserve_quota, provider, model,
-                                                  tokens, holder, now)
+                                                  tokens, object_id, holder, now)
         return grant
 
     async def settle(self, ticket: int, tokens: int) -> None:

@@ -44,24 +44,29 @@ def declare_in(conn: Any, q: Mapping[str, Any], row_query: str, quota: ModelQuot
 
 def _window(conn: Any, q: Mapping[str, Any], quota: ModelQuota, now: float
             ) -> list[tuple[float, int, bool]]:
-    return [(float(at), int(tokens), bool(settled)) for at, tokens, settled in conn.execute(
-        q["quota_window"], {**_key(*quota.key), "since": now - quota.window})]
+    # A call still in flight past the window counts as made now: it leaves no sooner.
+    since = now - quota.window
+    return [(float(at) if float(at) > since else now, int(tokens), bool(settled))
+            for at, tokens, settled in conn.execute(
+                q["quota_window"], {**_key(*quota.key), "since": since, "now": now})]
 
 
 def reserve_in(conn: Any, q: Mapping[str, Any], row_query: str, provider: str, model: str,
-               tokens: int, holder: str, now: float) -> QuotaGrant:
+               tokens: int, object_id: str, holder: str, now: float) -> QuotaGrant:
     """Reserve ``tokens`` and a request if they fit the quota's window (see the role)."""
     row = conn.execute(q[row_query], _key(provider, model)).fetchone()
     if row is None:
         return QuotaGrant(True)
     quota, state = quota_of(row)
-    conn.execute(q["quota_prune"], {**_key(provider, model), "since": now - quota.window})
+    conn.execute(q["quota_prune"], {**_key(provider, model), "since": now - quota.window,
+                                    "now": now})
     window = [Reservation(at, n) for at, n, _ in _window(conn, q, quota, now)]
     ready = admit(quota, state, window, tokens, now)
     if ready is not None:
         return QuotaGrant(False, None, ready)
-    ticket = conn.execute(q["quota_reserve"], {**_key(provider, model), "holder": holder,
-                                               "tokens": tokens, "now": now}).fetchone()[0]
+    params = {**_key(provider, model), "holder": holder, "object_id": object_id,
+              "tokens": tokens, "now": now}
+    ticket = conn.execute(q["quota_reserve"], params).fetchone()[0]
     return QuotaGrant(True, int(ticket))
 
 

@@ -493,9 +493,10 @@ class ModelQuotas(Protocol):
     provider and model, shared by every node. A call reserves its estimate before it is
     sent and settles it to what the provider reported; reservations of one quota are
     serialised (PostgreSQL: the quota's row locked; SQLite: the write lock), so calls
-    from every node together stay within it. A reservation counts for the quota's window
-    from when it was made (from when it was settled, once it is), then leaves it: one
-    whose worker died is never settled and leaves the window all the same."""
+    from every node together stay within it. A settled reservation counts for the
+    quota's window from when it was settled; one in flight counts from when it was made,
+    and past that while its object's lease is live: one whose worker died is never
+    settled and leaves the window once the lease lapsed."""
 
     def declare_model_quota(self, quota: ModelQuota, now: float) -> ModelQuota | None:
         """Keep ``quota``'s limits (a later declaration of the same provider and model
@@ -504,11 +505,13 @@ class ModelQuotas(Protocol):
     def model_quotas(self) -> builtins.list[ModelQuota]:
         """Every declared quota, by provider and model."""
 
-    def reserve_quota(self, provider: str, model: str, tokens: int, holder: str,
-                      now: float) -> QuotaGrant:
+    def reserve_quota(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str, now: float) -> QuotaGrant:
         """Reserve ``tokens`` and one request of the quota of ``provider``'s ``model`` for
-        ``holder`` (an object and call, for people) if they fit its window at ``now``
-        (``quotas.admit``); granted with no ticket when the model has no quota."""
+        a call of ``object_id`` (``holder`` names the call, for people) if they fit its
+        window at ``now`` (``quotas.admit``); granted with no ticket when the model has no
+        quota. A reservation not settled yet stays in the window past its time while the
+        object's lease is live (the call may still be at the provider)."""
 
     def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
         """Settle reservation ``ticket`` to ``tokens`` (what the provider reported) at

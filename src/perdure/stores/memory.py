@@ -390,33 +390,40 @@ class MemoryStore:
             return [quota for _, (quota, _) in sorted(t.quotas.items())]
 
     @staticmethod
-    def _window(t: Tables, key: tuple[str, str], since: float) -> builtins.list[Any]:
-        """The reservations of quota ``key`` in its window (older ones dropped)."""
+    def _window(t: Tables, key: tuple[str, str], since: float, now: float
+                ) -> builtins.list[Any]:
+        """The reservations of quota ``key`` in its window as ``[at, tokens, settled]``
+        (a call in flight past its time, its object's lease live, as made ``now``; the
+        others that left it dropped)."""
         found = []
         for ticket, (of, row) in list(t.reservations.items()):
             if of != key:
                 continue
-            if row[0] <= since:
-                del t.reservations[ticket]
+            if row[0] > since:
+                found.append(row[:3])
+                continue
+            held = t.objects.get(row[3])
+            if not row[2] and held is not None and held.held(now):
+                found.append([now, row[1], False])
             else:
-                found.append(row)
+                del t.reservations[ticket]
         return found
 
-    def reserve_quota(self, provider: str, model: str, tokens: int, holder: str,
-                      now: float) -> QuotaGrant:
+    def reserve_quota(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str, now: float) -> QuotaGrant:
         """Reserve if the call fits the quota's window."""
         with self._held() as t:
             known = t.quotas.get((provider, model))
             if known is None:
                 return QuotaGrant(True)
             quota, state = known
-            window = self._window(t, quota.key, now - quota.window)
+            window = self._window(t, quota.key, now - quota.window, now)
             ready = admit(quota, state, [Reservation(at, n) for at, n, _ in window], tokens,
                           now)
             if ready is not None:
                 return QuotaGrant(False, None, ready)
             t.last_ticket += 1
-            t.reservations[t.last_ticket] = (quota.key, [now, tokens, False])
+            t.reservations[t.last_ticket] = (quota.key, [now, tokens, False, object_id])
             return QuotaGrant(True, t.last_ticket)
 
     def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
@@ -425,7 +432,7 @@ class MemoryStore:
             found = t.reservations.get(ticket)
             if found is not None:
                 row = found[1]
-                row[:] = [max(row[0], now), tokens, True]
+                row[:3] = [max(row[0], now), tokens, True]
 
     def quota_throttled(self, provider: str, model: str, retry_after: float | None,
                         now: float) -> QuotaState | None:
@@ -443,7 +450,7 @@ class MemoryStore:
         with self._held() as t:
             found = []
             for key, (quota, state) in sorted(t.quotas.items()):
-                window = self._window(t, key, now - quota.window)
+                window = self._window(t, key, now - quota.window, now)
                 found.append(QuotaStats(
                     quota, state, sum(n for _, n, done in window if done),
                     sum(n for _, n, done in window if not done), len(window),

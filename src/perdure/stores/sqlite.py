@@ -490,12 +490,12 @@ class SQLiteStore(SQLiteBrowse):
         with self._read() as conn:
             return [quota_of(row)[0] for row in conn.execute(_Q["model_quotas"])]
 
-    def reserve_quota(self, provider: str, model: str, tokens: int, holder: str,
-                      now: float) -> QuotaGrant:
+    def reserve_quota(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str, now: float) -> QuotaGrant:
         """Reserve under the write lock: reservations from every process take turns."""
         with self._write() as conn:
-            return reserve_in(conn, _Q, "model_quota_row", provider, model, tokens, holder,
-                              now)
+            return reserve_in(conn, _Q, "model_quota_row", provider, model, tokens,
+                              object_id, holder, now)
 
     def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
         """Settle reservation ``ticket`` to ``tokens``."""

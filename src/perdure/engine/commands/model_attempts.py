@@ -189,7 +189,8 @@ class Attempts:
         reserved, _ = reservation_for(sent, counter_for_model(sent.model), PriceTable())
         holder = f"{self.run.object_id}/{self.pos}/{self.name}/{self.attempt}"
         try:
-            grant = await gate.reserve(provider, sent.model, reserved.total_tokens, holder)
+            grant = await gate.reserve(provider, sent.model, reserved.total_tokens,
+                                      self.run.object_id, holder)
         except StoreError as exc:  # not the agent's failure: abandon the run, retry later
             raise StoreUnavailable(exc) from exc
         if grant.granted:

@@ -213,6 +213,7 @@ class ScriptedServer:
         self._tpm = tokens_per_minute
         self._quota_window = quota_window
         self._served: deque[tuple[float, int]] = deque()  # (when, tokens) in the window
+        self._served_log: list[tuple[float, int]] = []  # every reply given: (when, tokens)
         self._quota = {"served_tokens": 0, "served": 0, "throttled": 0, "peak_window": 0}
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.scripted = self
@@ -309,10 +310,18 @@ class ScriptedServer:
                                    retry_after=str(max(1, math.ceil(wait))),
                                    retry_after_ms=str(math.ceil(wait * 1000)))
         window.append((now, tokens))
+        self._served_log.append((now, tokens))
         self._quota["served_tokens"] += tokens
         self._quota["served"] += 1
         self._quota["peak_window"] = max(self._quota["peak_window"], used + tokens)
         return None
+
+    @property
+    def served(self) -> list[tuple[float, int]]:
+        """Each reply given under the quota: when its request came (``time.monotonic()``)
+        and its tokens."""
+        with self._lock:
+            return list(self._served_log)
 
     @property
     def quota(self) -> dict[str, int]:

@@ -749,15 +749,24 @@ FROM model_quotas ORDER BY provider, model;
 -- name: quota_prune
 -- Reservations that left the quota's window.
 DELETE FROM quota_reservations
-WHERE provider = %(provider)s AND model = %(model)s AND at <= %(since)s;
+WHERE provider = %(provider)s AND model = %(model)s AND at <= %(since)s
+  AND (settled OR NOT EXISTS (SELECT 1 FROM objects o
+                              WHERE o.object_id = quota_reservations.object_id
+                                AND o.lease_owner IS NOT NULL
+      AND o.lease_expires > extract(epoch FROM clock_timestamp())::double precision));
 
 -- name: quota_window
-SELECT at, tokens, settled FROM quota_reservations
-WHERE provider = %(provider)s AND model = %(model)s AND at > %(since)s;
+-- A call in flight counts while its object's lease is live (by the database clock),
+-- however long it takes.
+SELECT r.at, r.tokens, r.settled FROM quota_reservations r
+LEFT JOIN objects o ON o.object_id = r.object_id
+WHERE r.provider = %(provider)s AND r.model = %(model)s
+  AND (r.at > %(since)s OR (NOT r.settled AND o.lease_owner IS NOT NULL
+      AND o.lease_expires > extract(epoch FROM clock_timestamp())::double precision));
 
 -- name: quota_reserve
-INSERT INTO quota_reservations (provider, model, holder, tokens, at)
-VALUES (%(provider)s, %(model)s, %(holder)s, %(tokens)s, %(now)s)
+INSERT INTO quota_reservations (provider, model, object_id, holder, tokens, at)
+VALUES (%(provider)s, %(model)s, %(object_id)s, %(holder)s, %(tokens)s, %(now)s)
 RETURNING ticket;
 
 -- name: quota_settle

@@ -177,6 +177,7 @@ CREATE TABLE quota_reservations (
     ticket   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     provider TEXT NOT NULL,
     model    TEXT NOT NULL,
+    object_id TEXT NOT NULL,
     holder   TEXT NOT NULL,
     tokens   BIGINT NOT NULL,
     at       DOUBLE PRECISION NOT NULL,

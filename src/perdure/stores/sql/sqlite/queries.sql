@@ -724,15 +724,21 @@ FROM model_quotas ORDER BY provider, model;
 -- name: quota_prune
 -- Reservations that left the quota's window.
 DELETE FROM quota_reservations
-WHERE provider = :provider AND model = :model AND at <= :since;
+WHERE provider = :provider AND model = :model AND at <= :since
+  AND (settled = 1 OR NOT EXISTS (SELECT 1 FROM objects o
+                                  WHERE o.object_id = quota_reservations.object_id
+                                    AND o.lease_owner IS NOT NULL AND o.lease_expires > :now));
 
 -- name: quota_window
-SELECT at, tokens, settled FROM quota_reservations
-WHERE provider = :provider AND model = :model AND at > :since;
+-- A call in flight counts while its object's lease is live, however long it takes.
+SELECT r.at, r.tokens, r.settled FROM quota_reservations r
+LEFT JOIN objects o ON o.object_id = r.object_id
+WHERE r.provider = :provider AND r.model = :model
+  AND (r.at > :since OR (r.settled = 0 AND o.lease_owner IS NOT NULL AND o.lease_expires > :now));
 
 -- name: quota_reserve
-INSERT INTO quota_reservations (provider, model, holder, tokens, at)
-VALUES (:provider, :model, :holder, :tokens, :now)
+INSERT INTO quota_reservations (provider, model, object_id, holder, tokens, at)
+VALUES (:provider, :model, :object_id, :holder, :tokens, :now)
 RETURNING ticket;
 
 -- name: quota_settle

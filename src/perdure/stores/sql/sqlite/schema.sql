@@ -174,6 +174,7 @@ CREATE TABLE quota_reservations (
     ticket   INTEGER PRIMARY KEY AUTOINCREMENT,
     provider TEXT NOT NULL,
     model    TEXT NOT NULL,
+    object_id TEXT NOT NULL,
     holder   TEXT NOT NULL,
     tokens   INTEGER NOT NULL,
     at       REAL NOT NULL,

@@ -3,8 +3,9 @@
 -- taught (the rate's factor, no grant before blocked_until). Its row is locked by each
 -- reservation, so reservations of one quota from many nodes take turns.
 -- quota_reservations holds the calls in each quota's window: an estimate until
--- settled, then what the provider reported. A reservation leaves the window after
--- window_seconds, settled or not, so a dead worker's never leaks.
+-- settled, then what the provider reported. A settled reservation leaves the window
+-- window_seconds after its reply, one in flight once that time passed and its object's
+-- lease lapsed, so a dead worker's never leaks.
 CREATE TABLE model_quotas (
     provider            TEXT NOT NULL,
     model               TEXT NOT NULL,
@@ -23,6 +24,7 @@ CREATE TABLE quota_reservations (
     ticket   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     provider TEXT NOT NULL,
     model    TEXT NOT NULL,
+    object_id TEXT NOT NULL,
     holder   TEXT NOT NULL,
     tokens   BIGINT NOT NULL,
     at       DOUBLE PRECISION NOT NULL,

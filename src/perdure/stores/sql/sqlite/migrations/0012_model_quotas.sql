@@ -2,8 +2,9 @@
 -- holds each provider and model's declared tokens and requests per minute and what 429s
 -- taught (the rate's factor, no grant before blocked_until), and quota_reservations holds
 -- the calls in each quota's window: an estimate until settled, then what the provider
--- reported. A reservation leaves the window after window_seconds, settled or not, so a
--- dead worker's never leaks. Reservations are made under the write lock.
+-- reported. A settled reservation leaves the window window_seconds after its reply, one
+-- in flight once that time passed and its object's lease lapsed, so a dead worker's
+-- never leaks. Reservations are made under the write lock.
 CREATE TABLE model_quotas (
     provider            TEXT NOT NULL,
     model               TEXT NOT NULL,
@@ -22,6 +23,7 @@ CREATE TABLE quota_reservations (
     ticket   INTEGER PRIMARY KEY AUTOINCREMENT,
     provider TEXT NOT NULL,
     model    TEXT NOT NULL,
+    object_id TEXT NOT NULL,
     holder   TEXT NOT NULL,
     tokens   INTEGER NOT NULL,
     at       REAL NOT NULL,
