@@ -198,3 +198,32 @@ def test_two_worker_processes_sharing_one_quota_never_exceed_it(
     assert server.quota["peak_window"] <= CAP
     assert max(samples) <= CAP
     assert len(samples) > 3
+
+
+def test_perdure_quotas_lists_the_window_and_the_adapted_rate(
+        make_app: Callable[..., perdure.App], store_url: str, key_dir: Path) -> None:
+    """``perdure quotas`` and ``--json`` through the real CLI: limits, window, rate."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.engine_support import REPO_ROOT
+
+    app = make_app()
+    app.model_quota(QUOTA)
+    with app.background_worker():
+        pass
+    app.store.reserve_quota("openai", MODEL, 120, "nobody", "nobody/0", time.time())
+    app.store.quota_throttled("openai", MODEL, 30.0, time.time())
+    base = [sys.executable, "-m", "perdure", "--store", store_url, "--key-dir", str(key_dir)]
+    listed = subprocess.run([*base, "quotas", "--json"], capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=60, check=False)
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert (row["provider"], row["model"], row["tokens_per_minute"]) == (
+        "openai", MODEL, QUOTA.tokens_per_minute)
+    assert row["reserved"] == 120 and row["throttles"] == 1 and row["factor"] <= 0.6
+    assert row["blocked_until"] is not None
+    shown = subprocess.run([*base, "quotas"], capture_output=True, text=True,
+                           cwd=REPO_ROOT, timeout=60, check=False)
+    assert shown.returncode == 0 and MODEL in shown.stdout and "429s" in shown.stdout
