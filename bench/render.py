@@ -320,6 +320,7 @@ def render(report: dict[str, Any]) -> str:
     """All tables, each under a heading."""
     from bench.dormant import table as dormant_table
     from bench.e2e import table as e2e_table
+    from bench.quota import table as quota_table
     from bench.render_model import conversation_table, stream_table
     from bench.resources import table as resource_table
     from bench.ui import table as ui_table
@@ -342,6 +343,7 @@ def render(report: dict[str, Any]) -> str:
                          ("Through a worker process", e2e_table(report)),
                          ("Dormant objects: an idle node and a new object",
                           dormant_table(report)),
+                         ("Model quotas: share used, calls refused", quota_table(report)),
                          ("Time taken by each part", seconds_table(report))):
         if table:
             parts.append(f"#### {title}\n\n{table}")

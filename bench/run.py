@@ -25,6 +25,10 @@ and PostgreSQL:
 * ``dormant``: an idle worker's CPU, its two idle queries and a new object's latency
   beside 0, 100,000 and 1,000,000 dormant objects, on SQLite FULL and PostgreSQL
   (``bench/dormant.py``);
+* ``quota``: model calls under ``app.model_quota`` from several worker processes against
+  the scripted server enforcing the same token quota (429 with ``retry-after`` past it):
+  the share of the quota used and of calls refused, against the floors of 85% used and
+  at most 1% refused, on SQLite only (``bench/quota.py``; needs ``perdure[llm]``);
 * ``ui``: the dashboard's objects list on SQLite filled to 100,000 objects: milliseconds
   per page of 50 (first, deep, filtered, searched, and the whole HTTP page) against a
   floor (``bench/ui.py``; needs ``perdure[ui]``).
@@ -51,7 +55,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``bench`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import claims, dormant, e2e, model, peers, recovery, resume, steps, ui, wake
+from bench import claims, dormant, e2e, model, peers, quota, recovery, resume, steps, ui, wake
 from bench import resources as resource_bench
 from bench.common import (
     Backend,
@@ -64,7 +68,7 @@ from bench.common import (
 )
 
 PARTS = ("steps", "wake", "claims", "recovery", "history", "model", "resources", "ui",
-         "e2e", "dormant")
+         "e2e", "dormant", "quota")
 
 QUICK = {
     "steps": steps.QUICK_SIZES,
@@ -79,6 +83,7 @@ QUICK = {
     "ui": ui.QUICK,
     "e2e": e2e.QUICK,
     "dormant": dormant.QUICK,
+    "quota": quota.QUICK,
 }
 FULL = {
     "steps": steps.FULL_SIZES,
@@ -95,6 +100,7 @@ FULL = {
     "ui": ui.FULL,
     "e2e": e2e.FULL,
     "dormant": dormant.FULL,
+    "quota": quota.FULL,
 }
 
 
@@ -146,6 +152,19 @@ def measure_model(folder: Path, sizes: dict[str, Any], with_peers: bool) -> dict
     t0 = time.monotonic()
     got = model.measure(folder, sizes, with_peers)
     got["seconds"] = round(time.monotonic() - t0, 1)
+    return got
+
+
+def measure_quota(folder: Path, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The model-quota figures (SQLite, whatever the backends), or n/a without the SDKs."""
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        return {"na": "openai not installed (pip install 'perdure[llm]')"}
+    t0 = time.monotonic()
+    got = quota.measure(folder, sizes)
+    got["seconds"] = round(time.monotonic() - t0, 1)
+    progress(f"sqlite quota: {got['seconds']:.1f} s")
     return got
 
 
@@ -230,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         if "model" in parts:
             report["model"] = measure_model(run_dir / "model", sizes["model"],
                                             not args.no_peers)
+        if "quota" in parts:
+            report["quota"] = measure_quota(run_dir / "quota", sizes["quota"])
         if "ui" in parts:
             t0 = time.monotonic()
             report["ui"] = ui.measure(run_dir / "ui", sizes["ui"])

@@ -20,6 +20,7 @@ from perdure.core.gate import Allow, Policy
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Phase, Status
 from perdure.core.questions import Question
+from perdure.core.quotas import ModelQuota
 from perdure.core.records import Kind, Record
 from perdure.core.schedules import ScheduleInfo, ScheduleSpec
 from perdure.core.secret import Secret
@@ -129,6 +130,7 @@ __all__ = [
     "LeaseLostError",
     "LocalPolicy",
     "MemoryView",
+    "ModelQuota",
     "NodeIdentityError",
     "NodeLacksError",
     "NonDeterminismError",

@@ -31,6 +31,7 @@ from perdure.core.intent import Intent, budget_body
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.questions import Question
+from perdure.core.quotas import ModelQuota
 from perdure.core.records import Kind, Record
 from perdure.core.schedules import SCHEDULE_AGENT, ScheduleInfo, schedule_id
 from perdure.core.sealing import check_reserved, marked
@@ -196,6 +197,7 @@ class App:
         self._notes = MemoryNotes(self)  # what memory adds to ObjectInfo (questions, origin)
         self._tools: dict[str, Tool] = {}  # ``@app.tool``
         self._queues: dict[str, Queue] = {}  # ``app.queue``
+        self._model_quotas: dict[tuple[str, str], ModelQuota] = {}  # ``app.model_quota``
         self._declared: set[str] = set()  # queues this App put in its store
         #: What this App's workers tell listeners: objects claimed, steps recorded,
         #: dormancy, wake-ups, ends, commits, lost leases, integrity failures (see
@@ -317,6 +319,7 @@ class App:
         self._queries = other._queries.copy()
         self._tools = dict(other._tools)
         self._queues = dict(other._queues)
+        self._model_quotas = dict(other._model_quotas)
         self.hooks = other.hooks
         self.open_sealed = other.open_sealed
 
@@ -441,6 +444,55 @@ class App:
                     f"({known.limits()} and {made.limits()}); declare it once")
             self._queues.setdefault(made.name, made)
             return self._queues[made.name]
+
+    def model_quota(self, provider: str | ModelQuota, model: str | None = None, /, *,
+                    tokens_per_minute: int | None = None,
+                    requests_per_minute: int | None = None,
+                    window: float = 60.0) -> ModelQuota:
+        """Declare what a provider lets this account ask of a model (see
+        ``perdure.core.quotas``) and return it: ``app.model_quota("openai", "gpt-4o-mini",
+        tokens_per_minute=200_000, requests_per_minute=500)``, or
+        ``app.model_quota(perdure.ModelQuota(...))``.
+
+        ``provider`` is the client's API family (``"openai"`` for the Chat Completions and
+        Responses clients, ``"anthropic"``), ``model`` the model a request names. Before
+        each ``run.model`` call of that model, every node reserves the call's tokens (its
+        prompt counted offline plus its ``max_tokens``, else 4096) and one request
+        against the usage of the last ``window`` seconds, shared through the store; after
+        the call the reservation is settled to the tokens the provider reported. A call
+        that does not fit leaves its object dormant until the window has room. A 429 from
+        the provider halves the rate in force (growing back by a tenth per window) and
+        holds every call until its ``retry-after``.
+
+        The quota goes into the store as this App's workers start, and every node
+        reserves by what the store holds; a later declaration with other limits replaces
+        them there. Declaring one twice on one App with other limits, a limit that makes
+        no sense (zero, negative, not a whole number) or neither limit is a
+        ``ConfigurationError``, and nothing is stored.
+        """
+        if isinstance(provider, ModelQuota):
+            if (model, tokens_per_minute, requests_per_minute, window) != (
+                    None, None, None, 60.0):
+                raise ConfigurationError("app.model_quota(ModelQuota(...)) takes the "
+                                         "quota's limits from the ModelQuota; give them there")
+            made = provider
+        else:
+            made = ModelQuota(provider, model,  # type: ignore[arg-type]
+                              tokens_per_minute=tokens_per_minute,
+                              requests_per_minute=requests_per_minute, window=window)
+        with self._lock:
+            known = self._model_quotas.get(made.key)
+            if known is not None and not known.same_limits(made):
+                raise ConfigurationError(
+                    f"the quota of {made.provider}/{made.model} is declared twice with "
+                    f"other limits ({known.limits()} and {made.limits()}); declare it once")
+            self._model_quotas.setdefault(made.key, made)
+            return self._model_quotas[made.key]
+
+    @property
+    def model_quotas(self) -> Mapping[tuple[str, str], ModelQuota]:
+        """Declared model quotas by ``(provider, model)``."""
+        return dict(self._model_quotas)
 
     @property
     def queues(self) -> Mapping[str, Queue]:
@@ -1069,6 +1121,7 @@ class App:
             warn_stalls=warn_stalls,
             model_prices=self.prices,
             queues=tuple(self._queues.values()),
+            model_quotas=tuple(self._model_quotas.values()),
         )
         signer = self.client.certified()
         return Worker(store=self.store, signer=signer, policy=self.policy,

@@ -31,6 +31,7 @@ from perdure.cli.approvals import approvals, approve, reject
 from perdure.cli.data_keys import data_key
 from perdure.cli.keys import keys
 from perdure.cli.queues import queues
+from perdure.cli.quotas import quotas
 from perdure.cli.schedules import schedules
 from perdure.cli.steer import fork, query, questions, retry
 from perdure.cli.tail import tail
@@ -872,6 +873,7 @@ keys.add_command(data_key)
 cli.add_command(keys)
 cli.add_command(tail)
 cli.add_command(queues)
+cli.add_command(quotas)
 for _steer in (questions, query, fork, retry):
     cli.add_command(_steer)
 cli.add_command(ls_, name="list")  # the same listing under its long name

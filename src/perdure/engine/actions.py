@@ -200,7 +200,7 @@ def _new_run(node: Node, claim: Claim, journal: Journal, records: list[Record],
                   check_event=node.verifier.check_event, refresh_flags=flags,
                   crashes=claim.crashes, max_crashes=node.policy.max_crashes,
                   model_prices=node.settings.model_prices, lineage_budgets=lineage_budgets,
-                  sealer=sealer)
+                  sealer=sealer, quotas=node.quotas)
     run.cancel_requested = claim.cancel_requested
     return run
 

@@ -34,6 +34,7 @@ from perdure.engine.code_threads import CodeThreads
 from perdure.engine.held import HeldRecords
 from perdure.engine.invoke import StepRunner
 from perdure.engine.journal import Committer, Journal
+from perdure.engine.quotas import QuotaGate
 from perdure.engine.run import Run
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.slots import Slots
@@ -112,6 +113,7 @@ class Node:
         self.key_cache = KeyCache()
         self.sealed_scan = SealedScan()  # which objects' memories hold sealed values
         self.store_down = False
+        self.quotas = QuotaGate(self)  # model quotas, reserved through the store
 
     # -- store access off the event loop --------------------------------------------
 

@@ -47,6 +47,7 @@ from perdure.stores.base import Event
 
 if TYPE_CHECKING:
     from perdure.engine.commands.model_memory import ModelMemory
+    from perdure.engine.quotas import QuotaGate
     from perdure.keys.sealer import Sealer
     from perdure.llm import PriceTable
 
@@ -98,6 +99,7 @@ class Run:
         model_prices: PriceTable | None = None,
         lineage_budgets: Callable[[], Awaitable[list[Any]]] | None = None,
         sealer: Sealer | None = None,
+        quotas: QuotaGate | None = None,
     ) -> None:
         # What the node hands every command.
         self._journal = journal
@@ -117,6 +119,8 @@ class Run:
         self._model_prices = model_prices  # the App's price table for ``run.model``
         # Lineage budgets over this object, with their lineages' records (``model_budget``)
         self._lineage_budgets = lineage_budgets
+        # Model quotas shared through the store (``engine.quotas``; ``None``: none apply)
+        self._quotas = quotas
         # The cursor and memory by position.
         self._pos = 0
         # A gather ran: commands may run in its branches. Until then every command is on

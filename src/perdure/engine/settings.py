@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.flow import Queue
+from perdure.core.quotas import ModelQuota
 from perdure.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -63,6 +64,9 @@ class WorkerSettings:
     # The queues this node's App declares (perdure.core.flow): declared in the store as
     # the node starts; with any, an object's end wakes the node (a slot may be free).
     queues: tuple[Queue, ...] = ()
+    # The model quotas this node's App declares (perdure.core.quotas): declared in the
+    # store as the node starts; every node reserves by those the store holds.
+    model_quotas: tuple[ModelQuota, ...] = ()
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

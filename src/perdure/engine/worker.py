@@ -39,6 +39,7 @@ from perdure.engine.leases import (
 from perdure.engine.memory import checked_memory, pending_events
 from perdure.engine.node import Active, Node
 from perdure.engine.queues import declare_queues
+from perdure.engine.quotas import declare_model_quotas
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.stalls import LAG_INTERVAL, LoopLagMeter, LoopWatchdog
@@ -192,6 +193,8 @@ class Worker:
                 await node.write(self.heartbeat)
                 if self.settings.queues:
                     await node.write(declare_queues, node)
+                if self.settings.model_quotas:
+                    await node.write(declare_model_quotas, node)
 
             async def warm() -> None:  # what the first claim would otherwise wait for
                 await node.read(self.verifier.refresh)

@@ -184,6 +184,12 @@ class Tables:
     data_keys: dict[str, DataKeyRow] = field(default_factory=dict)
     checkpoints: dict[tuple[str, str], CheckpointRow] = field(default_factory=dict)
     queues: dict[str, flow.Queue] = field(default_factory=dict)
+    # Model quotas by (provider, model): the quota, its state and its window's
+    # reservations by ticket, each [at, tokens, settled].
+    quotas: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)
+    reservations: dict[int, tuple[tuple[str, str], builtins.list[Any]]] = field(
+        default_factory=dict)
+    last_ticket: int = 0
     woken: builtins.list[str] = field(default_factory=builtins.list)  # to tell subscribers
     # Due times (the SQL stores' objects_due index) as a heap of (due, order, object_id):
     # an entry is pushed whenever a write may change a row's due time, and is current

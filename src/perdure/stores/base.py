@@ -8,7 +8,8 @@ claimed the object with; a store refuses it with ``LeaseLostError`` otherwise.
 ``Store`` is the union of small role protocols, one per concern: ``Nodes`` (trust
 items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
 commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Queues``
-(named queues' limits), ``Inbox`` (events), ``DataKeyRows`` (objects' wrapped data
+(named queues' limits), ``ModelQuotas`` (model calls' tokens and requests per minute,
+reserved and settled), ``Inbox`` (events), ``DataKeyRows`` (objects' wrapped data
 keys, opaque bytes), ``Writes`` (fenced group commits) and ``Browse`` (what people look
 at: objects found by any filter a page at a time, and the figures of the last hour). How
 a node's event loop gets its commits made (on the loop, awaited on it, or on a thread)
@@ -27,6 +28,7 @@ from typing import Protocol, TypeAlias
 
 from perdure.core.chain import CommitSeal
 from perdure.core.flow import Queue
+from perdure.core.quotas import ModelQuota, QuotaState
 from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "Event",
     "Inbox",
     "Leases",
+    "ModelQuotas",
     "NewObject",
     "NodeInfo",
     "Nodes",
@@ -51,6 +54,8 @@ __all__ = [
     "Outcomes",
     "QueueStats",
     "Queues",
+    "QuotaGrant",
+    "QuotaStats",
     "RecordBody",
     "Records",
     "Route",
@@ -173,6 +178,32 @@ class ObjectCount:
     status: str
     count: int
     approvals: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaGrant:
+    """The answer to a reservation (``ModelQuotas.reserve_quota``): ``ticket`` names the
+    reservation to settle when it was granted (``None`` with ``granted``: the model has no
+    quota), else ``ready_at`` is when the call will fit."""
+
+    granted: bool
+    ticket: int | None = None
+    ready_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaStats:
+    """A declared quota and its window at a moment: the tokens of settled calls
+    (``used``: what providers reported), of calls in flight (``reserved``: estimates),
+    the ``requests`` in the window, and what 429s taught (``state``; ``factor``: the share
+    of the declared rate in force now)."""
+
+    quota: ModelQuota
+    state: QuotaState
+    used: int
+    reserved: int
+    requests: int
+    factor: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,6 +512,44 @@ class Queues(Protocol):
         claimed with the event in its inbox, or the event is refused."""
 
 
+class ModelQuotas(Protocol):
+    """Model quotas (``perdure.core.quotas``): tokens and requests per minute per
+    provider and model, shared by every node. A call reserves its estimate before it is
+    sent and settles it to what the provider reported; reservations of one quota are
+    serialised (PostgreSQL: the quota's row locked; SQLite: the write lock), so calls
+    from every node together stay within it. A settled reservation counts for the
+    quota's window from when it was settled; one in flight counts from when it was made,
+    and past that while its object's lease is live: one whose worker died is never
+    settled and leaves the window once the lease lapsed."""
+
+    def declare_model_quota(self, quota: ModelQuota, now: float) -> ModelQuota | None:
+        """Keep ``quota``'s limits (a later declaration of the same provider and model
+        replaces them; what 429s taught is kept); those it replaced, if they differed."""
+
+    def model_quotas(self) -> builtins.list[ModelQuota]:
+        """Every declared quota, by provider and model."""
+
+    def reserve_quota(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str, now: float) -> QuotaGrant:
+        """Reserve ``tokens`` and one request of the quota of ``provider``'s ``model`` for
+        a call of ``object_id`` (``holder`` names the call, for people) if they fit its
+        window at ``now`` (``quotas.admit``); granted with no ticket when the model has no
+        quota. A reservation not settled yet stays in the window past its time while the
+        object's lease is live (the call may still be at the provider)."""
+
+    def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
+        """Settle reservation ``ticket`` to ``tokens`` (what the provider reported) at
+        ``now``; a reservation that left the window already is not there to settle."""
+
+    def quota_throttled(self, provider: str, model: str, retry_after: float | None,
+                        now: float) -> QuotaState | None:
+        """The provider answered 429 for ``model``: adapt its quota (``quotas.throttled``)
+        and return the new state (``None``: no quota declared)."""
+
+    def quota_stats(self, now: float) -> builtins.list[QuotaStats]:
+        """Every declared quota and its window at ``now``, by provider and model."""
+
+
 class Inbox(Protocol):
     """Events waiting to be folded into an object's memory."""
 
@@ -648,8 +717,8 @@ class Browse(Protocol):
         """When each of ``event_ids`` was sent to an inbox (ids not found left out)."""
 
 
-class Store(Nodes, Objects, Records, Leases, Queues, Inbox, DataKeyRows, Checkpoints, Writes,
-            Browse, Protocol):
+class Store(Nodes, Objects, Records, Leases, Queues, ModelQuotas, Inbox, DataKeyRows,
+            Checkpoints, Writes, Browse, Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys, and
     the read-only ``Browse`` role people look through.
 

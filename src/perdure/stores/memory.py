@@ -21,10 +21,12 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from perdure.core.chain import CommitSeal
 from perdure.core.events import APPROVAL_EVENT
 from perdure.core.flow import Queue
+from perdure.core.quotas import ModelQuota, QuotaState, Reservation, admit, factor_at, throttled
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ObjectNotFoundError,
@@ -48,6 +50,8 @@ from perdure.stores.base import (
     ObjectRow,
     Outcomes,
     QueueStats,
+    QuotaGrant,
+    QuotaStats,
     RecordBody,
     Route,
     Writer,
@@ -405,6 +409,89 @@ class MemoryStore:
                 row.ready_at, row.updated_at = float(ready_at), float(now)
                 t.due_changed(row)
             return True
+
+    # -- model quotas ---------------------------------------------------------------
+
+    def declare_model_quota(self, quota: ModelQuota, now: float) -> ModelQuota | None:
+        """Keep ``quota``'s limits; those it replaced, if they differed."""
+        with self._held() as t:
+            known = t.quotas.get(quota.key)
+            t.quotas[quota.key] = (quota, QuotaState() if known is None else known[1])
+        before = None if known is None else known[0]
+        return None if before is None or before.same_limits(quota) else before
+
+    def model_quotas(self) -> builtins.list[ModelQuota]:
+        """Every declared quota, by provider and model."""
+        with self._held() as t:
+            return [quota for _, (quota, _) in sorted(t.quotas.items())]
+
+    @staticmethod
+    def _window(t: Tables, key: tuple[str, str], since: float, now: float
+                ) -> builtins.list[Any]:
+        """The reservations of quota ``key`` in its window as ``[at, tokens, settled]``
+        (a call in flight past its time, its object's lease live, as made ``now``; the
+        others that left it dropped)."""
+        found = []
+        for ticket, (of, row) in list(t.reservations.items()):
+            if of != key:
+                continue
+            if row[0] > since:
+                found.append(row[:3])
+                continue
+            held = t.objects.get(row[3])
+            if not row[2] and held is not None and held.held(now):
+                found.append([now, row[1], False])
+            else:
+                del t.reservations[ticket]
+        return found
+
+    def reserve_quota(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str, now: float) -> QuotaGrant:
+        """Reserve if the call fits the quota's window."""
+        with self._held() as t:
+            known = t.quotas.get((provider, model))
+            if known is None:
+                return QuotaGrant(True)
+            quota, state = known
+            window = self._window(t, quota.key, now - quota.window, now)
+            ready = admit(quota, state, [Reservation(at, n) for at, n, _ in window], tokens,
+                          now)
+            if ready is not None:
+                return QuotaGrant(False, None, ready)
+            t.last_ticket += 1
+            t.reservations[t.last_ticket] = (quota.key, [now, tokens, False, object_id])
+            return QuotaGrant(True, t.last_ticket)
+
+    def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
+        """Settle reservation ``ticket`` to ``tokens``."""
+        with self._held() as t:
+            found = t.reservations.get(ticket)
+            if found is not None:
+                row = found[1]
+                row[:3] = [max(row[0], now), tokens, True]
+
+    def quota_throttled(self, provider: str, model: str, retry_after: float | None,
+                        now: float) -> QuotaState | None:
+        """Adapt the quota after a 429."""
+        with self._held() as t:
+            known = t.quotas.get((provider, model))
+            if known is None:
+                return None
+            new = throttled(known[0], known[1], now, retry_after)
+            t.quotas[(provider, model)] = (known[0], new)
+            return new
+
+    def quota_stats(self, now: float) -> builtins.list[QuotaStats]:
+        """Every declared quota and its window at ``now``."""
+        with self._held() as t:
+            found = []
+            for key, (quota, state) in sorted(t.quotas.items()):
+                window = self._window(t, key, now - quota.window, now)
+                found.append(QuotaStats(
+                    quota, state, sum(n for _, n, done in window if done),
+                    sum(n for _, n, done in window if not done), len(window),
+                    factor_at(quota, state, now)))
+            return found
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease if still held at ``epoch``."""

@@ -29,6 +29,7 @@ from perdure.core import flow
 from perdure.core.chain import CommitSeal, chain_from_rows
 from perdure.core.gc import gc_paused
 from perdure.core.lifecycle import TERMINAL_STATUSES
+from perdure.core.quotas import ModelQuota, QuotaState
 from perdure.core.records import GENESIS_HASH, Record
 from perdure.errors import (
     ConfigurationError,
@@ -71,6 +72,7 @@ from perdure.stores._queues import (
     scan_size,
     stats_row,
 )
+from perdure.stores._quotas import declare_in, quota_of, reserve_in, stats_in, throttled_in
 from perdure.stores._rows import (
     checked_chain,
     checkpoint_row,
@@ -93,6 +95,8 @@ from perdure.stores.base import (
     NodeInfo,
     ObjectRow,
     QueueStats,
+    QuotaGrant,
+    QuotaStats,
     Route,
     Writer,
 )
@@ -418,6 +422,42 @@ class PostgresStore(PostgresBrowse):
             conn.execute(_Q["debounce_push"], {"ready_at": ready_at, "now": now,
                                                "object_id": object_id})
             return True
+
+    # -- model quotas ---------------------------------------------------------------
+
+    def declare_model_quota(self, quota: ModelQuota, now: float) -> ModelQuota | None:
+        """Keep ``quota``'s limits; those it replaced, if they differed."""
+        with self._tx() as conn:
+            return declare_in(conn, _Q, "model_quota_lock", quota, now)
+
+    def model_quotas(self) -> builtins.list[ModelQuota]:
+        """Every declared quota, by provider and model."""
+        with self._single() as conn:
+            return [quota_of(row)[0] for row in conn.execute(_Q["model_quotas"])]
+
+    def reserve_quota(self, provider: str, model: str, tokens: int, object_id: str,
+                      holder: str, now: float) -> QuotaGrant:
+        """Reserve holding the quota's row: reservations from every node take turns."""
+        with self._tx() as conn:
+            return reserve_in(conn, _Q, "model_quota_lock", provider, model, tokens,
+                              object_id, holder, now)
+
+    def settle_quota(self, ticket: int, tokens: int, now: float) -> None:
+        """Settle reservation ``ticket`` to ``tokens``."""
+        with self._tx() as conn:
+            conn.execute(_Q["quota_settle"], {"ticket": ticket, "tokens": tokens, "now": now})
+
+    def quota_throttled(self, provider: str, model: str, retry_after: float | None,
+                        now: float) -> QuotaState | None:
+        """Adapt the quota after a 429."""
+        with self._tx() as conn:
+            return throttled_in(conn, _Q, "model_quota_lock", provider, model, retry_after,
+                                now)
+
+    def quota_stats(self, now: float) -> builtins.list[QuotaStats]:
+        """Every declared quota and its window at ``now``."""
+        with self._single() as conn:
+            return stats_in(conn, _Q, now)
 
     def renew(self, object_id: str, epoch: int, lease_until: float) -> Claim | None:
         """Extend the lease (by the database clock) if still held at ``epoch``."""

@@ -13,6 +13,9 @@ memory does not hold yet (``model_memory``). Streaming attempts: ``model_streams
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -32,8 +35,10 @@ from perdure.engine.commands.model_budget import (
 from perdure.engine.commands.model_calls import CallOptions, Route, error_of
 from perdure.engine.commands.model_memory import ModelMemory, sealed_call
 from perdure.engine.commands.step_failures import cannot_do
+from perdure.engine.journal import StoreUnavailable
+from perdure.engine.quotas import quota_provider
 from perdure.engine.signals import Suspend
-from perdure.errors import CannotDo, PerdureError
+from perdure.errors import CannotDo, PerdureError, StoreError
 from perdure.llm import (
     Budget,
     CallFailure,
@@ -42,9 +47,12 @@ from perdure.llm import (
     ModelCallError,
     ModelReply,
     ModelRequest,
+    PriceTable,
     classify_exception,
+    counter_for_model,
     load_counter,
     reply_failure,
+    reservation_for,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +60,13 @@ if TYPE_CHECKING:
 
 __all__ = ["IN_FLIGHT", "Attempts", "failure_of"]
 
+log = logging.getLogger("perdure.worker")
+
 _MODEL_STARTED = Kind.MODEL_STARTED.value
+_DORMANT = Kind.DORMANT.value
+_RATE_LIMITED = FailureKind.RATE_LIMITED.value
+_PERMANENT = FailureKind.PERMANENT.value
+_JITTER = random.Random()
 _MODEL_CHUNKS = Kind.MODEL_CHUNKS.value
 IN_FLIGHT = "the worker was lost while a stateful request was in flight"
 """The reason recorded for a stateful call whose worker died before its outcome."""
@@ -146,12 +160,78 @@ class Attempts:
                 await load_counter(route.request(self.request).model)
         while True:
             route, skipped = self.choose()
+            ticket = await self.reserve(route)
             with held(self.run, call_key({"pos": self.pos, "name": self.name}),
                       route.request(self.request),
                       self.options.prices or self.run._model_prices, bool(self.lineage)):
-                reply = await self.attempt_on(route, skipped)
+                before = len(self.failures)
+                try:
+                    reply = await self.attempt_on(route, skipped)
+                except asyncio.CancelledError:
+                    raise  # the reservation keeps its estimate until it leaves the window
+                except BaseException:
+                    await self.settle(route, ticket, None, before)
+                    raise
+                await self.settle(route, ticket, reply, before)
             if reply is not None:
                 return reply
+
+    async def reserve(self, route: Route) -> int | None:
+        """Reserve the call's tokens against its model's quota, if it has one
+        (``perdure.core.quotas``): the ticket to settle (``None``: no quota); dormant
+        until the quota's window has room, when it has none now."""
+        gate = self.run._quotas
+        sent = route.request(self.request)
+        provider = quota_provider(route.client.provider)
+        if gate is None or not await gate.applies(provider, sent.model):
+            return None
+        await load_counter(sent.model)  # the encoding is read off the loop
+        reserved, _ = reservation_for(sent, counter_for_model(sent.model), PriceTable())
+        holder = f"{self.run.object_id}/{self.pos}/{self.name}/{self.attempt}"
+        try:
+            grant = await gate.reserve(provider, sent.model, reserved.total_tokens,
+                                      self.run.object_id, holder)
+        except StoreError as exc:  # not the agent's failure: abandon the run, retry later
+            raise StoreUnavailable(exc) from exc
+        if grant.granted:
+            return grant.ticket
+        until = float(grant.ready_at or self.run._clock())
+        # Objects waiting for the same room do not all wake at the same instant.
+        until += _JITTER.uniform(0.0, 0.05)
+        drafts = [Dormant.model_retry(self.pos, self.name, until).draft()] if self.fresh else []
+        if not any(r.kind == _DORMANT and r.body.get("reason") == "quota" for r in self.recs):
+            drafts.append(Dormant(self.pos, "model", "quota", until, name=self.name).draft())
+        raise Suspend(drafts, ready_at=until,
+                      reason=f"model call {self.name}: waiting for the quota of "
+                             f"{provider}/{sent.model} until {until:.3f}")
+
+    async def settle(self, route: Route, ticket: int | None, reply: ModelReply | None,
+                     before: int) -> None:
+        """After an attempt: settle its reservation to what the provider reported (a
+        reply's input and output tokens; none when it was refused or never sent; an
+        attempt that failed on the way keeps its estimate), and adapt the quota when the
+        provider answered 429."""
+        gate = self.run._quotas
+        if gate is None:
+            return
+        sent = route.request(self.request)
+        provider = quota_provider(route.client.provider)
+        kinds = [str(f["failure"]["kind"]) for f in self.failures[before:]]
+        try:
+            if ticket is not None:
+                if reply is not None:
+                    await gate.settle(ticket, reply.usage.input_tokens
+                                      + reply.usage.output_tokens)
+                elif not kinds or kinds[-1] in (_RATE_LIMITED, _PERMANENT):
+                    await gate.settle(ticket, 0)
+            if _RATE_LIMITED in kinds and await gate.applies(provider, sent.model):
+                retry = next((f["failure"].get("retry_after") for f in self.failures[before:]
+                              if f["failure"]["kind"] == _RATE_LIMITED), None)
+                await gate.throttled(provider, sent.model,
+                                     None if retry is None else float(retry))
+        except StoreError:  # the reservation leaves the window all the same
+            log.warning("model quota %s/%s: could not settle a reservation (store "
+                        "unreachable); it leaves the window in time", provider, sent.model)
 
     async def in_doubt(self) -> None:
         """A stateful request sent (``model_started``) by an attempt that has no outcome

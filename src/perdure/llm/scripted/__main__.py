@@ -19,9 +19,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="port (0: a free one)")
     parser.add_argument("--script", type=Path,
                         help="JSON list of steps: {'reply': {...}} or {'failure': {...}}")
+    parser.add_argument("--tokens-per-minute", type=int,
+                        help="enforce a token quota: answer 429 with retry-after past it")
+    parser.add_argument("--quota-window", type=float, default=60.0,
+                        help="seconds the quota is counted over (default 60)")
     args = parser.parse_args(argv)
     steps = load_script(args.script.read_text()) if args.script else []
-    server = ScriptedServer(*steps, host=args.host, port=args.port)
+    server = ScriptedServer(*steps, host=args.host, port=args.port,
+                            tokens_per_minute=args.tokens_per_minute,
+                            quota_window=args.quota_window)
     print(f"openai base url:    {server.openai_base_url}", flush=True)
     print(f"anthropic base url: {server.anthropic_base_url}", flush=True)
     try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from perdure.llm.scripted._script import RecordedRequest, ScriptedFailure, ScriptedReply
 
-__all__ = ["RENDERERS", "Frame", "Rendered", "error_body", "error_frame"]
+__all__ = ["RENDERERS", "Frame", "Rendered", "error_body", "error_frame", "token_counts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,8 @@ def _call_id(reply: ScriptedReply, i: int, n: int, prefix: str) -> str:
     return given if given is not None else f"{prefix}_{n}_{i}"
 
 
-def _tokens(reply: ScriptedReply, request: RecordedRequest) -> tuple[int, int, int]:
+def token_counts(reply: ScriptedReply, request: RecordedRequest) -> tuple[int, int, int]:
+    """The input, output and cached tokens the reply's usage reports."""
     sent = json.dumps(request.body.get("messages") or request.body.get("input") or "")
     written = len(reply.text) + sum(len(c.arguments) + len(c.name) for c in reply.tool_calls)
     inp = reply.input_tokens if reply.input_tokens is not None else max(1, len(sent) // 4)
@@ -66,7 +67,7 @@ _CHAT_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
 def render_chat(reply: ScriptedReply, request: RecordedRequest, n: int) -> Rendered:
     """Chat Completions: a ``chat.completion`` body and ``chat.completion.chunk`` frames."""
     model = reply.model or str(request.body.get("model", "scripted"))
-    inp, out, cached = _tokens(reply, request)
+    inp, out, cached = token_counts(reply, request)
     usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out,
              "prompt_tokens_details": {"cached_tokens": cached}}
     finish = _CHAT_FINISH.get(reply.finish, reply.finish)
@@ -107,7 +108,7 @@ def render_chat(reply: ScriptedReply, request: RecordedRequest, n: int) -> Rende
 
 def _response(reply: ScriptedReply, request: RecordedRequest, n: int,
               status: str) -> dict[str, Any]:
-    inp, out, cached = _tokens(reply, request)
+    inp, out, cached = token_counts(reply, request)
     output: list[dict[str, Any]] = []
     if reply.text or not reply.tool_calls:
         kind = "refusal" if reply.finish == "content_filter" else "output_text"
@@ -175,7 +176,7 @@ _ANTHROPIC_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "to
 
 def render_anthropic(reply: ScriptedReply, request: RecordedRequest, n: int) -> Rendered:
     """Anthropic Messages: a ``message`` body and its stream events."""
-    inp, out, cached = _tokens(reply, request)
+    inp, out, cached = token_counts(reply, request)
     usage = {"input_tokens": inp - cached, "output_tokens": out,
              "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
     blocks: list[dict[str, Any]] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import socket
 import threading
 import time
@@ -24,7 +25,13 @@ from email.message import Message as HeaderMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from perdure.llm.scripted._render import RENDERERS, Frame, error_body, error_frame
+from perdure.llm.scripted._render import (
+    RENDERERS,
+    Frame,
+    error_body,
+    error_frame,
+    token_counts,
+)
 from perdure.llm.scripted._script import (
     RecordedRequest,
     ScriptedFailure,
@@ -104,7 +111,10 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except OSError:  # the client went away: nothing to answer
+            self.close_connection = True
 
     def _failure(self, api: str, failure: ScriptedFailure) -> None:
         headers = dict(failure.headers)
@@ -183,16 +193,28 @@ class ScriptedServer:
 
     ``steps`` are the first answers (more with ``script``); ``responder`` answers when
     the script is empty (default: echo the last user text). ``port=0`` takes a free port.
+
+    ``tokens_per_minute`` makes it enforce a quota as a provider does: a reply whose
+    tokens (input plus output, as its usage reports them) would take the tokens of the
+    last ``quota_window`` seconds past ``tokens_per_minute * quota_window / 60`` is not
+    given; the request is answered 429 with ``retry-after`` and ``retry-after-ms`` saying
+    when it would fit (``quota`` has the figures).
     """
 
     def __init__(self, *steps: Step, host: str = "127.0.0.1", port: int = 0,
-                 responder: Responder = echo) -> None:
+                 responder: Responder = echo, tokens_per_minute: int | None = None,
+                 quota_window: float = 60.0) -> None:
         self._steps: deque[Step] = deque(steps)
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
         self._responder = responder
         self._count = 0
         self._streamed: dict[int, int] = {}
+        self._tpm = tokens_per_minute
+        self._quota_window = quota_window
+        self._served: deque[tuple[float, int]] = deque()  # (when, tokens) in the window
+        self._served_log: list[tuple[float, int]] = []  # every reply given: (when, tokens)
+        self._quota = {"served_tokens": 0, "served": 0, "throttled": 0, "peak_window": 0}
         self._httpd = _HTTPServer((host, port), _Handler)
         self._httpd.scripted = self
         self._thread: threading.Thread | None = None
@@ -251,7 +273,65 @@ class ScriptedServer:
             self._count += 1
             step = self._steps.popleft() if self._steps else None
             n = self._count
-        return (step if step is not None else self._responder(request)), n
+            scripted = step is not None
+            if step is None:
+                step = self._responder(request)
+            refused = self._over_quota(step, request)
+            if refused is not None and scripted:
+                self._steps.appendleft(step)  # the scripted answer waits for the next
+        return (refused if refused is not None else step), n
+
+    def _over_quota(self, step: Step, request: RecordedRequest) -> ScriptedFailure | None:
+        """Count ``step``'s tokens in the quota's window, or refuse it (429) when they do
+        not fit (the caller holds the lock)."""
+        if self._tpm is None or not isinstance(step, ScriptedReply):
+            return None
+        inp, out, _ = token_counts(step, request)
+        tokens = inp + out
+        now = time.monotonic()
+        window = self._served
+        while window and window[0][0] <= now - self._quota_window:
+            window.popleft()
+        cap = max(1, int(self._tpm * self._quota_window / 60))
+        used = sum(n for _, n in window)
+        if used + tokens > cap and window:
+            free, wait = used, self._quota_window
+            for at, n in window:
+                free -= n
+                if free + tokens <= cap:
+                    wait = at + self._quota_window - now
+                    break
+            self._quota["throttled"] += 1
+            wait = max(0.001, wait)
+            return ScriptedFailure(429, f"Rate limit reached: {cap} tokens per "
+                                        f"{self._quota_window:g} s, used {used}, requested "
+                                        f"{tokens}", error_type="tokens",
+                                   code="rate_limit_exceeded",
+                                   retry_after=str(max(1, math.ceil(wait))),
+                                   retry_after_ms=str(math.ceil(wait * 1000)))
+        window.append((now, tokens))
+        self._served_log.append((now, tokens))
+        self._quota["served_tokens"] += tokens
+        self._quota["served"] += 1
+        self._quota["peak_window"] = max(self._quota["peak_window"], used + tokens)
+        return None
+
+    @property
+    def served(self) -> list[tuple[float, int]]:
+        """Each reply given under the quota: when its request came (``time.monotonic()``)
+        and its tokens."""
+        with self._lock:
+            return list(self._served_log)
+
+    @property
+    def quota(self) -> dict[str, int]:
+        """The quota's figures so far: replies given (``served``) and their tokens
+        (``served_tokens``), requests answered 429 (``throttled``), the most tokens the
+        window held at once (``peak_window``) and what it holds now (``window``)."""
+        with self._lock:
+            now = time.monotonic()
+            held = sum(n for at, n in self._served if at > now - self._quota_window)
+            return {**self._quota, "window": held}
 
     def start(self) -> ScriptedServer:
         """Serve in a background thread; returns the server."""

@@ -754,3 +754,60 @@ ORDER BY object_id, seq;
 
 -- name: sent_at
 SELECT event_id, sent_at FROM inbox WHERE event_id = ANY(%(ids)s::bigint[]);
+
+-- name: declare_model_quota
+-- A quota's limits (what 429s taught is kept).
+INSERT INTO model_quotas (provider, model, tokens_per_minute, requests_per_minute,
+                          window_seconds, updated_at)
+VALUES (%(provider)s, %(model)s, %(tokens_per_minute)s, %(requests_per_minute)s,
+        %(window)s, %(now)s)
+ON CONFLICT (provider, model) DO UPDATE SET
+    tokens_per_minute = excluded.tokens_per_minute,
+    requests_per_minute = excluded.requests_per_minute,
+    window_seconds = excluded.window_seconds, updated_at = excluded.updated_at;
+
+-- name: model_quota_lock
+-- The quota's row, held until the transaction ends: reservations of one quota take
+-- turns, whichever node makes them.
+SELECT provider, model, tokens_per_minute, requests_per_minute, window_seconds, factor,
+       adapted_at, blocked_until, throttles, throttled_at
+FROM model_quotas WHERE provider = %(provider)s AND model = %(model)s FOR UPDATE;
+
+-- name: model_quotas
+SELECT provider, model, tokens_per_minute, requests_per_minute, window_seconds, factor,
+       adapted_at, blocked_until, throttles, throttled_at
+FROM model_quotas ORDER BY provider, model;
+
+-- name: quota_prune
+-- Reservations that left the quota's window.
+DELETE FROM quota_reservations
+WHERE provider = %(provider)s AND model = %(model)s AND at <= %(since)s
+  AND (settled OR NOT EXISTS (SELECT 1 FROM objects o
+                              WHERE o.object_id = quota_reservations.object_id
+                                AND o.lease_owner IS NOT NULL
+      AND o.lease_expires > extract(epoch FROM clock_timestamp())::double precision));
+
+-- name: quota_window
+-- A call in flight counts while its object's lease is live (by the database clock),
+-- however long it takes.
+SELECT r.at, r.tokens, r.settled FROM quota_reservations r
+LEFT JOIN objects o ON o.object_id = r.object_id
+WHERE r.provider = %(provider)s AND r.model = %(model)s
+  AND (r.at > %(since)s OR (NOT r.settled AND o.lease_owner IS NOT NULL
+      AND o.lease_expires > extract(epoch FROM clock_timestamp())::double precision));
+
+-- name: quota_reserve
+INSERT INTO quota_reservations (provider, model, object_id, holder, tokens, at)
+VALUES (%(provider)s, %(model)s, %(object_id)s, %(holder)s, %(tokens)s, %(now)s)
+RETURNING ticket;
+
+-- name: quota_settle
+-- What the provider reported, counted from when the reply came.
+UPDATE quota_reservations SET tokens = %(tokens)s, at = GREATEST(at, %(now)s), settled = TRUE
+WHERE ticket = %(ticket)s;
+
+-- name: quota_adapt
+UPDATE model_quotas SET factor = %(factor)s, adapted_at = %(adapted_at)s,
+    blocked_until = %(blocked_until)s, throttles = %(throttles)s,
+    throttled_at = %(throttled_at)s
+WHERE provider = %(provider)s AND model = %(model)s;

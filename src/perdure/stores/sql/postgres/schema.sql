@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 10
+-- version: 11
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -156,3 +156,31 @@ CREATE TABLE checkpoints (
     written_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (object_id, slot)
 );
+
+-- Model quotas (perdure.core.quotas): declared rates and what 429s taught, and the
+-- reservations in each quota's window.
+CREATE TABLE model_quotas (
+    provider            TEXT NOT NULL,
+    model               TEXT NOT NULL,
+    tokens_per_minute   BIGINT,
+    requests_per_minute BIGINT,
+    window_seconds      DOUBLE PRECISION NOT NULL,
+    factor              DOUBLE PRECISION NOT NULL DEFAULT 1.0,
+    adapted_at          DOUBLE PRECISION,
+    blocked_until       DOUBLE PRECISION,
+    throttles           INTEGER NOT NULL DEFAULT 0,
+    throttled_at        DOUBLE PRECISION,
+    updated_at          DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (provider, model)
+);
+CREATE TABLE quota_reservations (
+    ticket   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    provider TEXT NOT NULL,
+    model    TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    holder   TEXT NOT NULL,
+    tokens   BIGINT NOT NULL,
+    at       DOUBLE PRECISION NOT NULL,
+    settled  BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE INDEX quota_reservations_window ON quota_reservations (provider, model, at);

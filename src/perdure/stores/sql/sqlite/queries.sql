@@ -732,3 +732,53 @@ ORDER BY object_id, seq;
 -- name: sent_at
 -- When some inbox events (:ids, a JSON array) were sent.
 SELECT event_id, sent_at FROM inbox WHERE event_id IN (SELECT value FROM json_each(:ids));
+
+-- name: declare_model_quota
+-- A quota's limits (what 429s taught is kept).
+INSERT INTO model_quotas (provider, model, tokens_per_minute, requests_per_minute,
+                          window_seconds, updated_at)
+VALUES (:provider, :model, :tokens_per_minute, :requests_per_minute, :window, :now)
+ON CONFLICT (provider, model) DO UPDATE SET
+    tokens_per_minute = excluded.tokens_per_minute,
+    requests_per_minute = excluded.requests_per_minute,
+    window_seconds = excluded.window_seconds, updated_at = excluded.updated_at;
+
+-- name: model_quota_row
+SELECT provider, model, tokens_per_minute, requests_per_minute, window_seconds, factor,
+       adapted_at, blocked_until, throttles, throttled_at
+FROM model_quotas WHERE provider = :provider AND model = :model;
+
+-- name: model_quotas
+SELECT provider, model, tokens_per_minute, requests_per_minute, window_seconds, factor,
+       adapted_at, blocked_until, throttles, throttled_at
+FROM model_quotas ORDER BY provider, model;
+
+-- name: quota_prune
+-- Reservations that left the quota's window.
+DELETE FROM quota_reservations
+WHERE provider = :provider AND model = :model AND at <= :since
+  AND (settled = 1 OR NOT EXISTS (SELECT 1 FROM objects o
+                                  WHERE o.object_id = quota_reservations.object_id
+                                    AND o.lease_owner IS NOT NULL AND o.lease_expires > :now));
+
+-- name: quota_window
+-- A call in flight counts while its object's lease is live, however long it takes.
+SELECT r.at, r.tokens, r.settled FROM quota_reservations r
+LEFT JOIN objects o ON o.object_id = r.object_id
+WHERE r.provider = :provider AND r.model = :model
+  AND (r.at > :since OR (r.settled = 0 AND o.lease_owner IS NOT NULL AND o.lease_expires > :now));
+
+-- name: quota_reserve
+INSERT INTO quota_reservations (provider, model, object_id, holder, tokens, at)
+VALUES (:provider, :model, :object_id, :holder, :tokens, :now)
+RETURNING ticket;
+
+-- name: quota_settle
+-- What the provider reported, counted from when the reply came.
+UPDATE quota_reservations SET tokens = :tokens, at = max(at, :now), settled = 1
+WHERE ticket = :ticket;
+
+-- name: quota_adapt
+UPDATE model_quotas SET factor = :factor, adapted_at = :adapted_at,
+    blocked_until = :blocked_until, throttles = :throttles, throttled_at = :throttled_at
+WHERE provider = :provider AND model = :model;

@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 11
+-- version: 12
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -154,3 +154,30 @@ CREATE TABLE checkpoints (
     PRIMARY KEY (object_id, slot)
 ) WITHOUT ROWID;
 
+-- Model quotas (perdure.core.quotas): declared rates and what 429s taught, and the
+-- reservations in each quota's window.
+CREATE TABLE model_quotas (
+    provider            TEXT NOT NULL,
+    model               TEXT NOT NULL,
+    tokens_per_minute   INTEGER,
+    requests_per_minute INTEGER,
+    window_seconds      REAL NOT NULL,
+    factor              REAL NOT NULL DEFAULT 1.0,
+    adapted_at          REAL,
+    blocked_until       REAL,
+    throttles           INTEGER NOT NULL DEFAULT 0,
+    throttled_at        REAL,
+    updated_at          REAL NOT NULL,
+    PRIMARY KEY (provider, model)
+);
+CREATE TABLE quota_reservations (
+    ticket   INTEGER PRIMARY KEY AUTOINCREMENT,
+    provider TEXT NOT NULL,
+    model    TEXT NOT NULL,
+    object_id TEXT NOT NULL,
+    holder   TEXT NOT NULL,
+    tokens   INTEGER NOT NULL,
+    at       REAL NOT NULL,
+    settled  INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX quota_reservations_window ON quota_reservations (provider, model, at);
