@@ -81,6 +81,7 @@ from perdure.errors import (
     UnknownAgentError,
     UnknownQueryError,
     UnknownQueueError,
+    WebhookRefusedError,
 )
 from perdure.follow import StreamEvent
 from perdure.handle import Handle
@@ -185,6 +186,7 @@ __all__ = [
     "UrlHost",
     "UsageTotals",
     "VerifyReport",
+    "WebhookRefusedError",
     "__version__",
     "current_step",
     "step",

@@ -40,6 +40,8 @@ The tree::
     ├── ApprovalError             no such proposal waits for a person, or it was decided
     │   └── ApprovalExpiredError  the proposal's deadline passed: it counts as rejected
     ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
+    ├── WebhookRefusedError       (``perdure.triggers``) a webhook request is not signed
+    │                             right, is too old, or is malformed; ``status`` its HTTP code
     ├── ReplayFailedError         (``perdure.testing``) a recorded history does not replay
     │                             under the current code; ``position`` says where
     ├── BlockedError              (``perdure.testing``) the object waits for what only the
@@ -115,6 +117,7 @@ __all__ = [
     "UnknownAgentError",
     "UnknownQueryError",
     "UnknownQueueError",
+    "WebhookRefusedError",
 ]
 
 
@@ -390,6 +393,18 @@ class ForkError(PerdureError):
 
 class NotParkedError(PerdureError):
     """``App.retry`` was asked for an object that is not parked."""
+
+
+class WebhookRefusedError(PerdureError):
+    """A webhook request is refused before anything is applied: not signed, a signature
+    that does not match, a timestamp outside the replay window, malformed headers.
+    ``status`` is the HTTP status it is answered with, ``kind`` the problem's short
+    name (``bad-signature``, ``stale-timestamp``, ``future-timestamp``, ``malformed``)."""
+
+    def __init__(self, status: int, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
 
 
 class ApprovalError(PerdureError):

@@ -69,10 +69,12 @@ from perdure.errors import (
     StoreError,
     UnknownAgentError,
     UnknownQueryError,
+    WebhookRefusedError,
 )
 from perdure.follow import StreamEvent, afollow
 from perdure.handle import Handle
 from perdure.info import ObjectInfo, info_from_row
+from perdure.triggers import Message, Outcome, Triggers, deliver
 from perdure.web import _actions as actions
 from perdure.web._auth import APPROVE, OPERATE, READ, ApiToken, ApiTokens, Principal, Throttle
 from perdure.web._openapi import PREFIX, document
@@ -382,8 +384,12 @@ class Api:
     """The HTTP API over ``app``'s store (see the module): an ASGI application."""
 
     def __init__(self, app: App, tokens: ApiTokens,
-                 settings: ApiSettings | None = None) -> None:
+                 settings: ApiSettings | None = None,
+                 triggers: Triggers | None = None) -> None:
         self.app = app
+        #: The webhooks served at ``/hooks/{name}`` are this object's (default: the
+        #: App's, ``Triggers.of(app)``).
+        self.triggers = triggers if triggers is not None else Triggers.of(app)
         self.tokens = tokens
         self.settings = settings or ApiSettings()
         self.queries = Queries(app.store)
@@ -407,6 +413,7 @@ class Api:
             _Route("GET", ("approvals",), READ, self.approvals),
             _Route("POST", ("objects", oid, "approvals", "{proposal_id}"), APPROVE,
                    self.decide),
+            _Route("POST", ("hooks", "{name}"), None, self.webhook),
         ]
 
     @property
@@ -864,6 +871,48 @@ class Api:
                  extra={"action": "api_action"})
         return _json({"decision": said, "approval": _approval_json(done)})
 
+    async def webhook(self, request: Request, who: Principal | None,
+                      params: dict[str, str]) -> Response:
+        """POST /hooks/{name}: a signed webhook starts or signals one object (the
+        webhook's signature is its authentication: no token)."""
+        name = params["name"]
+        hook = self.triggers.webhooks().get(name)
+        if hook is None:
+            raise _Problem(404, "unknown-webhook", "Not found",
+                           f"no webhook named {name!r} is declared here")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > hook.max_body:
+                raise _Problem(413, "too-large", "Request too large",
+                               f"the body is over {hook.max_body} bytes")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            delivery = hook.verify(headers, bytes(body), time.time())
+        except WebhookRefusedError as exc:  # logged by handle() (401) or not at all (400)
+            raise _Problem(exc.status, exc.kind, "Refused", str(exc)) from None
+        except ConfigurationError as exc:  # the server lacks the secret, not the caller
+            log.error("webhook %s: %s", name, exc, extra={"action": "api_error"})
+            raise _Problem(500, "internal", "Internal error",
+                           "this server cannot check the webhook's signature; see its log"
+                           ) from None
+        message = Message(bytes(body), dict(request.headers.items()), delivery,
+                          f"webhook {name}")
+        result = await deliver(self.app, hook, message)
+        if result.outcome is Outcome.DONE:
+            log.info("webhook %s: delivery %s %s object %s", name, delivery,
+                     ("started" if hook.mode == "start" else "signalled") if result.applied
+                     else "was applied before to", result.object_id,
+                     extra={"action": "webhook_done"})
+            return _json({"object_id": result.object_id, "applied": result.applied,
+                          "delivery": delivery})
+        log.warning("webhook %s: delivery %s refused: %s", name, delivery, result.reason,
+                    extra={"action": "webhook_refused"})
+        status, kind, title = _WEBHOOK_PROBLEMS.get(
+            result.cause, (422, "invalid", "Invalid input"))
+        raise _Problem(status, kind, title, result.reason,
+                       headers={"Retry-After": "5"} if status == 503 else None)
+
     def _refused(self, oid: str, pid: str, exc: ApprovalError) -> _Problem:
         """The problem of a refused decision: 404 when no such proposal waits, 403 when
         this server's identity may not decide on it, else 409 (decided, expired, memory
@@ -879,6 +928,17 @@ class Api:
         if target is not None and target.approvers and self.app.node_id not in target.approvers:
             return _Problem(403, "identity-may-not-decide", "Forbidden", str(exc))
         return _Problem(409, "conflict", "Conflict", str(exc))
+
+
+# What a webhook delivery that cannot apply is answered with, by ``Result.cause``.
+_WEBHOOK_PROBLEMS = {
+    "undecodable": (400, "malformed", "Malformed request"),
+    "invalid": (422, "invalid", "Invalid input"),
+    "not-found": (404, "not-found", "Not found"),
+    "ended": (409, "conflict", "Conflict"),
+    "conflict": (409, "conflict", "Conflict"),
+    "unavailable": (503, "store-unavailable", "Store unavailable"),
+}
 
 
 class _EventStream(Response):
