@@ -81,6 +81,9 @@ from perdure.errors import (
     UnknownAgentError,
     UnknownQueryError,
     UnknownQueueError,
+    UnknownUpdateError,
+    UpdateFailedError,
+    UpdateRefusedError,
     WebhookRefusedError,
 )
 from perdure.follow import StreamEvent
@@ -183,6 +186,9 @@ __all__ = [
     "UnknownAgentError",
     "UnknownQueryError",
     "UnknownQueueError",
+    "UnknownUpdateError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
     "UrlHost",
     "UsageTotals",
     "VerifyReport",

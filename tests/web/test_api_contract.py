@@ -170,6 +170,7 @@ def served(sqlite_url: str, key_dir: Path) -> Iterator[ServedApi]:
 def test_a_client_held_to_the_document(served: ServedApi, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(agents.OUTBOX_ENV, str(tmp_path / "outbox.jsonl"))
+    monkeypatch.setenv(agents.EFFECTS_ENV, str(tmp_path / "effects.txt"))
     app = served.app
     with app.background_worker(), ScriptedServer(responder=agents.scripted) as model, \
             closing(served.client("operator")) as op_client, \
@@ -202,6 +203,12 @@ def test_a_client_held_to_the_document(served: ServedApi, tmp_path: Path,
         api.request("POST", "/objects/c-1/queries/ticks", json_body={"args": [1]})
         api.request("POST", "/objects/c-1/queries/ticks")
         api.request("POST", "/objects/c-1/queries/missing")
+        cart = app.options(object_id="cart-c").start("cart", "cy").object_id
+        wait_until(lambda: app.get(cart).status is Status.DORMANT)
+        assert api.request("POST", f"/objects/{cart}/updates/add_item",
+                           json_body={"args": ["tea"]}).json() == {"reply": 1}
+        api.request("POST", f"/objects/{cart}/updates/add_item", json_body={"args": [""]})
+        api.request("POST", f"/objects/{cart}/updates/nope")
         api.request("POST", "/objects/c-1/pause")
         api.request("POST", "/objects/c-1/resume")
         api.request("POST", "/objects/c-1/retry")

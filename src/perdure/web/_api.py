@@ -69,12 +69,16 @@ from perdure.errors import (
     StoreError,
     UnknownAgentError,
     UnknownQueryError,
+    UnknownUpdateError,
+    UpdateFailedError,
+    UpdateRefusedError,
     WebhookRefusedError,
 )
 from perdure.follow import StreamEvent, afollow
 from perdure.handle import Handle
 from perdure.info import ObjectInfo, info_from_row
 from perdure.triggers import Message, Outcome, Triggers, deliver
+from perdure.updates import await_reply, send_update
 from perdure.web import _actions as actions
 from perdure.web._auth import APPROVE, OPERATE, READ, ApiToken, ApiTokens, Principal, Throttle
 from perdure.web._openapi import PREFIX, document
@@ -409,6 +413,7 @@ class Api:
             *(_Route("POST", ("objects", oid, verb), OPERATE, self._control(verb))
               for verb in ("pause", "resume", "cancel", "retry")),
             _Route("POST", ("objects", oid, "queries", "{name}"), READ, self.query),
+            _Route("POST", ("objects", oid, "updates", "{name}"), OPERATE, self.update),
             _Route("GET", ("questions",), READ, self.questions),
             _Route("GET", ("approvals",), READ, self.approvals),
             _Route("POST", ("objects", oid, "approvals", "{proposal_id}"), APPROVE,
@@ -821,6 +826,31 @@ class Api:
         answer = await run_in_threadpool(self.app.query, oid, name, *args)
         return _json({"answer": _shown(answer)})
 
+    async def update(self, request: Request, who: Principal | None,
+                     params: dict[str, str]) -> Response:
+        """POST /objects/{object_id}/updates/{name}: send an update, wait for its reply."""
+        assert who is not None
+        oid, name = params["object_id"], params["name"]
+        body = await self._body(request, ("args", "timeout"), optional=True)
+        args = body.array("args")
+        timeout = min(body.number("timeout", above=0) or 30.0, self.settings.max_wait)
+        self._busy()
+        sent = await run_in_threadpool(send_update, self.app, oid, name, args)
+        log.info("api action update %r of %r by %s", name, oid, _label(who),
+                 extra={"action": "api_action"})
+        async def reply() -> tuple[Any]:  # a tuple: a reply of None is still a reply
+            return (await await_reply(self.app, oid, sent, timeout),)
+
+        try:
+            waited = await self._while_connected(request, reply())
+        except ResultTimeoutError:
+            raise _Problem(504, "timeout", "No reply in time",
+                           f"object {oid!r} did not reply within {timeout:g} s; the update "
+                           "stays queued and is applied when it next waits") from None
+        if waited is None:
+            return Response(status_code=499)  # nobody reads it
+        return _json({"reply": _shown(waited[0])})
+
     async def questions(self, request: Request, who: Principal | None,
                         params: dict[str, str]) -> Response:
         """GET /questions: what waiting objects ask, newest first."""
@@ -1003,6 +1033,12 @@ def _problem_of(exc: PerdureError) -> _Problem:
         return _Problem(404, "not-found", "Not found", detail)
     if isinstance(exc, UnknownQueryError):
         return _Problem(404, "unknown-query", "Not found", detail)
+    if isinstance(exc, UnknownUpdateError):
+        return _Problem(404, "unknown-update", "Not found", detail)
+    if isinstance(exc, UpdateRefusedError):
+        return _Problem(422, "update-refused", "Refused", detail)
+    if isinstance(exc, UpdateFailedError):
+        return _Problem(409, "update-failed", "Update failed", detail)
     if isinstance(exc, ObjectConflictError | ObjectTerminatedError | NotParkedError
                   | ApprovalError):
         return _Problem(409, "conflict", "Conflict", detail)

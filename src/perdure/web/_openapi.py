@@ -160,6 +160,10 @@ def _schemas() -> dict[str, Any]:
         }),
         "QueryRequest": _closed({"args": {"type": "array"}}, []),
         "QueryAnswer": _closed({"answer": _ANY}),
+        "UpdateRequest": _closed({"args": {"type": "array"},
+                                  "timeout": {"type": "number", "exclusiveMinimum": 0,
+                                              "maximum": 60}}, []),
+        "UpdateReply": _closed({"reply": _ANY}),
         "WebhookDelivered": _closed({
             "object_id": {"type": "string", "description": "the object started or signalled"},
             "applied": {"type": "boolean", "description": "false: this delivery was applied "
@@ -396,6 +400,22 @@ def _paths() -> dict[str, Any]:
                             "dedupe key, so a redelivery changes nothing."),
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": _ANY}}}}},
+        "/objects/{object_id}/updates/{name}": {"post": _operation(
+            "updateObject", "Send an update and wait for its reply", "operate",
+            {"200": _ok("the handler's reply", "UpdateReply"), "400": bad,
+             "404": _problem("no such object, or its agent declares no such update"),
+             "409": _problem("the handler failed, or the object has ended"),
+             "422": _problem("a validator refused the request (nothing was written), or an "
+                             "input is invalid"),
+             "503": _problem("too many waits open, or the store is unavailable"),
+             "504": _problem("no reply within timeout seconds (30 by default): the update "
+                             "stays queued")},
+            body="UpdateRequest", body_required=False,
+            parameters=[_OID, {"name": "name", "in": "path", "required": True,
+                               "schema": {"type": "string"}}],
+            description="The declared validator runs first; an accepted update is "
+                        "applied by the object while it waits in run.wait_for, and the "
+                        "handler's return value is the reply (app.update over HTTP).")},
         "/questions": {"get": _operation(
             "listQuestions", "What waiting objects ask", "read",
             {"200": _ok("questions, newest first", "QuestionList"), "422": bad},
