@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import perdure
+from perdure.triggers import Triggers
 
 app = perdure.App(store="sqlite:///http-api.db")
 
@@ -33,6 +34,11 @@ async def review(run: perdure.Run, text: str, rounds: int = 3) -> dict:
     verdict = await run.wait_for("verdict", prompt=f"Publish {words} words?",
                                  choices=("yes", "no"))      # a question for a person
     return {"words": words, "verdict": verdict}
+
+
+# Signed webhooks start reviews too: POST /api/v1/hooks/reviews, signed with the secret
+# in $REVIEW_HOOK_SECRET (docs/howto/triggers.md#webhooks).
+Triggers.of(app).webhook("reviews", agent=review, secret_env="REVIEW_HOOK_SECRET")
 
 
 def call(base: str, token: str, method: str, path: str, body: object = None) -> dict:

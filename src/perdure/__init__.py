@@ -82,6 +82,10 @@ from perdure.errors import (
     UnknownAgentError,
     UnknownQueryError,
     UnknownQueueError,
+    UnknownUpdateError,
+    UpdateFailedError,
+    UpdateRefusedError,
+    WebhookRefusedError,
 )
 from perdure.follow import StreamEvent
 from perdure.handle import Handle
@@ -184,9 +188,13 @@ __all__ = [
     "UnknownAgentError",
     "UnknownQueryError",
     "UnknownQueueError",
+    "UnknownUpdateError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
     "UrlHost",
     "UsageTotals",
     "VerifyReport",
+    "WebhookRefusedError",
     "__version__",
     "current_step",
     "step",

@@ -52,6 +52,7 @@ from perdure.follow import StreamEvent, Until
 from perdure.handle import Handle, ResultWait
 from perdure.info import ObjectInfo
 from perdure.starting import Starter
+from perdure.updates import await_reply, send_update
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -192,6 +193,13 @@ class AsyncApp:
     async def query(self, object_id: str, name: str, /, *args: Any) -> Any:
         """See ``App.query``: the answer of query ``name`` over the object's memory."""
         return await self.to_thread(self.app.query, object_id, name, *args)
+
+    async def update(self, object_id: str, name: str, /, *args: Any,
+                     timeout: float | None = 30.0) -> Any:
+        """See ``App.update``: the reply of update ``name``, waited for on the store's
+        pushes without holding a thread."""
+        sent = await self.to_thread(send_update, self.app, object_id, name, args)
+        return await await_reply(self.app, object_id, sent, timeout)
 
     async def questions(self, *, agent: str | None = None, limit: int = 100
                         ) -> builtins.list[Question]:

@@ -79,6 +79,8 @@ from perdure.starting import Starter, starter
 from perdure.stores import Store, open_store, redact_url
 from perdure.stores.base import NodeInfo
 from perdure.tools import Tool
+from perdure.updates import declare as update_declare
+from perdure.updates import send_update, wait_reply
 
 if TYPE_CHECKING:
     from perdure.llm import PriceTable
@@ -912,6 +914,37 @@ class App:
         something (of up to 100,000 dormant objects).
         """
         return self._notes.questions(agent, limit)
+
+    def define_update(self, agent: Callable[..., Any] | str, *, name: str,
+                      validator: Callable[..., Any] | None = None) -> Callable[[F], F]:
+        """Declare update ``name`` of ``agent``'s objects, with an optional pure
+        ``validator(*args)`` that raises to refuse a request (callers run it before
+        sending; the object runs it again). Used as a decorator, it declares the
+        function it decorates as the validator: ``@app.define_update(cart,
+        name="add_item")``. The agent sets the handler with ``run.on_update``. See
+        ``perdure.updates``."""
+        updates = self._resolve(agent).updates
+        update_declare(updates, name, validator)
+
+        def declare(fn: F) -> F:
+            update_declare(updates, name, fn)
+            return fn
+
+        return declare
+
+    def update(self, object_id: str, name: str, /, *args: Any,
+               timeout: float | None = 30.0) -> Any:
+        """Send update ``name`` with ``args`` to a running object and return its reply:
+        what the handler the agent set with ``run.on_update`` returned. The declared
+        validator runs here first: ``UpdateRefusedError`` (with the reason) and nothing
+        written when it refuses. The object takes the update while it waits in
+        ``run.wait_for``; the reply is waited for on the store's pushes, up to
+        ``timeout`` seconds (``ResultTimeoutError``; the request stays queued and is
+        applied when the object next waits). ``UnknownUpdateError``,
+        ``UpdateFailedError`` (the handler raised, or the object ended first),
+        ``ObjectNotFoundError``, ``ObjectTerminatedError``."""
+        sent = send_update(self, object_id, name, args)
+        return wait_reply(self, object_id, sent, timeout)
 
     def define_query(self, agent: Callable[..., Any] | str, *, name: str | None = None
                      ) -> Callable[[F], F]:

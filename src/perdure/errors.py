@@ -40,6 +40,11 @@ The tree::
     ├── ApprovalError             no such proposal waits for a person, or it was decided
     │   └── ApprovalExpiredError  the proposal's deadline passed: it counts as rejected
     ├── ToolCallError             a tool reported that its call failed (an MCP server's error)
+    ├── UnknownUpdateError        no update of that name is declared for the object's agent
+    ├── UpdateRefusedError        ``App.update``: a validator refused the request (the reason)
+    ├── UpdateFailedError         ``App.update``: the handler raised, or the object ended first
+    ├── WebhookRefusedError       (``perdure.triggers``) a webhook request is not signed
+    │                             right, is too old, or is malformed; ``status`` its HTTP code
     ├── ReplayFailedError         (``perdure.testing``) a recorded history does not replay
     │                             under the current code; ``position`` says where
     ├── BlockedError              (``perdure.testing``) the object waits for what only the
@@ -115,6 +120,10 @@ __all__ = [
     "UnknownAgentError",
     "UnknownQueryError",
     "UnknownQueueError",
+    "UnknownUpdateError",
+    "UpdateFailedError",
+    "UpdateRefusedError",
+    "WebhookRefusedError",
 ]
 
 
@@ -390,6 +399,32 @@ class ForkError(PerdureError):
 
 class NotParkedError(PerdureError):
     """``App.retry`` was asked for an object that is not parked."""
+
+
+class UnknownUpdateError(PerdureError):
+    """No update of that name is declared for the object's agent (``App.update``)."""
+
+
+class UpdateRefusedError(PerdureError):
+    """An update request was refused by a validator: in the caller (nothing was written)
+    or, rarely, by the object (its receipt and the refusal are in memory)."""
+
+
+class UpdateFailedError(PerdureError):
+    """An accepted update's handler raised (its reply says what), or the object ended
+    before it took the update."""
+
+
+class WebhookRefusedError(PerdureError):
+    """A webhook request is refused before anything is applied: not signed, a signature
+    that does not match, a timestamp outside the replay window, malformed headers.
+    ``status`` is the HTTP status it is answered with, ``kind`` the problem's short
+    name (``bad-signature``, ``stale-timestamp``, ``future-timestamp``, ``malformed``)."""
+
+    def __init__(self, status: int, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
 
 
 class ApprovalError(PerdureError):

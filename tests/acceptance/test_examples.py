@@ -209,6 +209,32 @@ def test_http_api_doc(tmp_path: Path, user_env: dict[str, str],
     assert out.count("event: terminated") == 2, out
 
 
+def test_webhooks_doc(tmp_path: Path, user_env: dict[str, str],
+                      reaper: list[subprocess.Popen[str]]) -> None:
+    """docs/howto/triggers.md "Webhooks", its "Try it" literally: a secret from openssl,
+    a worker and the API in the background, a body signed with openssl and sent with
+    curl twice (one object, the second answer says it was applied before), a forged one
+    refused."""
+    text = (REPO_ROOT / "docs" / "howto" / "triggers.md").read_text()
+    section = text[text.index("\n### Try it\n"):text.index("\n## Not here\n")]
+    setup, send = re.findall(r"```sh\n(.*?)```", section, flags=re.S)
+    (tmp_path / "examples").symlink_to(REPO_ROOT / "examples", target_is_directory=True)
+    env = {**user_env, "PERDURE_API_PORT": str(_free_port())}
+    # Between the blocks the doc says nothing but to send: the test waits for the API
+    # to listen, in the same shell.
+    listening = ("for _ in $(seq 300); do curl -sf ${HOOK%/hooks/*}/openapi.json >/dev/null "
+                 "&& break; sleep 0.1; done\n")
+    proc = _shell("set -e\n" + setup + listening + send + "wait\n", tmp_path, env, reaper)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    assert ('{"object_id":"reviews-delivery-1","applied":true,"delivery":"delivery-1"}'
+            in out), out
+    assert ('{"object_id":"reviews-delivery-1","applied":false,"delivery":"delivery-1"}'
+            in out), out
+    assert '"type":"urn:perdure:problem:bad-signature"' in out, out
+    assert "reviews-delivery-1" in out and "review" in out, out
+
+
 def _free_port() -> int:
     import socket
 

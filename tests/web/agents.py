@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 from typing import Any
 
 import openai  # noqa: F401 - imported now, not on the worker's loop at its first call
@@ -174,3 +175,52 @@ def ticks(view: perdure.MemoryView, at_least: int = 0) -> list[Any]:
     """The ticks emitted so far (none unless at least ``at_least``)."""
     found = view.emitted("tick")
     return found if len(found) >= at_least else []
+
+
+#: A file each effect of the cart's steps appends a line to (set by the update tests).
+EFFECTS_ENV = "PERDURE_TEST_UPDATE_EFFECTS"
+#: While this file exists, the step ``hold`` does not return (a handler caught mid-way).
+HOLD_ENV = "PERDURE_TEST_UPDATE_HOLD"
+
+
+def reserve(item: str) -> str:
+    """An effect of the ``add_item`` update: one line in the effects file each time it runs."""
+    with open(os.environ[EFFECTS_ENV], "a", encoding="utf-8") as sink:
+        sink.write(f"reserve {item}\n")
+    return item
+
+
+def hold(item: str) -> str:
+    """A step that waits while the hold file exists (a worker is killed meanwhile)."""
+    with open(os.environ[EFFECTS_ENV], "a", encoding="utf-8") as sink:
+        sink.write(f"hold {item}\n")
+    flag = os.environ.get(HOLD_ENV, "")
+    while flag and os.path.exists(flag):
+        time.sleep(0.02)
+    return item
+
+
+@app.agent()
+async def cart(run: perdure.Run, owner: str) -> dict[str, Any]:
+    """Takes ``add_item`` updates while it waits for ``checkout``."""
+    items: list[str] = []
+
+    async def add_item(item: str) -> int:
+        await run.step(reserve, item)
+        if item.startswith("slow"):
+            await run.step(hold, item)
+        if item == "boom":
+            raise RuntimeError("no room for boom")
+        items.append(item)
+        return len(items)
+
+    run.on_update("add_item", add_item)
+    paid = await run.wait_for("checkout")
+    return {"owner": owner, "items": items, "paid": paid}
+
+
+@app.define_update(cart, name="add_item")
+def check_item(item: Any) -> None:
+    """Pure: an item is a non-empty name."""
+    if not isinstance(item, str) or not item:
+        raise ValueError("an item is a non-empty name")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -19,9 +20,10 @@ import pytest
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from perdure import web
+from perdure import Secret, web
 from perdure.core.lifecycle import Status
 from perdure.llm.scripted import ScriptedServer
+from perdure.triggers import Triggers, sign
 from tests.web import agents
 from tests.web.api_support import ServedApi, serve_api, stop_api
 from tests.web.support import ROOT, wait_until
@@ -153,9 +155,14 @@ def test_the_served_document_is_the_checked_in_file(sqlite_url: str, key_dir: Pa
     assert DOCUMENT["openapi"].startswith("3.1.")
 
 
+HOOK_SECRET = "contract-webhook-secret-0123456789"
+
+
 @pytest.fixture
 def served(sqlite_url: str, key_dir: Path) -> Iterator[ServedApi]:
-    api = serve_api(sqlite_url, key_dir)
+    declared = Triggers()
+    declared.webhook("ticks", agent="ticker", secret=Secret(HOOK_SECRET))
+    api = serve_api(sqlite_url, key_dir, triggers=declared)
     yield api
     stop_api(api)
 
@@ -163,6 +170,7 @@ def served(sqlite_url: str, key_dir: Path) -> Iterator[ServedApi]:
 def test_a_client_held_to_the_document(served: ServedApi, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(agents.OUTBOX_ENV, str(tmp_path / "outbox.jsonl"))
+    monkeypatch.setenv(agents.EFFECTS_ENV, str(tmp_path / "effects.txt"))
     app = served.app
     with app.background_worker(), ScriptedServer(responder=agents.scripted) as model, \
             closing(served.client("operator")) as op_client, \
@@ -171,6 +179,10 @@ def test_a_client_held_to_the_document(served: ServedApi, tmp_path: Path,
         api, approver, nobody = Contract(op_client), Contract(ap_client), Contract(anonymous)
         nobody.request("GET", "/openapi.json")
         nobody.request("GET", "/objects")
+        hook_body = json.dumps({"args": [2]}).encode()
+        signed = sign(HOOK_SECRET, hook_body, int(time.time()), "contract-1")
+        nobody.request("POST", "/hooks/ticks", content=hook_body, headers=signed, valid=False)
+        nobody.request("POST", "/hooks/ticks", content=hook_body, valid=False)
         started = api.request("POST", "/objects", json_body={
             "agent": "ticker", "args": [2], "object_id": "c-1", "deadline": 600,
             "max_failures": 3, "labels": {"kind": "contract"},
@@ -191,6 +203,12 @@ def test_a_client_held_to_the_document(served: ServedApi, tmp_path: Path,
         api.request("POST", "/objects/c-1/queries/ticks", json_body={"args": [1]})
         api.request("POST", "/objects/c-1/queries/ticks")
         api.request("POST", "/objects/c-1/queries/missing")
+        cart = app.options(object_id="cart-c").start("cart", "cy").object_id
+        wait_until(lambda: app.get(cart).status is Status.DORMANT)
+        assert api.request("POST", f"/objects/{cart}/updates/add_item",
+                           json_body={"args": ["tea"]}).json() == {"reply": 1}
+        api.request("POST", f"/objects/{cart}/updates/add_item", json_body={"args": [""]})
+        api.request("POST", f"/objects/{cart}/updates/nope")
         api.request("POST", "/objects/c-1/pause")
         api.request("POST", "/objects/c-1/resume")
         api.request("POST", "/objects/c-1/retry")

@@ -10,7 +10,9 @@ from typing import Any, NoReturn
 
 import click
 
+from perdure.app import App
 from perdure.errors import ConfigurationError
+from perdure.triggers import Triggers
 
 __all__ = ["api", "api_token"]
 
@@ -73,7 +75,7 @@ def api(obj: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
     except ConfigurationError as exc:
         _fail(str(exc))
     try:
-        asgi = web.api(app)
+        asgi = web.api(app, triggers=_declared(obj, app))
         tokens = web.api_tokens(app.identity.folder.path).list()
     except ConfigurationError as exc:
         sock.close()
@@ -88,6 +90,11 @@ def api(obj: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
                    "read --scope operate` (same --store / --key-dir)", err=True)
     web.serve(asgi, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
               sock=sock)
+
+
+def _declared(obj: Any, app: App) -> Triggers:
+    """The triggers (webhooks among them) the ``--app`` App declared."""
+    return Triggers.of(obj.loaded() or app)
 
 
 @click.group(name="api-token")

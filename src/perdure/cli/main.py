@@ -57,6 +57,7 @@ from perdure.keys.folder import KeyFolder, default_key_dir
 from perdure.keys.identity import NodeIdentity
 from perdure.resources.lines import shown_body, slot_lines
 from perdure.testing import History, Replayer, history_files
+from perdure.triggers import Triggers
 
 __all__ = ["main"]
 
@@ -427,7 +428,8 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
         also.append(declared.runner(app=app, drain_seconds=drain_seconds))
         err.print(f"with triggers {', '.join(t.name for t in declared) or '(none declared)'}")
     if with_ui:
-        start_ui(app, host=ui_host, port=ui_port, background=True)
+        start_ui(app, host=ui_host, port=ui_port, background=True,
+                 triggers=Triggers.of(obj.loaded() or app))
     abandoned = app.run_worker(concurrency=concurrency, drain_seconds=drain_seconds,
                                warn_stalls=None if warn_stalls is None else warn_stalls / 1000,
                                also=also)

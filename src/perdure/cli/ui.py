@@ -10,6 +10,7 @@ import click
 
 from perdure.app import App
 from perdure.errors import ConfigurationError
+from perdure.triggers import Triggers
 
 __all__ = ["start_ui", "ui", "ui_options"]
 
@@ -31,7 +32,8 @@ def _passwords() -> dict[str, str]:
 
 def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] = (),
              tls_cert: str | None = None, tls_key: str | None = None,
-             new_tokens: bool = False, background: bool = False, https: bool = False) -> Any:
+             new_tokens: bool = False, background: bool = False, https: bool = False,
+             triggers: Triggers | None = None) -> Any:
     """Build the dashboard over ``app`` and serve it (in a thread with ``background``);
     prints where, and the tokens issued now, once. Fails with one CLI line on a bad
     setting."""
@@ -53,7 +55,7 @@ def start_ui(app: App, *, host: str, port: int, allowed_hosts: tuple[str, ...] =
         asgi, tokens = web.dashboard(app, passwords=_passwords(), host=host, port=port,
                                      allowed_hosts=allowed_hosts,
                                      https=https or tls_cert is not None,
-                                     new_tokens=new_tokens)
+                                     new_tokens=new_tokens, triggers=triggers)
     except ConfigurationError as exc:
         sock.close()
         _fail(str(exc))
@@ -110,4 +112,5 @@ def ui(obj: Any, ui_host: str, ui_port: int, allowed_hosts: tuple[str, ...],
     """
     app = obj.app()
     start_ui(app, host=ui_host, port=ui_port, allowed_hosts=allowed_hosts,
-             tls_cert=tls_cert, tls_key=tls_key, new_tokens=new_tokens, https=https)
+             tls_cert=tls_cert, tls_key=tls_key, new_tokens=new_tokens, https=https,
+             triggers=Triggers.of(obj.loaded() or app))

@@ -8,7 +8,7 @@ Each is defined here once, for the API that sends it and the engine that takes i
 from __future__ import annotations
 
 __all__ = ["ACTION_NOTE", "APPROVAL_EVENT", "DEBOUNCED_START", "REFINE_EVENT", "RESERVED_PREFIX",
-           "SCHEDULE_EVENT", "is_reserved"]
+           "SCHEDULE_EVENT", "UPDATE_EVENT", "is_reserved"]
 
 #: The prefix of every event name perdure reserves for itself.
 RESERVED_PREFIX = "perdure:"
@@ -18,6 +18,9 @@ APPROVAL_EVENT = "perdure:approval"
 REFINE_EVENT = "perdure:refine"
 #: A control of a schedule object (pause, resume, trigger, backfill, update, delete).
 SCHEDULE_EVENT = "perdure:schedule"
+#: An update request (``App.update``) in an object's inbox, ``{"id", "name", "args"}``;
+#: the object's reply is an emitted event of the same name, ``{"id", "name", "ok", ...}``.
+UPDATE_EVENT = "perdure:update"
 #: A refinement event whose payload is ``{ACTION_NOTE: {...}}`` records who acted on the
 #: object (pause, resume, cancel, ...) instead of changing its intent.
 ACTION_NOTE = "perdure:action"

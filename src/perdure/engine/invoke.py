@@ -49,6 +49,7 @@ async def invoke(agent: AgentDef, run: Run, threads: CodeThreads) -> Any:
             if run._journal.slot_rows is None:  # none read now, none written yet: none
                 run._journal.slot_rows = bool(run._slots)
         await restore_resources(run, run._records)
+    run._update_validators = agent.updates
     try:
         if agent.is_async:
             result = await agent.fn(run, *intent.args, **intent.kwargs)

@@ -19,14 +19,14 @@ in ``perdure.engine.signals``.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.codec import MAX_DEPTH, encode
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status
 from perdure.core.records import Kind, Record
-from perdure.engine.commands import agent_loop, emits, lineage, steps, values, waits
+from perdure.engine.commands import agent_loop, emits, lineage, steps, updates, values, waits
 from perdure.engine.commands import intent as intent_commands
 from perdure.engine.commands import model as model_command
 from perdure.engine.commands import resources as resource_commands
@@ -149,6 +149,10 @@ class Run:
         self._consumed: set[int] = set()
         self._digests: set[str] | None = None
         self._models: ModelMemory | None = None  # messages memory holds (``run.model``)
+        # Updates (``engine.commands.updates``): handlers the agent set, validators declared.
+        self._update_handlers: dict[str, tuple[Callable[..., Any],
+                                               Callable[..., Any] | None]] = {}
+        self._update_validators: Mapping[str, Callable[..., Any] | None] = {}
         #: Events refused on this claim: ``(event_id, name, reason)`` (the node logs them).
         self.refused: list[tuple[int, str, str]] = []
         self.cancel_requested = False
@@ -280,6 +284,8 @@ class Run:
     release = resource_commands.release
     checkpoint_resources = resource_commands.checkpoint_resources
     agent = agent_loop.agent
+    on_update = updates.on_update
+    _take_updates = updates.take_updates
 
     # -- the cursor: what every command does first -----------------------------
 

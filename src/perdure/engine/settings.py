@@ -7,7 +7,7 @@ they are built (a wrong one raises ``ConfigurationError`` at once).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from perdure.core.flow import Queue
@@ -36,6 +36,9 @@ class AgentDef:
     #: Seal every payload of its objects (arguments, results, events, notes), not only
     #: the ``perdure.Secret`` values in them (``@app.agent(encrypt=True)``).
     encrypt: bool = False
+    #: The updates its objects take (``App.define_update``): name -> validator (or None).
+    updates: dict[str, Callable[..., Any] | None] = field(default_factory=dict, compare=False,
+                                                          hash=False)
 
 
 @dataclass(frozen=True, slots=True)

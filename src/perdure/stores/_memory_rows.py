@@ -357,9 +357,10 @@ class Tables:
             self.due_changed(row)
 
     def pending(self, object_id: str, name: str, consuming: Sequence[int] = ()) -> bool:
-        """Whether an event named ``name`` waits in the object's inbox, beside the ones
+        """Whether an event named ``name`` (or an update request, which any wait takes)
+        waits in the object's inbox, beside the ones
         the append at hand consumes (``consuming``)."""
-        return any(event.name == name and event.consumed_seq is None
+        return any(event.name in (name, "perdure:update") and event.consumed_seq is None
                    and event_id not in consuming
                    for event_id, event in self.inbox.get(object_id, {}).items())
 

@@ -10,8 +10,11 @@ folders (``docs/howto/triggers.md``).
     triggers.nats("orders.paid", stream="ORDERS", agent=order, mode="signal",
                   event="paid", object_field="order_id")         # an event to an object
     triggers.folder("inbox", agent=ingest)                         # one object per file
+    triggers.webhook("reviews", agent=review, secret_env="HOOK_SECRET")  # signed POSTs
 
-then ``perdure --app mymodule:app triggers run`` (or ``perdure worker --triggers``).
+then ``perdure --app mymodule:app triggers run`` (or ``perdure worker --triggers``);
+webhooks are served by the HTTP API instead (``perdure api``, ``perdure ui``), at
+``/api/v1/hooks/<name>``.
 
 A message's id names what it does (the object it starts, the dedupe key of the event it
 sends) and it is acknowledged only after that is committed, so a message delivered
@@ -28,6 +31,7 @@ from perdure.triggers.folder import FolderTrigger
 from perdure.triggers.nats import NatsTrigger
 from perdure.triggers.rabbitmq import RabbitMQTrigger
 from perdure.triggers.registry import DRAIN_SECONDS, Triggers
+from perdure.triggers.webhook import WebhookTrigger, sign
 
 __all__ = [
     "DRAIN_SECONDS",
@@ -40,5 +44,7 @@ __all__ = [
     "Result",
     "Trigger",
     "Triggers",
+    "WebhookTrigger",
     "deliver",
+    "sign",
 ]

@@ -112,12 +112,16 @@ class Outcome(enum.Enum):
 class Result:
     """``deliver``'s answer: the outcome, the object concerned (if known), whether this
     delivery created it or queued the event (``False``: it was done before), and the
-    reason of a ``DEAD`` or ``RETRY``."""
+    reason of a ``DEAD`` or ``RETRY``, and its ``cause`` in one word: ``no-id``,
+    ``undecodable``, ``invalid`` (arguments, agent, format), ``not-found`` (the object
+    to signal), ``ended`` (it has terminated), ``conflict`` (the id was used otherwise),
+    ``unavailable`` (the store)."""
 
     outcome: Outcome
     object_id: str | None = None
     applied: bool = False
     reason: str = ""
+    cause: str = ""
 
 
 AfterCommit = Callable[["Trigger", Message, Result], None]
@@ -270,12 +274,13 @@ async def deliver(app: App, trigger: Trigger, message: Message) -> Result:
     cannot be (``DEAD``) or not now (``RETRY``). Never raises for a bad message."""
     if message.message_id is None:
         return Result(Outcome.DEAD, reason="the message has no id to know it by across "
-                                           "redeliveries")
+                                           "redeliveries", cause="no-id")
     try:
         value = _decode(trigger, message)
     except Exception as exc:  # noqa: BLE001 - any failure of a user's decoder or of JSON
         return Result(Outcome.DEAD, reason=_reason(f"cannot decode the message: "
-                                                   f"{type(exc).__name__}: {exc}"))
+                                                   f"{type(exc).__name__}: {exc}"),
+                      cause="undecodable")
     if trigger.mode == "start":
         return await _start(app, trigger, message.message_id, value)
     return await _signal(app, trigger, message, value)
@@ -285,20 +290,22 @@ async def _start(app: App, trigger: Trigger, message_id: str, value: Any) -> Res
     try:
         agent, args, kwargs = _start_parts(trigger, value)
     except ValueError as exc:
-        return Result(Outcome.DEAD, reason=_reason(str(exc)))
+        return Result(Outcome.DEAD, reason=_reason(str(exc)), cause="invalid")
     object_id = trigger.object_id_for(message_id)
     try:
         starter = app.aio.options(object_id=object_id,
                                   labels={**trigger.labels, "trigger": trigger.name})
         handle = await starter.start(agent, *args, **kwargs)
     except StoreError as exc:
-        return Result(Outcome.RETRY, object_id, reason=_reason(str(exc)))
+        return Result(Outcome.RETRY, object_id, reason=_reason(str(exc)), cause="unavailable")
+    except ObjectConflictError as exc:
+        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)), cause="conflict")
     except (PerdureError, TypeError, ValueError) as exc:  # unknown agent, bad arguments, ...
-        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)))
+        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)), cause="invalid")
     if not handle.created and handle.differs is not None:
         return Result(Outcome.DEAD, object_id, reason=_reason(
             f"object {object_id!r} exists, started otherwise: {handle.differs} (the message "
-            "id was used before for other arguments)"))
+            "id was used before for other arguments)"), cause="conflict")
     return Result(Outcome.DONE, object_id, applied=handle.created)
 
 
@@ -307,20 +314,22 @@ async def _signal(app: App, trigger: Trigger, message: Message, value: Any) -> R
     try:
         object_id = _target(trigger, message, value)
     except ValueError as exc:
-        return Result(Outcome.DEAD, reason=_reason(str(exc)))
+        return Result(Outcome.DEAD, reason=_reason(str(exc)), cause="invalid")
     try:
         queued = await app.aio.send(object_id, trigger.event, value,
                                     dedupe_key=trigger.dedupe_key_for(message.message_id))
     except ObjectTerminatedError as exc:
         if message.redelivered:  # the first delivery may have been committed before the end
             return Result(Outcome.DONE, object_id)
-        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)))
-    except (ObjectNotFoundError, ObjectConflictError) as exc:
-        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)))
+        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)), cause="ended")
+    except ObjectNotFoundError as exc:
+        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)), cause="not-found")
+    except ObjectConflictError as exc:
+        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)), cause="conflict")
     except StoreError as exc:
-        return Result(Outcome.RETRY, object_id, reason=_reason(str(exc)))
+        return Result(Outcome.RETRY, object_id, reason=_reason(str(exc)), cause="unavailable")
     except (PerdureError, TypeError, ValueError) as exc:  # a bad id or payload
-        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)))
+        return Result(Outcome.DEAD, object_id, reason=_reason(str(exc)), cause="invalid")
     return Result(Outcome.DONE, object_id, applied=queued)
 
 

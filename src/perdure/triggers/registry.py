@@ -12,11 +12,13 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from perdure.core.secret import Secret
 from perdure.errors import ConfigurationError
 from perdure.triggers.common import AfterCommit, Message, Mode, Trigger, agent_name
 from perdure.triggers.folder import FolderTrigger
 from perdure.triggers.nats import DEFAULT_SERVERS, NatsTrigger
 from perdure.triggers.rabbitmq import DEFAULT_URL, RabbitMQTrigger
+from perdure.triggers.webhook import WebhookTrigger
 
 if TYPE_CHECKING:
     from perdure.app import App
@@ -145,6 +147,31 @@ class Triggers:
         self.add(made)
         return made
 
+    def webhook(self, name: str, *, agent: Callable[..., Any] | str | None = None,
+                secret: Secret[str] | None = None, secret_env: str | None = None,
+                mode: Mode = "start", event: str | None = None,
+                object_field: str | None = None, object_header: str | None = None,
+                id_prefix: str | None = None, tolerance: float = 300.0, skew: float = 30.0,
+                max_body: int = 1024 * 1024,
+                decoder: Callable[[Message], Any] | None = None,
+                labels: Mapping[str, str] | None = None) -> WebhookTrigger:
+        """Serve ``POST /api/v1/hooks/<name>`` (``perdure api``, ``perdure ui``): each
+        request signed with ``secret`` (a ``perdure.Secret``) or the secret in
+        environment variable ``secret_env`` starts an object of ``agent`` or sends
+        ``event`` to an object, as a message of the other triggers does (see
+        ``WebhookTrigger`` for the signature and the replay window)."""
+        made = WebhookTrigger(
+            name=name, agent=agent_name(agent), mode=mode, event=event,
+            object_field=object_field, object_header=object_header, id_prefix=id_prefix,
+            decoder=decoder, labels=dict(labels or {}), secret=secret, secret_env=secret_env,
+            tolerance=tolerance, skew=skew, max_body=max_body)
+        self.add(made)
+        return made
+
+    def webhooks(self) -> dict[str, WebhookTrigger]:
+        """The webhooks declared, by name (what the HTTP API serves)."""
+        return {t.name: t for t in self._declared.values() if isinstance(t, WebhookTrigger)}
+
     # -- running ------------------------------------------------------------------------
 
     def select(self, names: Sequence[str] | None = None) -> list[Trigger]:
@@ -171,7 +198,7 @@ class Triggers:
         stops the others and its ``ConfigurationError`` is raised; a broker that cannot
         be reached is waited for.
         """
-        chosen = self.select(names)
+        chosen = [t for t in self.select(names) if not isinstance(t, WebhookTrigger)]
         target = self._app_for(app)
         if not chosen:
             await stop.wait()

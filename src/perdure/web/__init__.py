@@ -30,6 +30,7 @@ from perdure.errors import ConfigurationError
 from perdure.web._auth import SCOPES, ApiToken, ApiTokens
 
 if TYPE_CHECKING:
+    from perdure.triggers import Triggers
     from perdure.web._api import Api
 
 __all__ = ["SCOPES", "ApiToken", "ApiTokens", "api", "api_tokens", "check_api_bind",
@@ -84,16 +85,18 @@ def api_tokens(key_dir: str | Path) -> ApiTokens:
 
 
 def api(app: App, *, max_wait: float = 60.0, keepalive: float = 15.0,
-        max_open: int = 256) -> Api:
+        max_open: int = 256, triggers: Triggers | None = None) -> Api:
     """The HTTP API over ``app``'s store, as an ASGI application (serve it with
     ``serve``); its tokens are those of ``app``'s key folder. ``max_wait`` bounds a
     result's long poll (seconds), ``keepalive`` is how often an idle event stream says
-    it is alive, ``max_open`` how many long polls and streams may be open at once."""
+    it is alive, ``max_open`` how many long polls and streams may be open at once.
+    ``triggers`` holds the webhooks it serves at ``/api/v1/hooks/<name>`` (default:
+    ``Triggers.of(app)``)."""
     _need_extra()
     from perdure.web._api import Api, ApiSettings
 
     settings = ApiSettings(max_wait=max_wait, keepalive=keepalive, max_open=max_open)
-    return Api(app, ApiTokens(app.identity.folder.path), settings)
+    return Api(app, ApiTokens(app.identity.folder.path), settings, triggers=triggers)
 
 
 def openapi() -> dict[str, Any]:
@@ -113,11 +116,14 @@ def openapi_text() -> str:
 def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
               host: str = "127.0.0.1", port: int = 8377,
               allowed_hosts: tuple[str, ...] = (), https: bool = False,
-              new_tokens: bool = False) -> tuple[object, dict[str, str]]:
+              new_tokens: bool = False, triggers: Triggers | None = None,
+              ) -> tuple[object, dict[str, str]]:
     """The dashboard over ``app``'s store, as ``(asgi_app, tokens)``: ``tokens`` holds the
     tokens issued now (print them once; ``{}`` when the key folder had them already).
-    ``passwords`` maps roles (``operator``, ``viewer``) to passwords."""
+    ``passwords`` maps roles (``operator``, ``viewer``) to passwords; ``triggers`` the
+    webhooks its API serves (default: ``Triggers.of(app)``)."""
     _need_extra()
+    from perdure.web._api import Api
     from perdure.web._auth import Credentials
     from perdure.web._server import Dashboard, UiSettings
 
@@ -126,7 +132,8 @@ def dashboard(app: App, *, passwords: Mapping[str, str] | None = None,
     tokens = credentials.ensure_tokens(reissue=new_tokens)
     settings = UiSettings(host=host, port=port, allowed_hosts=tuple(allowed_hosts),
                           https=https)
-    return Dashboard(app, credentials, settings).asgi(), tokens
+    served = Api(app, ApiTokens(app.identity.folder.path), triggers=triggers)
+    return Dashboard(app, credentials, settings, api=served).asgi(), tokens
 
 
 def listen(host: str, port: int, *, what: str = "the dashboard") -> socket.socket:

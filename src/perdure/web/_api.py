@@ -69,10 +69,16 @@ from perdure.errors import (
     StoreError,
     UnknownAgentError,
     UnknownQueryError,
+    UnknownUpdateError,
+    UpdateFailedError,
+    UpdateRefusedError,
+    WebhookRefusedError,
 )
 from perdure.follow import StreamEvent, afollow
 from perdure.handle import Handle
 from perdure.info import ObjectInfo, info_from_row
+from perdure.triggers import Message, Outcome, Triggers, deliver
+from perdure.updates import await_reply, send_update
 from perdure.web import _actions as actions
 from perdure.web._auth import APPROVE, OPERATE, READ, ApiToken, ApiTokens, Principal, Throttle
 from perdure.web._openapi import PREFIX, document
@@ -382,8 +388,12 @@ class Api:
     """The HTTP API over ``app``'s store (see the module): an ASGI application."""
 
     def __init__(self, app: App, tokens: ApiTokens,
-                 settings: ApiSettings | None = None) -> None:
+                 settings: ApiSettings | None = None,
+                 triggers: Triggers | None = None) -> None:
         self.app = app
+        #: The webhooks served at ``/hooks/{name}`` are this object's (default: the
+        #: App's, ``Triggers.of(app)``).
+        self.triggers = triggers if triggers is not None else Triggers.of(app)
         self.tokens = tokens
         self.settings = settings or ApiSettings()
         self.queries = Queries(app.store)
@@ -403,10 +413,12 @@ class Api:
             *(_Route("POST", ("objects", oid, verb), OPERATE, self._control(verb))
               for verb in ("pause", "resume", "cancel", "retry")),
             _Route("POST", ("objects", oid, "queries", "{name}"), READ, self.query),
+            _Route("POST", ("objects", oid, "updates", "{name}"), OPERATE, self.update),
             _Route("GET", ("questions",), READ, self.questions),
             _Route("GET", ("approvals",), READ, self.approvals),
             _Route("POST", ("objects", oid, "approvals", "{proposal_id}"), APPROVE,
                    self.decide),
+            _Route("POST", ("hooks", "{name}"), None, self.webhook),
         ]
 
     @property
@@ -826,6 +838,31 @@ class Api:
         answer = await run_in_threadpool(self.app.query, oid, name, *args)
         return _json({"answer": _shown(answer)})
 
+    async def update(self, request: Request, who: Principal | None,
+                     params: dict[str, str]) -> Response:
+        """POST /objects/{object_id}/updates/{name}: send an update, wait for its reply."""
+        assert who is not None
+        oid, name = params["object_id"], params["name"]
+        body = await self._body(request, ("args", "timeout"), optional=True)
+        args = body.array("args")
+        timeout = min(body.number("timeout", above=0) or 30.0, self.settings.max_wait)
+        self._busy()
+        sent = await run_in_threadpool(send_update, self.app, oid, name, args)
+        log.info("api action update %r of %r by %s", name, oid, _label(who),
+                 extra={"action": "api_action"})
+        async def reply() -> tuple[Any]:  # a tuple: a reply of None is still a reply
+            return (await await_reply(self.app, oid, sent, timeout),)
+
+        try:
+            waited = await self._while_connected(request, reply())
+        except ResultTimeoutError:
+            raise _Problem(504, "timeout", "No reply in time",
+                           f"object {oid!r} did not reply within {timeout:g} s; the update "
+                           "stays queued and is applied when it next waits") from None
+        if waited is None:
+            return Response(status_code=499)  # nobody reads it
+        return _json({"reply": _shown(waited[0])})
+
     async def questions(self, request: Request, who: Principal | None,
                         params: dict[str, str]) -> Response:
         """GET /questions: what waiting objects ask, newest first."""
@@ -876,6 +913,48 @@ class Api:
                  extra={"action": "api_action"})
         return _json({"decision": said, "approval": _approval_json(done)})
 
+    async def webhook(self, request: Request, who: Principal | None,
+                      params: dict[str, str]) -> Response:
+        """POST /hooks/{name}: a signed webhook starts or signals one object (the
+        webhook's signature is its authentication: no token)."""
+        name = params["name"]
+        hook = self.triggers.webhooks().get(name)
+        if hook is None:
+            raise _Problem(404, "unknown-webhook", "Not found",
+                           f"no webhook named {name!r} is declared here")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > hook.max_body:
+                raise _Problem(413, "too-large", "Request too large",
+                               f"the body is over {hook.max_body} bytes")
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            delivery = hook.verify(headers, bytes(body), time.time())
+        except WebhookRefusedError as exc:  # logged by handle() (401) or not at all (400)
+            raise _Problem(exc.status, exc.kind, "Refused", str(exc)) from None
+        except ConfigurationError as exc:  # the server lacks the secret, not the caller
+            log.error("webhook %s: %s", name, exc, extra={"action": "api_error"})
+            raise _Problem(500, "internal", "Internal error",
+                           "this server cannot check the webhook's signature; see its log"
+                           ) from None
+        message = Message(bytes(body), dict(request.headers.items()), delivery,
+                          f"webhook {name}")
+        result = await deliver(self.app, hook, message)
+        if result.outcome is Outcome.DONE:
+            log.info("webhook %s: delivery %s %s object %s", name, delivery,
+                     ("started" if hook.mode == "start" else "signalled") if result.applied
+                     else "was applied before to", result.object_id,
+                     extra={"action": "webhook_done"})
+            return _json({"object_id": result.object_id, "applied": result.applied,
+                          "delivery": delivery})
+        log.warning("webhook %s: delivery %s refused: %s", name, delivery, result.reason,
+                    extra={"action": "webhook_refused"})
+        status, kind, title = _WEBHOOK_PROBLEMS.get(
+            result.cause, (422, "invalid", "Invalid input"))
+        raise _Problem(status, kind, title, result.reason,
+                       headers={"Retry-After": "5"} if status == 503 else None)
+
     def _refused(self, oid: str, pid: str, exc: ApprovalError) -> _Problem:
         """The problem of a refused decision: 404 when no such proposal waits, 403 when
         this server's identity may not decide on it, else 409 (decided, expired, memory
@@ -891,6 +970,17 @@ class Api:
         if target is not None and target.approvers and self.app.node_id not in target.approvers:
             return _Problem(403, "identity-may-not-decide", "Forbidden", str(exc))
         return _Problem(409, "conflict", "Conflict", str(exc))
+
+
+# What a webhook delivery that cannot apply is answered with, by ``Result.cause``.
+_WEBHOOK_PROBLEMS = {
+    "undecodable": (400, "malformed", "Malformed request"),
+    "invalid": (422, "invalid", "Invalid input"),
+    "not-found": (404, "not-found", "Not found"),
+    "ended": (409, "conflict", "Conflict"),
+    "conflict": (409, "conflict", "Conflict"),
+    "unavailable": (503, "store-unavailable", "Store unavailable"),
+}
 
 
 class _EventStream(Response):
@@ -955,6 +1045,12 @@ def _problem_of(exc: PerdureError) -> _Problem:
         return _Problem(404, "not-found", "Not found", detail)
     if isinstance(exc, UnknownQueryError):
         return _Problem(404, "unknown-query", "Not found", detail)
+    if isinstance(exc, UnknownUpdateError):
+        return _Problem(404, "unknown-update", "Not found", detail)
+    if isinstance(exc, UpdateRefusedError):
+        return _Problem(422, "update-refused", "Refused", detail)
+    if isinstance(exc, UpdateFailedError):
+        return _Problem(409, "update-failed", "Update failed", detail)
     if isinstance(exc, ObjectConflictError | ObjectTerminatedError | NotParkedError
                   | ApprovalError):
         return _Problem(409, "conflict", "Conflict", detail)

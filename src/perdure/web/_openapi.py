@@ -160,6 +160,17 @@ def _schemas() -> dict[str, Any]:
         }),
         "QueryRequest": _closed({"args": {"type": "array"}}, []),
         "QueryAnswer": _closed({"answer": _ANY}),
+        "UpdateRequest": _closed({"args": {"type": "array"},
+                                  "timeout": {"type": "number", "exclusiveMinimum": 0,
+                                              "maximum": 60}}, []),
+        "UpdateReply": _closed({"reply": _ANY}),
+        "WebhookDelivered": _closed({
+            "object_id": {"type": "string", "description": "the object started or signalled"},
+            "applied": {"type": "boolean", "description": "false: this delivery was applied "
+                        "before (a redelivery), and nothing changed now"},
+            "delivery": {"type": "string", "description": "the delivery id: Webhook-Id, "
+                         "else sig- and the signature's hex"},
+        }),
         "QuestionList": _closed({"questions": {"type": "array",
                                                "items": _ref("Question")}}),
         "Approval": approval,
@@ -354,6 +365,57 @@ def _paths() -> dict[str, Any]:
                                "schema": {"type": "string"}}],
             description="Answers a query declared for its agent; the object is not woken "
                         "and nothing is written.")},
+        "/hooks/{name}": {"post": {
+            **_operation(
+                "deliverWebhook", "A signed webhook starts or signals an object", None,
+                {"200": _ok("applied now, or before (a redelivery: applied false)",
+                            "WebhookDelivered"),
+                 "400": _problem("a malformed body or header"),
+                 "401": _problem("not signed, a signature that does not match, or a "
+                                 "timestamp outside the replay window"),
+                 "404": _problem("no such webhook, or no object to signal"),
+                 "409": _problem("the delivery id was used for other arguments, or the "
+                                 "object to signal has ended"),
+                 "413": _problem("the body is larger than the webhook takes"),
+                 "422": _problem("the body does not fit: unknown agent, bad arguments"),
+                 "503": _problem("the store is unavailable: deliver again later")},
+                parameters=[
+                    {"name": "name", "in": "path", "required": True,
+                     "schema": {"type": "string"}, "description": "the webhook's name"},
+                    {"name": "Webhook-Timestamp", "in": "header", "required": True,
+                     "schema": {"type": "string"},
+                     "description": "seconds since the epoch, when it was signed"},
+                    {"name": "Webhook-Signature", "in": "header", "required": True,
+                     "schema": {"type": "string"},
+                     "description": "v1, and the base64 HMAC-SHA256 under the webhook's "
+                                    "secret of <id>.<timestamp>.<body> (<timestamp>.<body> "
+                                    "without an id); several separated by spaces"},
+                    {"name": "Webhook-Id", "in": "header", "required": False,
+                     "schema": {"type": "string"},
+                     "description": "the delivery's id, the same on a redelivery"}],
+                description="Declared with Triggers.of(app).webhook(name, ...). No token: "
+                            "the signature authenticates. The body is the webhook's message "
+                            "(a start: {args, kwargs}; a signal: the event's payload); "
+                            "the delivery id names the object started or the event's "
+                            "dedupe key, so a redelivery changes nothing."),
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": _ANY}}}}},
+        "/objects/{object_id}/updates/{name}": {"post": _operation(
+            "updateObject", "Send an update and wait for its reply", "operate",
+            {"200": _ok("the handler's reply", "UpdateReply"), "400": bad,
+             "404": _problem("no such object, or its agent declares no such update"),
+             "409": _problem("the handler failed, or the object has ended"),
+             "422": _problem("a validator refused the request (nothing was written), or an "
+                             "input is invalid"),
+             "503": _problem("too many waits open, or the store is unavailable"),
+             "504": _problem("no reply within timeout seconds (30 by default): the update "
+                             "stays queued")},
+            body="UpdateRequest", body_required=False,
+            parameters=[_OID, {"name": "name", "in": "path", "required": True,
+                               "schema": {"type": "string"}}],
+            description="The declared validator runs first; an accepted update is "
+                        "applied by the object while it waits in run.wait_for, and the "
+                        "handler's return value is the reply (app.update over HTTP).")},
         "/questions": {"get": _operation(
             "listQuestions", "What waiting objects ask", "read",
             {"200": _ok("questions, newest first", "QuestionList"), "422": bad},

@@ -25,6 +25,7 @@ from perdure.core.bodies import (
     Woke,
 )
 from perdure.core.codec import MAX_DEPTH, decode, detached, encode
+from perdure.core.events import UPDATE_EVENT
 from perdure.core.names import check_name
 from perdure.core.questions import asking_note
 from perdure.core.records import Kind, RecordDraft
@@ -85,6 +86,11 @@ async def wait_for(self: Run, event: str, *, timeout: float | None = None,
     check_name(event, "event name")
     offered = check_question(event, prompt, choices)
     pos, recs = self._take("wait", event)
+    if self._update_handlers or self._update_validators or any(
+            ev.name == UPDATE_EVENT for ev in self._pending):
+        ended = (find(recs, Kind.EVENT_RECEIVED) is not None
+                 or find(recs, Kind.WAIT_TIMED_OUT) is not None)
+        await self._take_updates(live=not ended)
     got = find(recs, Kind.EVENT_RECEIVED)
     if got is not None:
         return detached(got.body.get("payload"))

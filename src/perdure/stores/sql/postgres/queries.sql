@@ -325,7 +325,9 @@ WITH seal AS (
             THEN %(now)s
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
-                WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
+                WHERE inbox.object_id = p.object_id
+                  -- an update request wakes any wait: waits take updates
+                  AND inbox.name IN (p.waiting_event, 'perdure:update')
                   AND inbox.consumed_seq IS NULL
                   -- not one this append consumes: it is taken, not pending
                   AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))
@@ -419,7 +421,9 @@ WITH seal AS (
             THEN %(now)s
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
-                WHERE inbox.object_id = p.object_id AND inbox.name = p.waiting_event
+                WHERE inbox.object_id = p.object_id
+                  -- an update request wakes any wait: waits take updates
+                  AND inbox.name IN (p.waiting_event, 'perdure:update')
                   AND inbox.consumed_seq IS NULL
                   -- not one this append consumes: it is taken, not pending
                   AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))

@@ -300,7 +300,9 @@ SET head_seq = COALESCE(:head_seq, head_seq),
         THEN :now
         WHEN :waiting_event IS NOT NULL AND EXISTS (
             SELECT 1 FROM inbox
-            WHERE inbox.object_id = :object_id AND inbox.name = :waiting_event
+            WHERE inbox.object_id = :object_id
+              -- an update request (perdure:update) wakes any wait: waits take updates
+              AND inbox.name IN (:waiting_event, 'perdure:update')
               AND inbox.consumed_seq IS NULL
               -- not one this append consumes (a JSON list): it is taken, not pending
               AND inbox.event_id NOT IN (SELECT value FROM json_each(:consumed)))
