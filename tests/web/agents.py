@@ -219,6 +219,18 @@ async def cart(run: perdure.Run, owner: str) -> dict[str, Any]:
     return {"owner": owner, "items": items, "paid": paid}
 
 
+@app.agent()
+async def gathered_cart(run: perdure.Run, owner: str) -> list[Any]:
+    """Has an ``add_item`` handler but waits only inside a gather, which takes none."""
+    run.on_update("add_item", lambda item: item)
+    return await run.gather(run.wait_for("left"), run.wait_for("right"))
+
+
+@app.define_update(gathered_cart, name="add_item")
+def check_gathered_item(item: Any) -> None:
+    """Pure: any item is fine; the wait it reaches is what refuses it."""
+
+
 @app.define_update(cart, name="add_item")
 def check_item(item: Any) -> None:
     """Pure: an item is a non-empty name."""

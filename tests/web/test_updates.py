@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -143,3 +144,35 @@ def test_a_worker_killed_between_accept_and_reply(served: ServedApi, store_url: 
     assert effects.count("hold slow-1") == 2  # the step that was running runs again
     assert len(_replies(app, oid)) == 1
     assert app.verify(oid).ok
+
+
+def test_an_update_to_a_wait_inside_a_gather_is_refused_once(
+        served: ServedApi, store_url: str, key_dir: Path, tmp_path: Path) -> None:
+    """A gathered branch's wait takes no update: the request is refused with the reason
+    (once), and the object is not woken for it again: it stays dormant, its memory
+    still."""
+    app = served.app
+    worker = start_worker(store_url, key_dir, tmp_path / "worker.log", env=_env(tmp_path))
+    try:
+        oid = app.options(object_id="gathered-1").start("gathered_cart", "ann").object_id
+        wait_until(lambda: app.get(oid).status is Status.DORMANT)
+        with pytest.raises(UpdateRefusedError, match=r"inside run\.gather"):
+            app.update(oid, "add_item", "tea", timeout=30)
+        # Woken again and again, the object would be claimed again and again (its epoch,
+        # the count of its claims, climbing); left be, it stays as it is over a second
+        # and a half of the worker's looks.
+        wait_until(lambda: app.get(oid).status is Status.DORMANT)
+        row = app.store.get(oid)
+        assert row is not None
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            now = app.store.get(oid)
+            assert now is not None and now.epoch == row.epoch, "woken again for the update"
+            time.sleep(0.05)
+        assert now.ready_at is None
+        assert [r["ok"] for r in _replies(app, oid)] == [False]
+        app.send(oid, "left", 1)
+        app.send(oid, "right", 2)
+        assert app.handle(oid).result(timeout=30) == [1, 2]
+    finally:
+        stop_worker(worker)

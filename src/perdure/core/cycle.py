@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from perdure.core.codec import encode
-from perdure.core.events import UPDATE_EVENT
+from perdure.core.events import UPDATE_EVENT, is_reserved
 from perdure.core.intent import Context, Intent
 from perdure.core.lifecycle import Status, outcome_status
 from perdure.core.records import Kind, Record
@@ -317,8 +317,10 @@ def _dormant(dormancy: Dormancy, view: ObjectView, facts: MemoryFacts, now: floa
         )
     if dormancy.event is not None and dormancy.event in view.pending_events:
         return _go(Action.REENTRY, ReasonCode.EVENT_ARRIVED, f"event {dormancy.event!r} arrived")
-    if dormancy.event is not None and UPDATE_EVENT in view.pending_events:
-        # A wait takes updates (``run.on_update``): re-enter to apply it and reply.
+    if (dormancy.event is not None and not is_reserved(dormancy.event)
+            and UPDATE_EVENT in view.pending_events):
+        # A wait for an event of the agent's own takes updates (``run.on_update``):
+        # re-enter to apply it and reply (or refuse it, in a gathered branch).
         return _go(Action.REENTRY, ReasonCode.EVENT_ARRIVED, "an update arrived")
     if dormancy.wake_at is not None and now >= dormancy.wake_at:
         return _go(Action.REENTRY, ReasonCode.TIMER_DUE, f"{dormancy.reason} timer due")

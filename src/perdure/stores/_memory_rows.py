@@ -357,10 +357,11 @@ class Tables:
             self.due_changed(row)
 
     def pending(self, object_id: str, name: str, consuming: Sequence[int] = ()) -> bool:
-        """Whether an event named ``name`` (or an update request, which any wait takes)
-        waits in the object's inbox, beside the ones
-        the append at hand consumes (``consuming``)."""
-        return any(event.name in (name, "perdure:update") and event.consumed_seq is None
+        """Whether an event named ``name`` (or an update request, which a wait for an
+        event of the agent's own takes, not perdure's own waits) waits in the object's
+        inbox, beside the ones the append at hand consumes (``consuming``)."""
+        names = (name,) if name.startswith("perdure:") else (name, "perdure:update")
+        return any(event.name in names and event.consumed_seq is None
                    and event_id not in consuming
                    for event_id, event in self.inbox.get(object_id, {}).items())
 

@@ -59,8 +59,10 @@ def on_update(self: Run, name: str, handler: Callable[..., Any], *,
 async def take_updates(self: Run, *, live: bool) -> None:
     """Replay the updates memory holds at the next positions; then, when ``live`` and
     memory holds nothing further, take those waiting in the inbox."""
-    if self._branched and branch.get() is not None:
-        return  # a wait in a gathered branch takes no updates: the main line's waits do
+    # A wait in a gathered branch applies no update (the main line's waits do): it
+    # refuses one that arrived, with a reply, so that a caller hears why and the object
+    # is not woken for it again.
+    refuse = self._branched and branch.get() is not None
     while True:
         recs = self._recorded(self._pos) if self._pos <= self._max_recorded else ()
         if recs:
@@ -71,7 +73,7 @@ async def take_updates(self: Run, *, live: bool) -> None:
             got = find(recs, Kind.EVENT_RECEIVED)
             if got is None:
                 return
-            await _apply(self, self._opened(detached(got.body.get("payload"))))
+            await _apply(self, self._opened(detached(got.body.get("payload"))), refuse=refuse)
             continue
         if not live or self._pos <= self._max_recorded:
             return
@@ -88,7 +90,7 @@ async def take_updates(self: Run, *, live: bool) -> None:
         self._journal.defer(EventReceived(pos, UPDATE_EVENT, ev.event_id, payload,
                                           digest).draft(),
                             consume_event_ids=[ev.event_id])
-        await _apply(self, self._opened(payload))
+        await _apply(self, self._opened(payload), refuse=refuse)
 
 
 async def _next_request(run: Run) -> tuple[Event, str] | None:
@@ -102,13 +104,17 @@ async def _next_request(run: Run) -> tuple[Event, str] | None:
     return None
 
 
-async def _apply(run: Run, request: Any) -> None:
-    """Validate and run one update request; emit its reply (once: a replay finds it)."""
+async def _apply(run: Run, request: Any, *, refuse: bool = False) -> None:
+    """Validate and run one update request; emit its reply (once: a replay finds it).
+    ``refuse``: the wait takes no updates (a gathered branch's): the reply says so."""
     request = request if isinstance(request, dict) else {}
     uid, name, args = request.get("id"), request.get("name"), request.get("args")
     reply: dict[str, Any] = {"id": uid, "name": name, "ok": False}
     entry = run._update_handlers.get(name) if isinstance(name, str) else None
-    if entry is None or not isinstance(args, list):
+    if refuse:
+        reply["refused"] = (f"this object takes no update {name!r} now: it waits inside "
+                            "run.gather, and only a run.wait_for outside one takes updates")
+    elif entry is None or not isinstance(args, list):
         reply["refused"] = (f"this object takes no update {name!r} now (no run.on_update "
                             "for it before this wait)")
     else:

@@ -326,8 +326,11 @@ WITH seal AS (
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
                 WHERE inbox.object_id = p.object_id
-                  -- an update request wakes any wait: waits take updates
-                  AND inbox.name IN (p.waiting_event, 'perdure:update')
+                  -- an update request wakes a wait for an event of the agent's own
+                  -- (run.wait_for takes updates); perdure's own waits take none
+                  AND (inbox.name = p.waiting_event
+                       OR (inbox.name = 'perdure:update'
+                           AND p.waiting_event NOT LIKE 'perdure:%%'))
                   AND inbox.consumed_seq IS NULL
                   -- not one this append consumes: it is taken, not pending
                   AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))
@@ -422,8 +425,11 @@ WITH seal AS (
             WHEN p.waiting_event IS NOT NULL AND EXISTS (
                 SELECT 1 FROM inbox
                 WHERE inbox.object_id = p.object_id
-                  -- an update request wakes any wait: waits take updates
-                  AND inbox.name IN (p.waiting_event, 'perdure:update')
+                  -- an update request wakes a wait for an event of the agent's own
+                  -- (run.wait_for takes updates); perdure's own waits take none
+                  AND (inbox.name = p.waiting_event
+                       OR (inbox.name = 'perdure:update'
+                           AND p.waiting_event NOT LIKE 'perdure:%%'))
                   AND inbox.consumed_seq IS NULL
                   -- not one this append consumes: it is taken, not pending
                   AND inbox.event_id <> ALL(COALESCE(p.consumed, '{}'::bigint[])))

@@ -301,8 +301,11 @@ SET head_seq = COALESCE(:head_seq, head_seq),
         WHEN :waiting_event IS NOT NULL AND EXISTS (
             SELECT 1 FROM inbox
             WHERE inbox.object_id = :object_id
-              -- an update request (perdure:update) wakes any wait: waits take updates
-              AND inbox.name IN (:waiting_event, 'perdure:update')
+              -- an update request (perdure:update) wakes a wait for an event of the
+              -- agent's own (a run.wait_for, which takes updates); perdure's own waits
+              -- (children, approvals, schedules) take none, and are not woken for one
+              AND (inbox.name = :waiting_event
+                   OR (inbox.name = 'perdure:update' AND :waiting_event NOT LIKE 'perdure:%'))
               AND inbox.consumed_seq IS NULL
               -- not one this append consumes (a JSON list): it is taken, not pending
               AND inbox.event_id NOT IN (SELECT value FROM json_each(:consumed)))
