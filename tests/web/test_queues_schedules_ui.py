@@ -143,3 +143,24 @@ def test_schedule_controls_are_refused_to_viewers_and_without_csrf(served: Serve
         assert "no schedule" in operator.get("/schedules").text
     assert app.store.pending_events(oid) == before
     assert app.store.pending_events(schedule_id("nobody")) == []
+
+
+def test_the_queues_page_shows_model_quotas_and_their_windows(served: Served) -> None:
+    """A model quota and its window: tokens used and reserved of the limit, requests, the
+    rate in force; a hostile model name rendered inert."""
+    from perdure import ModelQuota
+
+    store = served.app.store
+    now = time.time()
+    store.declare_model_quota(ModelQuota("openai", f"gpt {EVIL}", tokens_per_minute=1000,
+                                         requests_per_minute=10), now)
+    grant = store.reserve_quota("openai", f"gpt {EVIL}", 300, "q-1", "q-1:call", now)
+    assert grant.granted and grant.ticket is not None
+    with closing(served.login("viewer", "vera")) as client:
+        html = client.get("/queues").text
+    _inert(html)
+    row = re.search(r'<tr data-quota="openai/gpt &lt;script&gt;.*?</tr>', html)
+    assert row is not None, html
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(0))
+    assert cells[2] == "300 of 1000 per minute (0 used, 300 reserved)"
+    assert cells[3] == "1 of 10 per minute" and cells[4] == "100%" and cells[5] == "0"

@@ -26,7 +26,7 @@ from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError
 from perdure.info import ObjectInfo
 from perdure.schedules import ScheduleInfo
-from perdure.stores.base import NodeInfo, QueueStats
+from perdure.stores.base import NodeInfo, QueueStats, QuotaStats
 from perdure.web._actions import Question
 from perdure.web._auth import Principal
 from perdure.web._queries import Filters
@@ -567,12 +567,44 @@ def _holders(held: Sequence[tuple[str | None, int]], shown: int) -> str:
     return out + (" …" if len(held) > shown else "")
 
 
+def _quotas(quotas: Sequence[QuotaStats], now: float) -> str:
+    """The model quotas and their windows (as ``perdure quotas`` lists them)."""
+    if not quotas:
+        return ('<h2>Model quotas</h2><p class="hint">No model quota is declared in this '
+                "store (app.model_quota declares one).</p>")
+    rows = []
+    for item in quotas:
+        q, state = item.quota, item.state
+        tokens = ("-" if q.tokens_per_minute is None
+                  else f"{item.used + item.reserved} of {q.tokens_per_minute} per minute "
+                       f"({item.used} used, {item.reserved} reserved)")
+        requests = ("-" if q.requests_per_minute is None
+                    else f"{item.requests} of {q.requests_per_minute} per minute")
+        blocked = state.blocked_until
+        throttled = (f"{state.throttles} (no call before {blocked - now:.0f}s from now)"
+                     if blocked is not None and blocked > now else str(state.throttles))
+        rows.append(
+            f'<tr data-quota="{_e(q.provider)}/{_e(q.model)}"><td>{_e(q.provider)}</td>'
+            f"<td>{_e(q.model)}</td><td>{_e(tokens)}</td><td>{_e(requests)}</td>"
+            f"<td>{item.factor:.0%}</td><td>{_e(throttled)}</td></tr>")
+    head = "".join(f"<th>{c}</th>" for c in (
+        "provider", "model", "tokens in the window", "requests in the window",
+        "rate in force", "429s"))
+    return (f'<h2>Model quotas</h2><table class="quotas"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>"
+            '<p class="hint">Calls reserve an estimate before they go out and settle to '
+            "what the provider reported; a 429 lowers the rate in force, which grows back "
+            "window by window.</p>")
+
+
 def queues_page(stats: Sequence[QueueStats],
                 holders: Mapping[str, Sequence[tuple[str | None, int]]], *,
-                who: Principal, csrf: str, shown: int = 5) -> str:
+                who: Principal, csrf: str, shown: int = 5,
+                quotas: Sequence[QuotaStats] = (), now: float = 0.0) -> str:
     """Every declared queue: its limits, slots held of its cap, the keys holding the most
     slots (``holders``: per queue, up to ``shown`` + 1 of them), its objects ready for a
-    slot and its dormant ones (as ``perdure queues`` lists them). Read-only."""
+    slot and its dormant ones (as ``perdure queues`` lists them); then every model quota
+    and its window at ``now`` (as ``perdure quotas`` does). Read-only."""
     rows = []
     for item in stats:
         q = item.queue
@@ -594,7 +626,7 @@ def queues_page(stats: Sequence[QueueStats],
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
             '<p class="hint">A slot is an object of the queue a worker holds now; ready '
             "objects wait for a slot or a worker; dormant ones (sleeping, waiting for an "
-            "event) hold none.</p></section>")
+            "event) hold none.</p>" + _quotas(quotas, now) + "</section>")
     return layout("Queues", body, who=who, csrf=csrf, active="queues")
 
 

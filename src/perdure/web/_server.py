@@ -445,14 +445,16 @@ class Dashboard:
         return self._html(await run_in_threadpool(build))
 
     async def queues(self, request: Request, session: Session, sid: str) -> Response:
-        """GET /queues: every declared queue, its limits and what it holds (read-only)."""
+        """GET /queues: every declared queue, its limits and what it holds, and every
+        model quota and its window (read-only)."""
         def build() -> str:
             now = time.time()
             stats = self.app.store.queue_stats(now)
             holders = {item.queue.name: self.app.store.queue_key_holders(
                 item.queue.name, now, _TOP_KEYS + 1) for item in stats}
             return pages.queues_page(stats, holders, who=session.principal,
-                                     csrf=session.csrf, shown=_TOP_KEYS)
+                                     csrf=session.csrf, shown=_TOP_KEYS,
+                                     quotas=self.app.store.quota_stats(now), now=now)
         return self._html(await run_in_threadpool(build))
 
     async def schedules(self, request: Request, session: Session, sid: str) -> Response:
