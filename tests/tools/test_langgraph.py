@@ -180,3 +180,20 @@ def test_an_object_of_another_agent_is_refused(make_app: Callable[..., perdure.A
         PerdureSaver(app).put({"configurable": {"thread_id": "taken", "checkpoint_ns": ""}},
                               empty_checkpoint(), {}, {})
     assert app.store.get(thread_object_id("taken")) == before
+
+
+def test_writes_stored_before_their_checkpoint(make_app: Callable[..., perdure.App]) -> None:
+    """LangGraph may store a checkpoint's pending writes before the checkpoint (its calls
+    run in the background): they are pending on it once it is stored, read anew too."""
+    app = make_app()
+    saver = PerdureSaver(app)
+    checkpoint = empty_checkpoint()
+    config = {"configurable": {"thread_id": "early", "checkpoint_ns": "",
+                               "checkpoint_id": checkpoint["id"]}}
+    saver.put_writes(config, [("steps", ["a"]), ("topic", "x")], "task-1")
+    saver.put({"configurable": {"thread_id": "early", "checkpoint_ns": ""}}, checkpoint,
+              {}, {})
+    for reader in (saver, PerdureSaver(app)):
+        found = reader.get_tuple(config)
+        assert found is not None
+        assert found.pending_writes == [("task-1", "steps", ["a"]), ("task-1", "topic", "x")]

@@ -103,9 +103,10 @@ class _Saved:
     parent_id: str | None
     checkpoint: tuple[str, bytes]
     metadata: tuple[str, bytes]
-    #: ``task_id, idx`` -> ``task_path, channel, (type, bytes)``
-    writes: dict[tuple[str, int], tuple[str, str, tuple[str, bytes]]] = field(
-        default_factory=dict)
+
+
+#: A checkpoint's pending writes: ``task_id, idx`` -> ``task_path, channel, (type, bytes)``
+_Writes = dict[tuple[str, int], tuple[str, str, tuple[str, bytes]]]
 
 
 @dataclass(slots=True)
@@ -122,6 +123,9 @@ class _Thread:
     checkpoints: dict[str, _Saved] = field(default_factory=dict)
     #: ``(channel, version)`` -> the value's ``(type, bytes)``
     blobs: dict[tuple[str, str], tuple[str, bytes]] = field(default_factory=dict)
+    #: checkpoint id -> its pending writes (LangGraph may store a checkpoint's writes
+    #: before the checkpoint itself: the saver's calls run in the background)
+    writes: dict[str, _Writes] = field(default_factory=dict)
 
     def fold(self, rec: Record) -> None:
         """Take one more record of the thread's memory in."""
@@ -138,6 +142,7 @@ class _Thread:
         if name == _DELETED:
             self.checkpoints.clear()
             self.blobs.clear()
+            self.writes.clear()
         elif name == _CHECKPOINT:
             for channel, (version, kind, value) in data["blobs"].items():
                 self.blobs[(channel, _version_key(version))] = (kind, _unb64(value))
@@ -145,14 +150,12 @@ class _Thread:
             self.checkpoints[data["id"]] = _Saved(
                 data["id"], data.get("parent"), (cp[0], _unb64(cp[1])), (md[0], _unb64(md[1])))
         elif name == _WRITES:
-            saved = self.checkpoints.get(data["checkpoint"])
-            if saved is None:
-                return
+            writes = self.writes.setdefault(data["checkpoint"], {})
             for idx, channel, kind, value in data["writes"]:
                 key = (data["task"], idx)
-                if idx >= 0 and key in saved.writes:
+                if idx >= 0 and key in writes:
                     continue  # a regular write is kept as first written
-                saved.writes[key] = (data.get("path", ""), channel, (kind, _unb64(value)))
+                writes[key] = (data.get("path", ""), channel, (kind, _unb64(value)))
 
 
 def _version_key(version: object) -> str:
@@ -218,7 +221,7 @@ class PerdureSaver(BaseCheckpointSaver[str]):
             if blob is not None and blob[0] != "empty":
                 values[channel] = self.serde.loads_typed(blob)
         checkpoint = {**checkpoint, "channel_values": values}
-        writes = sorted(saved.writes.items(),
+        writes = sorted(thread.writes.get(saved.checkpoint_id, {}).items(),
                         key=lambda kv: writes_sort_key(kv[1][0], kv[0][0], kv[0][1]))
         configurable = {"thread_id": thread.thread_id, "checkpoint_ns": thread.ns}
         return CheckpointTuple(
