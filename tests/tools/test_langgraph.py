@@ -197,3 +197,21 @@ def test_writes_stored_before_their_checkpoint(make_app: Callable[..., perdure.A
         found = reader.get_tuple(config)
         assert found is not None
         assert found.pending_writes == [("task-1", "steps", ["a"]), ("task-1", "topic", "x")]
+
+
+def test_a_thread_written_under_an_untrusted_key_is_refused(
+        make_app: Callable[..., perdure.App], tmp_path: Path) -> None:
+    """A saver whose node does not trust the key that wrote a thread refuses to read it
+    (``IntegrityError``) and writes nothing to it."""
+    app = make_app()
+    PerdureSaver(app).put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}},
+                          empty_checkpoint(), {}, {})
+    stranger = PerdureSaver(make_app(key_dir=tmp_path / "other-keys"))
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    with pytest.raises(perdure.IntegrityError):
+        stranger.get_tuple(config)
+    with pytest.raises(perdure.IntegrityError):
+        stranger.put(config, empty_checkpoint(), {}, {})
+    row = app.store.get(thread_object_id("t"))
+    assert row is not None and row.head_seq == 2
+    assert app.verify(thread_object_id("t")).ok

@@ -18,6 +18,11 @@ channel values, plus the value of each channel whose version changed at that ste
 Values are the bytes of the saver's ``serde`` (LangGraph's ``JsonPlusSerializer``),
 base64 in the record body.
 
+Reads check what they read as a worker checks a claimed object's memory: links and
+hashes, and the newest record's signature under a key certified by a root the App's node
+trusts (``IntegrityError`` otherwise); each saver reads only the records after those it
+holds. ``perdure verify`` checks every signature.
+
 The saver is the thread object's only writer: every append is fenced on the object's
 head, so two savers writing one thread at once cannot fork its chain (the one refused
 reads the new head and appends after it). No worker runs a thread object: it waits for an
@@ -207,6 +212,10 @@ class PerdureSaver(BaseCheckpointSaver[str]):
                     raise
                 known = _Thread(thread_id, ns)  # what was held is not this memory's past
                 tail = store.chain(oid)
+            if tail:
+                # links and hashes are checked: the newest record's signature, under a
+                # key a root this node trusts certified, vouches for every one before it
+                self.app.client.verifier.check_head(oid, tail)
             for rec in tail:
                 known.fold(rec)
             known.epoch = row.epoch
