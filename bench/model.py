@@ -15,7 +15,9 @@ Against the scripted local model server (``perdure.llm.scripted``), through the 
   ``SqliteSaver`` holding the same conversation through a ``StateGraph`` with an
   appending ``messages`` state (``bench/peers/langgraph_model.py``, in a process of its
   own; "n/a" when LangGraph is not installed), and the ratio of its store bytes to
-  perdure's.
+  perdure's; and the same graph with perdure's ``PerdureSaver``
+  (``perdure.adapters.langgraph``) on a perdure SQLite store, with its store bytes over
+  ``SqliteSaver``'s.
 * ``stream``: a reply of 2,000 tokens (8,000 characters in chunks of 4, no delay
   between chunks) from the scripted server running in a process of its own, read by
   the plain ``openai`` SDK (``AsyncOpenAI``, ``stream=True``) and by
@@ -139,15 +141,17 @@ def perdure_conversation(folder: Path, turns: int, base_url: str) -> dict[str, A
             "within_bound": record_bytes <= UNIQUE_BOUND * unique_bytes}
 
 
-def langgraph_conversation(folder: Path, turns: int) -> dict[str, Any]:
-    """The same conversation in LangGraph's ``SqliteSaver`` (its own process), or n/a."""
+def langgraph_conversation(folder: Path, turns: int, saver: str = "sqlite") -> dict[str, Any]:
+    """The same conversation in LangGraph's ``SqliteSaver`` (its own process), or with
+    ``saver="perdure"`` in perdure's ``PerdureSaver`` on a perdure SQLite store; or n/a."""
     from bench import peers
 
     if not peers.installed("langgraph"):
         return {"na": f"{peers.NEEDS['langgraph'][0]} not installed ({peers.INSTALL})"}
     folder.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run([sys.executable, "-m", "bench.peers.langgraph_model", "--db",
-                           str(folder / "langgraph.db"), "--turns", str(turns)],
+                           str(folder / "langgraph.db"), "--turns", str(turns),
+                           "--saver", saver],
                           cwd=REPO, env=peers._env(), capture_output=True, text=True,
                           timeout=900, check=False)
     if proc.returncode != 0:
@@ -172,6 +176,11 @@ def conversation(folder: Path, sizes: dict[str, Any], with_peers: bool = True
                 got["langgraph"] = peer
                 if "na" not in peer:
                     got["langgraph_to_perdure_store"] = peer["store_bytes"] / got["store_bytes"]
+                saver = langgraph_conversation(here / "perdure-saver", turns, "perdure")
+                got["langgraph_perdure_saver"] = saver
+                if "na" not in peer and "na" not in saver:
+                    got["perdure_saver_to_sqlite_saver"] = (saver["store_bytes"]
+                                                            / peer["store_bytes"])
             out[str(turns)] = got
             progress(f"model conversation {turns} turns: {got['seconds']} s")
     longest = out[str(max(sizes["turns"]))]

@@ -20,15 +20,20 @@ def conversation_table(report: dict[str, Any]) -> str:
             continue
         peer = got.get("langgraph") or {"na": "not run (--no-peers)"}
         lg = ("n/a" if "na" in peer else _num(peer["store_bytes_per_turn"], " B"))
+        ps = got.get("langgraph_perdure_saver") or {"na": "not run"}
+        lp = ("n/a" if "na" in ps else _num(ps["store_bytes_per_turn"], " B"))
         rows.append([f"{got['turns']:,}", _num(got["unique_message_bytes_per_turn"], " B"),
                      _num(got["record_bytes_per_turn"], " B"),
                      f"{_ratio(got['records_to_unique'])} "
                      f"({'within' if got['within_bound'] else 'over'} {conv['bound']:g}×)",  # noqa: RUF001
                      _num(got["store_bytes_per_turn"], " B"), lg,
-                     _ratio(got.get("langgraph_to_perdure_store"))])
+                     _ratio(got.get("langgraph_to_perdure_store")), lp,
+                     _ratio(got.get("perdure_saver_to_sqlite_saver"))])
     return _table(["turns", "unique messages per turn", "perdure records per turn",
                    "records / unique messages", "perdure store per turn",
-                   "LangGraph SqliteSaver store per turn", "LangGraph / perdure"], rows)
+                   "LangGraph SqliteSaver store per turn", "LangGraph / perdure",
+                   "LangGraph PerdureSaver store per turn", "PerdureSaver / SqliteSaver"],
+                  rows)
 
 
 def stream_table(report: dict[str, Any]) -> str:

@@ -47,6 +47,10 @@ def test_model_bench_quick_prints_every_figure(tmp_path: Path) -> None:
             assert peer["messages"] == got["unique_messages"]
             assert peer["store_bytes_per_turn"] > 0
             assert got["langgraph_to_perdure_store"] > 0
+            saver = got["langgraph_perdure_saver"]
+            assert saver["messages"] == got["unique_messages"]
+            assert saver["checkpoints"] == peer["checkpoints"]
+            assert got["perdure_saver_to_sqlite_saver"] > 0
     for key in ("stream", "stream_paced"):
         stream = report["model"][key]
         for figure in ("plain_sdk_tokens_per_s", "client_tokens_per_s",
