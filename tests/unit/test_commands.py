@@ -111,6 +111,8 @@ SURFACE = {
     "Run.wait_for": ("(event: 'str', *, timeout: 'float | None' = None, prompt: 'Any' = None, "
                      "choices: 'Sequence[Any] | None' = None) -> 'Any'", True),
     "Run.emit": ("(name: 'str', data: 'Any' = None) -> 'None'", True),
+    "Run.on_update": ("(name: 'str', handler: 'Callable[..., Any]', *, "
+                      "validator: 'Callable[..., Any] | None' = None) -> 'None'", False),
     "SyncRun.delegate": ("(agent: 'Callable[..., Any] | str', /, *args: 'Any', "
                          "**kwargs: 'Any') -> 'SyncChildHandle'", False),
     "SyncRun.options": ("(*, object_id: 'str | None' = None) -> 'SyncChildStarter'", False),
