@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from perdure.stores.base import AlertRow
 
 __all__ = [
+    "NOTIFY",
     "Alert",
     "Alerts",
     "ApprovalWaiting",
