@@ -22,7 +22,7 @@ from typing import Any
 import perdure
 from perdure.telemetry import Alerts, FewWorkers
 
-__all__ = ["Receiver", "app", "asks", "holds"]
+__all__ = ["Receiver", "app", "asks", "drifts", "fails", "holds"]
 
 SECRET = "alert-test-secret-0123456789"
 
@@ -107,3 +107,20 @@ class Receiver:
         """Stop serving."""
         self.server.shutdown()
         self.server.server_close()
+
+
+def _noop() -> None:
+    return None
+
+
+async def drifts(run: perdure.Run, flag: str) -> str:
+    """A step whose name depends on whether ``flag`` exists (made after the first run,
+    replay no longer matches memory and the object parks), then a wait for ``go``."""
+    await run.step(_noop, name="drifted" if Path(flag).exists() else "fixed")
+    await run.wait_for("go")
+    return "done"
+
+
+async def fails(run: perdure.Run) -> None:
+    """Fails for good at once."""
+    raise ValueError("no such luck")

@@ -17,7 +17,15 @@ import pytest
 
 import perdure
 from perdure.errors import ConfigurationError
-from perdure.telemetry import Alert, Alerts, FewWorkers, NewQuestion, NoProgress, Parked
+from perdure.telemetry import (
+    Alert,
+    Alerts,
+    FailureRate,
+    FewWorkers,
+    NewQuestion,
+    NoProgress,
+    Parked,
+)
 from tests.integration.engine_support import REPO_ROOT, kill_process, wait_until
 from tests.telemetry import alerts_support
 from tests.telemetry.alerts_support import SECRET, Receiver
@@ -200,3 +208,55 @@ def test_bad_declarations_are_refused(rules: list[object], options: dict[str, ob
         Alerts(app, rules, **options)  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="positive"):
         FewWorkers(0)
+
+
+def test_parked_and_failure_rate_judged_by_two_nodes_once(
+        store_url: str, key_dir: Path, tmp_path: Path) -> None:
+    """Two nodes (Apps of their own on one store) evaluate ``Parked`` and
+    ``FailureRate`` in turns: a parked object fires once and resolves once it is
+    retried; three failures out of four ended objects fire the rate once."""
+    apps = [perdure.App(store=store_url, key_dir=tmp_path / f"keys-{i}", node_id=f"node-{i}",
+                        lease_seconds=1.0, poll_interval=0.01) for i in range(2)]
+    for one in apps:
+        one.agent(name="drifts")(alerts_support.drifts)
+        one.agent(name="fails")(alerts_support.fails)
+        one.agent(name="idle")(alerts_support.idle)
+    rules = [Parked(), FailureRate(0.75, window=600, minimum=4)]
+    nodes = [Alerts(one, rules) for one in apps]
+    app = apps[0]
+    flag = tmp_path / "drift"
+    won: list[Alert] = []
+
+    def passes(until: int) -> bool:
+        for node in nodes:
+            won.extend(node.evaluate())
+        return len(won) >= until
+
+    try:
+        with app.background_worker():
+            drifter = app.start("drifts", str(flag))
+            assert wait_until(lambda: app.get(drifter.object_id).status == "dormant", 30)
+            flag.write_text("the code changed")
+            drifter.send("go")
+            assert wait_until(lambda: passes(1), 30, interval=0.05), won
+            flag.unlink()
+            app.retry(drifter.object_id)
+            assert drifter.result(timeout=30) == "done"
+            assert wait_until(lambda: passes(2), 30, interval=0.05), won
+            failing = [app.start("fails") for _ in range(3)]
+            for handle in failing:
+                with pytest.raises(perdure.AgentFailedError):
+                    handle.result(timeout=30)
+            # 3 failed of the 4 ended is 75%: at the threshold.
+            assert wait_until(lambda: passes(3), 30, interval=0.05), won
+        assert [(a.kind, a.rule, a.subject, a.node_id) for a in won][:2] == [
+            ("firing", "parked", drifter.object_id, won[0].node_id),
+            ("resolved", "parked", drifter.object_id, won[1].node_id)]
+        assert (won[2].kind, won[2].rule, won[2].subject) == ("firing", "failure_rate",
+                                                              "objects")
+        assert "3 of 4" in won[2].summary and len(won) == 3
+        passes(3)
+        assert len(won) == 3  # nothing changed: nothing more
+    finally:
+        for one in apps:
+            one.close()
