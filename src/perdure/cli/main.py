@@ -427,6 +427,13 @@ def worker(obj: _Ctx, concurrency: int, lease_seconds: float | None,
         declared = declared_triggers(obj)
         also.append(declared.runner(app=app, drain_seconds=drain_seconds))
         err.print(f"with triggers {', '.join(t.name for t in declared) or '(none declared)'}")
+    from perdure.telemetry.alerts import Alerts
+
+    loaded = obj.loaded()
+    alerts = Alerts.of(loaded) if loaded is not None else None
+    if alerts is not None:
+        also.append(alerts.bound(app).run)
+        err.print(f"with alerts {', '.join(alerts.names)} every {alerts.every:g} s")
     if with_ui:
         start_ui(app, host=ui_host, port=ui_port, background=True,
                  triggers=Triggers.of(obj.loaded() or app))

@@ -184,6 +184,8 @@ class Tables:
     data_keys: dict[str, DataKeyRow] = field(default_factory=dict)
     checkpoints: dict[tuple[str, str], CheckpointRow] = field(default_factory=dict)
     queues: dict[str, flow.Queue] = field(default_factory=dict)
+    # Alerts by (rule, subject): the row and the time it last changed.
+    alerts: dict[tuple[str, str], tuple[Any, float]] = field(default_factory=dict)
     # Model quotas by (provider, model): the quota, its state and its window's
     # reservations by ticket, each [at, tokens, settled].
     quotas: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)

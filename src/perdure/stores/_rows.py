@@ -13,6 +13,7 @@ from perdure.core.chain import CommitSeal, check_links
 from perdure.core.lifecycle import TERMINAL_STATUSES
 from perdure.core.records import Record, record_from_columns
 from perdure.stores.base import (
+    AlertRow,
     Append,
     CheckpointRow,
     Claim,
@@ -24,6 +25,7 @@ from perdure.stores.base import (
 
 __all__ = [
     "ENDED",
+    "alert_of",
     "append_params",
     "browse_params",
     "checked_chain",
@@ -69,6 +71,14 @@ def object_row(data: Mapping[str, Any], decode_names: Callable[[Any], Sequence[s
         requires=tuple(decode_names(data["requires"])) if data.get("requires") else (),
         avoid=tuple(decode_names(data["avoid"])) if data.get("avoid") else (),
     )
+
+
+def alert_of(row: Sequence[Any]) -> AlertRow:
+    """An ``AlertRow`` from ``rule, subject, state, summary, node_id, fired_at,
+    resolved_at``."""
+    rule, subject, state, summary, node_id, fired_at, resolved_at = row[:7]
+    return AlertRow(str(rule), str(subject), str(state), str(summary), str(node_id),
+                    float(fired_at), None if resolved_at is None else float(resolved_at))
 
 
 def data_key_row(row: Sequence[Any]) -> DataKeyRow:

@@ -10,11 +10,12 @@ items, heartbeats), ``Objects`` (index rows), ``Records`` (memory and
 commit seals), ``Leases`` (claims, timers, control flags, wake-ups), ``Queues``
 (named queues' limits), ``ModelQuotas`` (model calls' tokens and requests per minute,
 reserved and settled), ``Inbox`` (events), ``DataKeyRows`` (objects' wrapped data
-keys, opaque bytes), ``Writes`` (fenced group commits) and ``Browse`` (what people look
-at: objects found by any filter a page at a time, and the figures of the last hour). How
-a node's event loop gets its commits made (on the loop, awaited on it, or on a thread)
-is hidden behind the ``Writer`` a store hands out; ``perdure.stores.writers`` holds the
-ones a backend can opt into.
+keys, opaque bytes), ``Writes`` (fenced group commits), ``AlertRows`` (alerts and
+notifications, each fired and resolved once whatever the number of nodes evaluating them)
+and ``Browse`` (what people look at: objects found by any filter a page at a time, and
+the figures of the last hour). How a node's event loop gets its commits made (on the
+loop, awaited on it, or on a thread) is hidden behind the ``Writer`` a store hands out;
+``perdure.stores.writers`` holds the ones a backend can opt into.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from perdure.core.quotas import ModelQuota, QuotaState
 from perdure.core.records import GENESIS_HASH, Record
 
 __all__ = [
+    "AlertRow",
+    "AlertRows",
     "Append",
     "Browse",
     "CheckpointRow",
@@ -246,6 +249,21 @@ class CheckpointRow:
     signer: str
     signature: bytes
     written_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRow:
+    """An alert (or a notification) as the store keeps it: ``rule`` and ``subject`` name
+    it (one row each), ``state`` is ``firing`` or ``resolved``, ``summary`` what it says,
+    ``node_id`` the node whose write fired it, ``fired_at`` and ``resolved_at`` when."""
+
+    rule: str
+    subject: str
+    state: str
+    summary: str
+    node_id: str
+    fired_at: float
+    resolved_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -665,6 +683,26 @@ class Checkpoints(Protocol):
         the fence held."""
 
 
+class AlertRows(Protocol):
+    """Alerts and notifications that many nodes evaluate: each write is conditional, so
+    of the nodes seeing the same condition exactly one fires it (or resolves it), and
+    only that node delivers."""
+
+    def fire_alert(self, rule: str, subject: str, summary: str, node_id: str,
+                   now: float) -> bool:
+        """Mark ``(rule, subject)`` firing unless it is firing already; whether this call
+        did (a resolved alert fires again)."""
+
+    def resolve_alert(self, rule: str, subject: str, now: float) -> AlertRow | None:
+        """Mark ``(rule, subject)`` resolved if it is firing; the row as it was firing
+        when this call resolved it, else ``None``."""
+
+    def alerts(self, *, state: str | None = None, rule_prefix: str = "",
+               limit: int = 100) -> builtins.list[AlertRow]:
+        """Up to ``limit`` alerts (only ``state`` ones if given, only rules starting with
+        ``rule_prefix``), latest fired or resolved first."""
+
+
 class Browse(Protocol):
     """What people look at (the dashboard): read-only, and no node needs any of it."""
 
@@ -718,7 +756,7 @@ class Browse(Protocol):
 
 
 class Store(Nodes, Objects, Records, Leases, Queues, ModelQuotas, Inbox, DataKeyRows,
-            Checkpoints, Writes, Browse, Protocol):
+            Checkpoints, Writes, AlertRows, Browse, Protocol):
     """Narrow storage interface: rows, records, leases, timers, inbox, node keys, and
     the read-only ``Browse`` role people look through.
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +39,7 @@ from perdure.stores._memory_rows import TERMINAL, NodeRow, Tables, apply_one
 from perdure.stores._push import CHANGED, ENDED, WAKE, Hub, pushes
 from perdure.stores._rows import checked_chain, record_from_row, record_params
 from perdure.stores.base import (
+    AlertRow,
     Append,
     CheckpointRow,
     Claim,
@@ -409,6 +411,40 @@ class MemoryStore:
                 row.ready_at, row.updated_at = float(ready_at), float(now)
                 t.due_changed(row)
             return True
+
+    # -- alerts ---------------------------------------------------------------------
+
+    def fire_alert(self, rule: str, subject: str, summary: str, node_id: str,
+                   now: float) -> bool:
+        """Fire ``(rule, subject)`` unless firing; whether this call did."""
+        with self._held() as t:
+            known = t.alerts.get((rule, subject))
+            if known is not None and known[0].state == "firing":
+                return False
+            t.alerts[(rule, subject)] = (AlertRow(rule, subject, "firing", summary, node_id,
+                                                  now), now)
+            return True
+
+    def resolve_alert(self, rule: str, subject: str, now: float) -> AlertRow | None:
+        """Resolve ``(rule, subject)`` if firing; the row this call resolved."""
+        with self._held() as t:
+            known = t.alerts.get((rule, subject))
+            if known is None or known[0].state != "firing":
+                return None
+            row: AlertRow = known[0]
+            t.alerts[(rule, subject)] = (dataclasses.replace(
+                row, state="resolved", resolved_at=now), now)
+            return dataclasses.replace(row, resolved_at=now)
+
+    def alerts(self, *, state: str | None = None, rule_prefix: str = "",
+               limit: int = 100) -> builtins.list[AlertRow]:
+        """Alerts, latest changed first."""
+        with self._held() as t:
+            found = [(changed, row) for row, changed in t.alerts.values()
+                     if (state is None or row.state == state)
+                     and row.rule.startswith(rule_prefix)]
+        found.sort(key=lambda item: (-item[0], item[1].rule, item[1].subject))
+        return [row for _, row in found[:limit]]
 
     # -- model quotas ---------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from perdure.stores._queues import (
 )
 from perdure.stores._quotas import declare_in, quota_of, reserve_in, stats_in, throttled_in
 from perdure.stores._rows import (
+    alert_of,
     checked_chain,
     checkpoint_row,
     claim_from_row,
@@ -68,6 +69,7 @@ from perdure.stores._sqlite_file import (
 from perdure.stores._sqlite_file import Q as _Q
 from perdure.stores._sqlite_wake import WakeFolder
 from perdure.stores.base import (
+    AlertRow,
     Append,
     CheckpointRow,
     Claim,
@@ -492,6 +494,30 @@ class SQLiteStore(SQLiteBrowse):
             conn.execute(_Q["debounce_push"], {"ready_at": ready_at, "now": now,
                                                "object_id": object_id})
             return True
+
+    # -- alerts ---------------------------------------------------------------------
+
+    def fire_alert(self, rule: str, subject: str, summary: str, node_id: str,
+                   now: float) -> bool:
+        """Fire ``(rule, subject)`` unless firing; whether this call did."""
+        with self._write() as conn:
+            return conn.execute(_Q["alert_fire"], {
+                "rule": rule, "subject": subject, "summary": summary, "node_id": node_id,
+                "now": now}).fetchone() is not None
+
+    def resolve_alert(self, rule: str, subject: str, now: float) -> AlertRow | None:
+        """Resolve ``(rule, subject)`` if firing; the row this call resolved."""
+        with self._write() as conn:
+            row = conn.execute(_Q["alert_resolve"], {
+                "rule": rule, "subject": subject, "now": now}).fetchone()
+        return None if row is None else alert_of(row)
+
+    def alerts(self, *, state: str | None = None, rule_prefix: str = "",
+               limit: int = 100) -> builtins.list[AlertRow]:
+        """Alerts, latest changed first."""
+        with self._read() as conn:
+            return [alert_of(row) for row in conn.execute(_Q["alerts"], {
+                "state": state, "prefix": rule_prefix, "limit": limit})]
 
     # -- model quotas ---------------------------------------------------------------
 

@@ -9,6 +9,9 @@ configured builds nothing and pays nothing.
   the dashboard at ``/metrics``.
 - :func:`json_logging`: one JSON object per log line, with the object id, the trace id
   and the ``action`` of perdure's log calls (``perdure worker --log-json``).
+- :class:`Alerts` (``perdure.telemetry.alerts``): alert and notification rules every
+  worker evaluates against the store, fired and resolved once whatever the number of
+  nodes, delivered to the log and to a signed webhook.
 - :func:`otel_traces`: OpenTelemetry traces of objects, steps, waits, tool and model
   calls, sent over OTLP/HTTP (extra ``perdure[otel]``; ``perdure worker --otlp URL``).
 
@@ -20,6 +23,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from perdure.errors import ConfigurationError
+from perdure.telemetry.alerts import (
+    Alert,
+    Alerts,
+    ApprovalWaiting,
+    FailureRate,
+    FewWorkers,
+    NewApproval,
+    NewQuestion,
+    NoProgress,
+    Parked,
+    Rule,
+)
 from perdure.telemetry.logs import JsonFormatter, json_logging
 
 if TYPE_CHECKING:
@@ -27,7 +42,22 @@ if TYPE_CHECKING:
     from perdure.telemetry.prometheus import PrometheusMetrics
     from perdure.telemetry.traces import OtelTraces
 
-__all__ = ["JsonFormatter", "json_logging", "otel_traces", "prometheus_metrics"]
+__all__ = [
+    "Alert",
+    "Alerts",
+    "ApprovalWaiting",
+    "FailureRate",
+    "FewWorkers",
+    "JsonFormatter",
+    "NewApproval",
+    "NewQuestion",
+    "NoProgress",
+    "Parked",
+    "Rule",
+    "json_logging",
+    "otel_traces",
+    "prometheus_metrics",
+]
 
 
 def _need(module: str, extra: str) -> None:

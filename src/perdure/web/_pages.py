@@ -26,12 +26,12 @@ from perdure.describe import STATUS_STYLE
 from perdure.errors import RecordDecodeError
 from perdure.info import ObjectInfo
 from perdure.schedules import ScheduleInfo
-from perdure.stores.base import NodeInfo, QueueStats, QuotaStats
+from perdure.stores.base import AlertRow, NodeInfo, QueueStats, QuotaStats
 from perdure.web._actions import Question
 from perdure.web._auth import Principal
 from perdure.web._queries import Filters
 
-__all__ = ["approval_card", "inbox_page", "layout", "list_page", "login_page",
+__all__ = ["alerts_page", "approval_card", "inbox_page", "layout", "list_page", "login_page",
            "message_page", "nodes_page", "object_page", "overview_page", "queues_page",
            "schedules_page"]
 
@@ -71,7 +71,8 @@ def layout(title: str, body: str, *, who: Principal | None, csrf: str = "",
                                     ("inbox", "/inbox", "Inbox"),
                                     ("queues", "/queues", "Queues"),
                                     ("schedules", "/schedules", "Schedules"),
-                                    ("nodes", "/nodes", "Nodes")))
+                                    ("nodes", "/nodes", "Nodes"),
+                                    ("alerts", "/alerts", "Alerts")))
         nav = (f'<nav>{links}<span class="who">{_e(who.name)} · {_e(who.role)}</span>'
                f'<form method="post" action="/logout" class="inline">{_csrf(csrf)}'
                '<button type="submit">Log out</button></form></nav>')
@@ -530,6 +531,35 @@ def inbox_page(questions: Sequence[Question], approvals: Sequence[PendingApprova
                      f"{_e(info.object_id)}</a> ({_e(info.agent)}@{_e(info.agent_version)}) "
                      f"parked: {_e(info.note or '')}</p>{retry}</div>")
     return layout("Inbox", "".join(parts), who=who, csrf=csrf, active="inbox")
+
+
+def _alert_rows(alerts: Sequence[AlertRow], resolved: bool) -> str:
+    rows = []
+    for row in alerts:
+        subject = (f'<a href="{_oid_url(row.subject)}">{_e(row.subject)}</a>'
+                   if row.subject not in ("nodes", "objects") and "/" not in row.subject
+                   else _e(row.subject))
+        ended = f"<td>{_e(view.when(row.resolved_at))}</td>" if resolved else ""
+        rows.append(f"<tr><td>{_e(row.rule)}</td><td>{subject}</td><td>{_e(row.summary)}</td>"
+                    f"<td>{_e(view.when(row.fired_at))}</td>{ended}"
+                    f"<td>{_e(row.node_id)}</td></tr>")
+    head = ("<th>rule</th><th>subject</th><th>summary</th><th>fired</th>"
+            + ("<th>resolved</th>" if resolved else "") + "<th>by node</th>")
+    return (f'<table class="alerts"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table>')
+
+
+def alerts_page(firing: Sequence[AlertRow], resolved: Sequence[AlertRow], *,
+                who: Principal, csrf: str) -> str:
+    """Alerts the nodes fired (``perdure.telemetry.Alerts``): those firing now, and the
+    latest resolved (read-only)."""
+    parts = [f"<h1>Alerts</h1><h2>Firing ({len(firing)})</h2>"]
+    parts.append(_alert_rows(firing, False) if firing
+                 else '<p class="hint">No alert is firing.</p>')
+    parts.append("<h2>Recently resolved</h2>")
+    parts.append(_alert_rows(resolved, True) if resolved
+                 else '<p class="hint">No alert resolved yet.</p>')
+    return layout("Alerts", "".join(parts), who=who, csrf=csrf, active="alerts")
 
 
 def nodes_page(nodes: Sequence[NodeInfo], running: Mapping[str, Sequence[str]], now: float,

@@ -49,6 +49,8 @@ from perdure.errors import (
 )
 from perdure.follow import follow
 from perdure.info import ObjectInfo, info_from_row
+from perdure.stores.base import AlertRow
+from perdure.telemetry.alerts import NOTIFY
 from perdure.web import _actions as actions
 from perdure.web import _pages as pages
 from perdure.web._api import Api
@@ -444,6 +446,17 @@ class Dashboard:
                                     who=session.principal, csrf=session.csrf)
         return self._html(await run_in_threadpool(build))
 
+    async def alerts(self, request: Request, session: Session, sid: str) -> Response:
+        """GET /alerts: the alerts the nodes fired, firing and recently resolved
+        (notifications for people left out)."""
+        def build() -> str:
+            def alerts(state: str) -> list[AlertRow]:
+                return [row for row in self.app.store.alerts(state=state, limit=200)
+                        if not row.rule.startswith(NOTIFY)][:100]
+            return pages.alerts_page(alerts("firing"), alerts("resolved"),
+                                     who=session.principal, csrf=session.csrf)
+        return self._html(await run_in_threadpool(build))
+
     async def queues(self, request: Request, session: Session, sid: str) -> Response:
         """GET /queues: every declared queue, its limits and what it holds, and every
         model quota and its window (read-only)."""
@@ -708,6 +721,7 @@ class Dashboard:
             Route("/objects/{oid:path}", g(self.object), methods=["GET"]),
             Route("/inbox", g(self.inbox), methods=["GET"]),
             Route("/nodes", g(self.nodes), methods=["GET"]),
+            Route("/alerts", g(self.alerts), methods=["GET"]),
             Route("/queues", g(self.queues), methods=["GET"]),
             Route("/schedules", g(self.schedules), methods=["GET"]),
             Route("/schedules/{action:str}", g(self.schedule_act, act=True),

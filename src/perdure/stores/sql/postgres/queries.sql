@@ -821,3 +821,26 @@ UPDATE model_quotas SET factor = %(factor)s, adapted_at = %(adapted_at)s,
     blocked_until = %(blocked_until)s, throttles = %(throttles)s,
     throttled_at = %(throttled_at)s
 WHERE provider = %(provider)s AND model = %(model)s;
+
+-- name: alert_fire
+-- Fire unless firing already: the row comes back only to the write that fired it.
+INSERT INTO alerts (rule, subject, state, summary, node_id, fired_at, changed_at)
+VALUES (%(rule)s, %(subject)s, 'firing', %(summary)s, %(node_id)s, %(now)s, %(now)s)
+ON CONFLICT (rule, subject) DO UPDATE
+SET state = 'firing', summary = excluded.summary, node_id = excluded.node_id,
+    fired_at = excluded.fired_at, resolved_at = NULL, changed_at = excluded.changed_at
+WHERE alerts.state <> 'firing'
+RETURNING rule;
+
+-- name: alert_resolve
+-- Resolve if firing: the row comes back only to the write that resolved it.
+UPDATE alerts SET state = 'resolved', resolved_at = %(now)s, changed_at = %(now)s
+WHERE rule = %(rule)s AND subject = %(subject)s AND state = 'firing'
+RETURNING rule, subject, state, summary, node_id, fired_at, resolved_at;
+
+-- name: alerts
+SELECT rule, subject, state, summary, node_id, fired_at, resolved_at FROM alerts
+WHERE (CAST(%(state)s AS TEXT) IS NULL OR state = %(state)s)
+  AND substr(rule, 1, length(%(prefix)s)) = %(prefix)s
+ORDER BY changed_at DESC, rule, subject
+LIMIT %(limit)s;

@@ -1,5 +1,5 @@
 -- perdure PostgreSQL schema: what applying every file in migrations/ yields.
--- version: 11
+-- version: 12
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 -- Written by the store itself before the first migration runs: one row per applied file.
@@ -184,3 +184,18 @@ CREATE TABLE quota_reservations (
     settled  BOOLEAN NOT NULL DEFAULT FALSE
 );
 CREATE INDEX quota_reservations_window ON quota_reservations (provider, model, at);
+
+-- Alerts and notifications (perdure.telemetry.alerts): one row per (rule, subject),
+-- written conditionally so that one node's write wins each change.
+CREATE TABLE alerts (
+    rule        TEXT NOT NULL,
+    subject     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    summary     TEXT NOT NULL,
+    node_id     TEXT NOT NULL,
+    fired_at    DOUBLE PRECISION NOT NULL,
+    resolved_at DOUBLE PRECISION,
+    changed_at  DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (rule, subject)
+);
+CREATE INDEX alerts_changed ON alerts (changed_at);

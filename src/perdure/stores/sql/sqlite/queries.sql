@@ -787,3 +787,26 @@ WHERE ticket = :ticket;
 UPDATE model_quotas SET factor = :factor, adapted_at = :adapted_at,
     blocked_until = :blocked_until, throttles = :throttles, throttled_at = :throttled_at
 WHERE provider = :provider AND model = :model;
+
+-- name: alert_fire
+-- Fire unless firing already: the row comes back only to the write that fired it.
+INSERT INTO alerts (rule, subject, state, summary, node_id, fired_at, changed_at)
+VALUES (:rule, :subject, 'firing', :summary, :node_id, :now, :now)
+ON CONFLICT (rule, subject) DO UPDATE
+SET state = 'firing', summary = excluded.summary, node_id = excluded.node_id,
+    fired_at = excluded.fired_at, resolved_at = NULL, changed_at = excluded.changed_at
+WHERE alerts.state <> 'firing'
+RETURNING rule;
+
+-- name: alert_resolve
+-- Resolve if firing: the row comes back only to the write that resolved it.
+UPDATE alerts SET state = 'resolved', resolved_at = :now, changed_at = :now
+WHERE rule = :rule AND subject = :subject AND state = 'firing'
+RETURNING rule, subject, state, summary, node_id, fired_at, resolved_at;
+
+-- name: alerts
+SELECT rule, subject, state, summary, node_id, fired_at, resolved_at FROM alerts
+WHERE (CAST(:state AS TEXT) IS NULL OR state = :state)
+  AND substr(rule, 1, length(:prefix)) = :prefix
+ORDER BY changed_at DESC, rule, subject
+LIMIT :limit;

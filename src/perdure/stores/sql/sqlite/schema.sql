@@ -1,5 +1,5 @@
 -- perdure SQLite schema: what applying every file in migrations/ yields.
--- version: 12
+-- version: 13
 -- Checked by tests/migration: when a migration changes the schema, update this file.
 
 CREATE TABLE nodes (
@@ -181,3 +181,18 @@ CREATE TABLE quota_reservations (
     settled  INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX quota_reservations_window ON quota_reservations (provider, model, at);
+
+-- Alerts and notifications (perdure.telemetry.alerts): one row per (rule, subject),
+-- written conditionally so that one node's write wins each change.
+CREATE TABLE alerts (
+    rule        TEXT NOT NULL,
+    subject     TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    summary     TEXT NOT NULL,
+    node_id     TEXT NOT NULL,
+    fired_at    REAL NOT NULL,
+    resolved_at REAL,
+    changed_at  REAL NOT NULL,
+    PRIMARY KEY (rule, subject)
+) WITHOUT ROWID;
+CREATE INDEX alerts_changed ON alerts (changed_at);
