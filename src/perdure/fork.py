@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from perdure.core.bodies import Instantiated, decode
 from perdure.core.chain import seal
-from perdure.core.lifecycle import Phase, Status
+from perdure.core.lifecycle import HELD_BACK_UNTIL, Phase, Status
 from perdure.core.names import check_object_id
 from perdure.core.records import GENESIS_HASH, Kind, Record, RecordDraft
 from perdure.engine.commands.positions import top
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["build", "fork", "fork_problem", "forked_first"]
 
-_HELD_BACK = 100 * 365 * 24 * 3600.0  # a half-written fork is not claimable meanwhile
 _STEP_STARTED = Kind.STEP_STARTED.value
 _STEP_ENDS = frozenset({Kind.STEP_DONE.value, Kind.STEP_FAILED.value,
                         Kind.STEP_IN_DOUBT.value})
@@ -233,7 +232,7 @@ def build(app: App, object_id: str, at: int, oid: str
     held = at > 1
     made = NewObject(
         object_id=oid, agent=row.agent, agent_version=first.intent.version, first=copied[0],
-        ready_at=now + _HELD_BACK if held else now, parent_id=None,
+        ready_at=HELD_BACK_UNTIL if held else now, parent_id=None,
         requires=first.intent.requires)
     return made, copied[1:], origin, prefix
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perdure.core.cycle import moment
-from perdure.core.lifecycle import Status
+from perdure.core.lifecycle import HELD_BACK_UNTIL, Status
 from perdure.core.questions import Question
 from perdure.stores.base import ObjectRow
 
@@ -75,8 +75,9 @@ def info_from_row(row: ObjectRow, now: float) -> ObjectInfo:
             status = Status.READY  # its node died; the lease lapsed and it waits to be claimed
     note = row.note
     if (status is Status.READY and row.epoch == 0 and note is None
-            and row.ready_at is not None and row.ready_at > now):
-        # Never claimed and not due: a delayed start (``app.options(start_at=...)``).
+            and row.ready_at is not None and now < row.ready_at < HELD_BACK_UNTIL):
+        # Never claimed and not due: a delayed start (``app.options(start_at=...)``), not
+        # an object held back while its records are written (a fork's: it stays ready).
         status, note = Status.DORMANT, f"waits to start at {moment(row.ready_at)}"
     return ObjectInfo(
         object_id=row.object_id,

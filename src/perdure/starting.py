@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from perdure.core.flow import Queue, check_priority, check_queue_key
 from perdure.core.intent import budget_body
+from perdure.core.lifecycle import HELD_BACK_UNTIL
 from perdure.core.names import check_labels, check_object_id
 from perdure.errors import ConfigurationError, UnknownQueueError
 
@@ -210,7 +211,7 @@ def _start_time(start_at: Any, delay: Any) -> tuple[float | None, float | None]:
                 "since the epoch; a naive datetime could mean any zone")
         return start_at.timestamp(), None
     if (isinstance(start_at, bool) or not isinstance(start_at, int | float)
-            or not math.isfinite(start_at) or start_at < 0):
-        raise ConfigurationError(f"start_at is seconds since the epoch or an aware datetime, "
-                                 f"not {start_at!r}")
+            or not math.isfinite(start_at) or not 0 <= start_at < HELD_BACK_UNTIL):
+        raise ConfigurationError(f"start_at is seconds since the epoch (before the year "
+                                 f"10000) or an aware datetime, not {start_at!r}")
     return float(start_at), None

@@ -83,7 +83,8 @@ def test_start_at_takes_an_aware_datetime_and_the_deadline_counts_from_it(
 
 @pytest.mark.parametrize("options", [{"delay": -1}, {"delay": "soon"},
                                      {"start_at": datetime(2030, 1, 1)},
-                                     {"start_at": "tomorrow"}, {"delay": 1, "start_at": 5}])
+                                     {"start_at": "tomorrow"}, {"delay": 1, "start_at": 5},
+                                     {"start_at": 1e12}])  # past the year 9999
 def test_bad_start_times_store_nothing(make_app: AppFactory,
                                        options: dict[str, object]) -> None:
     app = _app(make_app)

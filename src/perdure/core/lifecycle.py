@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["TERMINAL_STATUSES", "Phase", "Status", "outcome_status"]
+__all__ = ["HELD_BACK_UNTIL", "TERMINAL_STATUSES", "Phase", "Status", "outcome_status"]
+
+#: The ``ready_at`` of an object whose records are still being written (a fork's copied
+#: prefix): no worker claims it, and it is no delayed start (which must come before:
+#: 10000-01-01T00:00:00Z, past every instant a ``datetime`` can name).
+HELD_BACK_UNTIL = 253_402_300_800.0
 
 
 class Phase(StrEnum):
