@@ -57,7 +57,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from perdure.core.bodies import Emitted, Instantiated
 from perdure.core.chain import seal
 from perdure.core.intent import Context, Intent
-from perdure.core.lifecycle import Phase, Status
+from perdure.core.lifecycle import HELD_BACK_UNTIL, Phase, Status
 from perdure.core.records import GENESIS_HASH, Kind, Record
 from perdure.errors import ConfigurationError, IntegrityError, LeaseLostError, StoreError
 from perdure.stores.base import Append, NewObject, ObjectFilter
@@ -76,7 +76,6 @@ _PREFIX = "langgraph/"
 #: What a thread object waits for: an event of perdure's own nobody sends, so no worker
 #: claims it and an update request does not wake it.
 _NEVER = "perdure:langgraph"
-_FAR = 10 * 365 * 86_400.0  # a new object is held back from workers until it waits
 _CHECKPOINT = "langgraph.checkpoint"
 _WRITES = "langgraph.writes"
 _DELETED = "langgraph.deleted"
@@ -371,7 +370,7 @@ class PerdureSaver(BaseCheckpointSaver[str]):
                      ts_us=int(now * 1_000_000), policy_ref=self.app.policy.ref,
                      signer=self.app.client.certified())
         if self.app.store.create(NewObject(object_id=oid, agent=AGENT, agent_version=_VERSION,
-                                           first=first, ready_at=now + _FAR), now):
+                                           first=first, ready_at=HELD_BACK_UNTIL), now):
             self.app.anchors.note(oid, first.hash, first.seq, first.hash)
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint,
