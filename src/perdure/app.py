@@ -1177,25 +1177,35 @@ class App:
 
         If the store cannot be reached when the node starts, it says so once and
         keeps trying (backing off up to 5 s) instead of exiting. A damaged store
-        (``StoreCorruptError``) is said once too, with what to do, and checked again
-        every ``corrupt_retry`` seconds (say, after a restore from a backup): a
-        supervised worker does not crash-loop on it. A wrong setting fails at once.
+        (``StoreCorruptError``: checked before the node claims anything, with
+        ``Store.check_damage``, or met while it runs) is said once too, with what to do,
+        and checked again every ``corrupt_retry`` seconds (say, after a restore from a
+        backup): a supervised worker does not crash-loop on it. A wrong setting fails at
+        once.
         """
         stop = stop or asyncio.Event()
         delay, said, damaged = 0.25, False, ""
+
+        def build() -> Worker:
+            self.store.check_damage()
+            return self.worker(concurrency=concurrency, drain_seconds=drain_seconds,
+                               warn_stalls=warn_stalls)
+
+        async def wait_out(exc: StoreCorruptError) -> None:
+            nonlocal damaged
+            if str(exc) != damaged:
+                log.error("%s; this node waits, checking the store again every %.0f s",
+                          exc, corrupt_retry, extra={"action": "store_corrupt"})
+                damaged = str(exc)
+            self.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=corrupt_retry)
+
         while not stop.is_set():
             try:
-                worker = await asyncio.to_thread(self.worker, concurrency=concurrency,
-                                                 drain_seconds=drain_seconds,
-                                                 warn_stalls=warn_stalls)
+                worker = await asyncio.to_thread(build)
             except StoreCorruptError as exc:
-                if str(exc) != damaged:
-                    log.error("%s; this node waits, checking the store again every %.0f s",
-                              exc, corrupt_retry, extra={"action": "store_corrupt"})
-                    damaged = str(exc)
-                self.close()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=corrupt_retry)
+                await wait_out(exc)
                 continue
             except StoreError as exc:
                 if not said:
@@ -1208,7 +1218,11 @@ class App:
                 continue
             if said or damaged:
                 log.warning("store reachable; node starting", extra={"action": "store_up"})
-            return await worker.run(stop, abandon)
+                said, damaged = False, ""
+            try:
+                return await worker.run(stop, abandon)
+            except StoreCorruptError as exc:  # met while running: said once, checked again
+                await wait_out(exc)
         return 0
 
     def run_worker(self, *, concurrency: int = 16, until: Callable[[], bool] | None = None,

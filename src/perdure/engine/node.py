@@ -38,7 +38,7 @@ from perdure.engine.quotas import QuotaGate
 from perdure.engine.run import Run
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.slots import Slots
-from perdure.errors import StoreError
+from perdure.errors import StoreCorruptError, StoreError
 from perdure.hooks import Hooks
 from perdure.keys.anchors import HeadAnchors
 from perdure.keys.sealer import KeyCache, SealedScan, Sealer
@@ -113,6 +113,11 @@ class Node:
         self.key_cache = KeyCache()
         self.sealed_scan = SealedScan()  # which objects' memories hold sealed values
         self.store_down = False
+        #: The damage this node found in the store (``StoreCorruptError``): it claims
+        #: nothing more, lets go and stops, and ``Worker.run`` raises it.
+        self.damaged: StoreCorruptError | None = None
+        #: Called once when damage is found (the worker wakes its claim loop with it).
+        self.on_damage: Callable[[], None] = lambda: None
         self.quotas = QuotaGate(self)  # model quotas, reserved through the store
 
     # -- store access off the event loop --------------------------------------------
@@ -132,7 +137,14 @@ class Node:
             log.warning("store reachable again; resuming", extra={"action": "store_up"})
 
     def store_failed(self, exc: StoreError) -> None:
-        """The store failed: say so once, until it answers again."""
+        """The store failed: say so once, until it answers again. Damage
+        (``StoreCorruptError``) is no outage to wait out: it is kept in ``damaged``, for
+        the worker to stop on and its caller to say once."""
+        if isinstance(exc, StoreCorruptError):
+            if self.damaged is None:
+                self.damaged = exc
+                self.on_damage()
+            return
         if not self.store_down:
             self.store_down = True
             log.error("store unavailable, backing off: %s", exc, extra={"action": "store_down"})

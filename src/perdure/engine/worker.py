@@ -43,7 +43,12 @@ from perdure.engine.quotas import declare_model_quotas
 from perdure.engine.run import CHILD_EVENT
 from perdure.engine.settings import AgentDef, WorkerSettings
 from perdure.engine.stalls import LAG_INTERVAL, LoopLagMeter, LoopWatchdog
-from perdure.errors import IntegrityError, LeaseLostError, RecordDecodeError, StoreError
+from perdure.errors import (
+    IntegrityError,
+    LeaseLostError,
+    RecordDecodeError,
+    StoreError,
+)
 from perdure.hooks import ClaimRound, Hooks, IntegrityFailure, LeaseLost, LoopLag
 from perdure.keys.anchors import HeadAnchors
 from perdure.keys.verifier import Verifier
@@ -96,6 +101,7 @@ class Worker:
         self.held = node.held
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop ``run`` runs on
+        node.on_damage = self._wake.set  # damage found: the claim loop stops at once
         #: This node's measure of its event loop's lag (``worst``: the worst seen).
         self.lag_meter = LoopLagMeter(self._lagged)
 
@@ -123,6 +129,10 @@ class Worker:
         Draining (``engine/draining.py``) lets running steps finish and be recorded for up
         to ``drain_seconds``, or until ``abandon`` is set; returns how many steps it
         abandoned still running on code threads.
+
+        A damaged store (``StoreCorruptError``, met at start-up, by a claim, or by a run
+        reading an object) is no outage to wait out: the node claims nothing more, lets
+        go, stops as above, and raises it (``App.serve`` says it once and checks again).
 
         Idle, the node sleeps until the next object is due (found through the
         store's ready-time index) or a wake-up is pushed (PostgreSQL ``NOTIFY``, SQLite's
@@ -182,6 +192,8 @@ class Worker:
             log.info("node %s stopped: worst event-loop lag %.1f ms", self.signer.node_id,
                      lag_meter.worst * 1000,
                      extra={"action": "node_stopped", "worst_lag_ms": lag_meter.worst * 1000})
+        if node.damaged is not None:
+            raise node.damaged
         return abandoned
 
     async def _start_up(self) -> None:
@@ -209,7 +221,7 @@ class Worker:
         """Claim as many objects as there are free slots; sleep while none is due."""
         node = self.node
         backoff = idle
-        while not stop.is_set():
+        while not stop.is_set() and node.damaged is None:
             self._wake.clear()
             free = self.settings.concurrency - len(node.active)
             claims: list[Claim] = []

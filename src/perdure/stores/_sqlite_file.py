@@ -267,6 +267,18 @@ class SQLiteFile:
                         f"column(s) {', '.join(missing)} its schema must have; nothing was "
                         f"resumed from it. {_DAMAGED}")
 
+    def check_damage(self) -> None:
+        """Read every page of the file and check its structure (``PRAGMA quick_check``):
+        ``StoreCorruptError`` naming the file and what SQLite found when a page is damaged,
+        so a worker says so before it claims anything rather than when a run first reads
+        the page. Takes about as long as reading the file once."""
+        with self._read() as conn:
+            found = [str(row[0]) for row in conn.execute(Q["quick_check"]).fetchall()]
+        if found != ["ok"]:
+            raise StoreCorruptError(
+                f"SQLite store {self.path} is damaged ({'; '.join(found)[:300]}); nothing "
+                f"was resumed from it. {_DAMAGED}")
+
     def close(self) -> None:
         """Close every connection."""
         with self._wlock, self._rlock:

@@ -639,6 +639,11 @@ class Writes(Protocol):
     async def close_async(self) -> None:
         """Release what the running event loop's commits held."""
 
+    def check_damage(self) -> None:
+        """``StoreCorruptError`` if the store's own bytes are damaged, found by checking
+        what the backend can check at once (every page of a SQLite file); a worker calls
+        this before it claims anything. ``StoreError`` if the store cannot be reached."""
+
 
 class DataKeyRows(Protocol):
     """Objects' wrapped data keys (``perdure.core.sealing``): opaque bytes to the store,

@@ -670,6 +670,9 @@ class MemoryStore:
     async def close_async(self) -> None:
         """Nothing to release."""
 
+    def check_damage(self) -> None:
+        """Nothing to check: the store lives in this process's memory."""
+
 
 class _Busy(Exception):  # noqa: N818 - internal control flow
     """The lock is taken and the caller asked not to wait for it."""

@@ -618,6 +618,10 @@ class PostgresStore(PostgresBrowse):
         """Close the running loop's asynchronous connection (a worker does as it stops)."""
         await self._drop_async_conn(asyncio.get_running_loop())
 
+    def check_damage(self) -> None:
+        """Nothing to check beforehand: the server checks its own pages (data checksums)
+        and a query on a damaged one fails with the server's error."""
+
     def _apply_batch(self, ops: Sequence[Append], now: float, seals: Sequence[CommitSeal], *,
                      savepoints: bool) -> builtins.list[BaseException | None]:
         if not savepoints and not any(map(careful, ops)):

@@ -36,6 +36,11 @@ RELEASE op;
 -- The schema version: the number of the last migration applied.
 PRAGMA user_version;
 
+-- name: quick_check
+-- The structure of every page of the file (b-trees, free list): one row "ok", or up to
+-- 8 rows naming what is wrong. Reads the whole file; no index-against-table check.
+PRAGMA quick_check(8);
+
 -- name: set_user_version
 -- {version} is a migration's number (a pragma takes no parameters).
 PRAGMA user_version={version};
