@@ -160,10 +160,14 @@ class Attempts:
                 await load_counter(route.request(self.request).model)
         while True:
             route, skipped = self.choose()
-            ticket = await self.reserve(route)
+            # The budget check (``choose``) and holding the reservation in the run's
+            # ledger happen with no await between them: calls made at once (gather
+            # branches) must each see the others' reservations. Only then may the call
+            # wait on the store for its model quota.
             with held(self.run, call_key({"pos": self.pos, "name": self.name}),
                       route.request(self.request),
                       self.options.prices or self.run._model_prices, bool(self.lineage)):
+                ticket = await self.reserve(route)
                 before = len(self.failures)
                 try:
                     reply = await self.attempt_on(route, skipped)
