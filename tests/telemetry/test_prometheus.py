@@ -59,7 +59,11 @@ def test_a_worker_serves_its_metrics_over_http(store_url: str, key_dir: Path,
         def caught_up() -> bool:
             samples.clear()
             samples.update(_samples(_scrape(url)))
-            return _value(samples, "perdure_objects", agent="chain", status="completed") == 4
+            # ... and the worker's count of ends, heard a moment after the commit that a
+            # result() returns on.
+            return (_value(samples, "perdure_objects", agent="chain", status="completed") == 4
+                    and _value(samples, "perdure_objects_ended_total",
+                               status="completed") == 5)
         # The store's figures are kept for a few seconds between reads.
         assert wait_until(caught_up, timeout=30, interval=0.5), samples
         assert _value(samples, "perdure_store_up") == 1

@@ -47,6 +47,7 @@ from perdure.core.events import is_reserved
 from perdure.core.lifecycle import Status
 from perdure.core.names import check_labels, check_name, check_object_id
 from perdure.core.questions import Question
+from perdure.core.records import Kind
 from perdure.core.sealing import sealed_shown
 from perdure.core.secret import Secret
 from perdure.errors import (
@@ -955,17 +956,27 @@ class Api:
         raise _Problem(status, kind, title, result.reason,
                        headers={"Retry-After": "5"} if status == 503 else None)
 
+    def _proposed(self, oid: str, pid: str) -> bool:
+        """Whether the object's memory holds proposal ``pid`` (decided or not)."""
+        try:
+            return any(r.kind == Kind.TOOL_PROPOSED and r.body.get("proposal") == pid
+                       for r in self.app.history(oid))
+        except PerdureError:
+            return False
+
     def _refused(self, oid: str, pid: str, exc: ApprovalError) -> _Problem:
-        """The problem of a refused decision: 404 when no such proposal waits, 403 when
-        this server's identity may not decide on it, else 409 (decided, expired, memory
-        that does not verify)."""
+        """The problem of a refused decision: 404 when the object never proposed it, 403
+        when this server's identity may not decide on it, else 409 (decided, expired,
+        memory that does not verify)."""
         try:
             waiting = {p.proposal_id: p for p in actions.pending_approvals(self.app)[0]
                        if p.object_id == oid}
         except PerdureError:
             waiting = {}
         target = waiting.get(pid)
-        if target is None and "no proposal" in str(exc):
+        if target is None and "no proposal" in str(exc) and not self._proposed(oid, pid):
+            # Never proposed; one the object's memory holds was decided or expired (409),
+            # whether or not a worker has recorded the decision yet.
             return _Problem(404, "not-found", "Not found", str(exc))
         if target is not None and target.approvers and self.app.node_id not in target.approvers:
             return _Problem(403, "identity-may-not-decide", "Forbidden", str(exc))
